@@ -1,0 +1,60 @@
+"""EngineConfig: every knob of the engine, and the command-line flags that set them.
+
+Flag names follow SGLang / vLLM so their users need no translation table.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass
+class EngineConfig:
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"                  # auto | bfloat16 | float16 | float32
+    device: str = "auto"                 # auto | cpu | cuda
+    attention_backend: str = "auto"      # auto | torch | flashinfer
+    page_size: int = 1
+    kv_cache_tokens: int | None = None   # pool size in tokens; None: from memory
+    kv_cache_memory_fraction: float = 0.85  # CUDA: share of free GPU memory for the pool
+    max_running_requests: int = 256
+    chunked_prefill_size: int = 2048     # token budget per step
+    schedule_policy: str = "lpm"         # lpm | fcfs
+    disable_radix_cache: bool = False
+    eviction_policy: str = "lru"         # lru | lfu | gdsf
+    max_model_len: int | None = None     # None: the model's context length
+    max_queue_len: int = 4096            # waiting requests beyond this are refused
+    seed: int = 0
+    debug_invariants: bool = False       # check page conservation whenever idle
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = parser.add_argument_group("model and engine")
+    g.add_argument("--model", default=d.model,
+                   help="short name, Hugging Face model directory, or .gguf file")
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", "bfloat16", "float16", "float32"])
+    g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
+    g.add_argument("--attention-backend", default=d.attention_backend,
+                   choices=["auto", "torch", "flashinfer"])
+    g.add_argument("--page-size", type=int, default=d.page_size)
+    g.add_argument("--kv-cache-tokens", type=int, default=None,
+                   help="KV pool size in tokens (default: from available memory)")
+    g.add_argument("--kv-cache-memory-fraction", type=float, default=d.kv_cache_memory_fraction)
+    g.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
+    g.add_argument("--schedule-policy", default=d.schedule_policy, choices=["lpm", "fcfs"])
+    g.add_argument("--disable-radix-cache", action="store_true")
+    g.add_argument("--eviction-policy", default=d.eviction_policy, choices=["lru", "lfu", "gdsf"])
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-queue-len", type=int, default=d.max_queue_len)
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--debug-invariants", action="store_true")
