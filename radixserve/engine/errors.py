@@ -1,0 +1,28 @@
+"""Errors the engine raises to its callers (the server maps each to an HTTP status)."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class of every error the engine reports to a caller."""
+
+
+class InvalidRequest(EngineError, ValueError):
+    """A request the engine cannot run as given (HTTP 400). `param` names the field."""
+
+    def __init__(self, param: str | None, message: str):
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+class QueueFull(EngineError):
+    """More requests are waiting than the configured queue length (HTTP 503)."""
+
+
+class CacheBusy(EngineError):
+    """The cache cannot be flushed while requests hold pages (HTTP 409)."""
+
+
+class EngineStopped(EngineError):
+    """The engine is shutting down and accepts no new requests (HTTP 503)."""

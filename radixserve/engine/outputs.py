@@ -1,0 +1,59 @@
+"""What the engine streams back for a request: deltas, then a final event with usage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]   # (token id, logprob), best first; len == params.logprobs
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int             # prompt tokens served from the prefix cache
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    index: int                     # which of the n samples
+    token_ids: list[int]           # new tokens since this sample's previous event
+    text: str                      # new text since this sample's previous event
+    finished: bool = False
+    finish_reason: str | None = None   # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    usage: Usage | None = None     # set on the final event of each sample
+    stop_reason: str | int | None = None   # the stop string or token id that matched
+    arrival_time: float = 0.0      # time.monotonic() of the request's arrival
+    first_token_time: float | None = None
+    time: float = 0.0              # time.monotonic() when this event was produced
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters and current gauges, read by /metrics and /cache/stats."""
+
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
+    preemptions: int = 0
+    evicted_tokens: int = 0
+    steps: int = 0
+    running: int = 0
+    waiting: int = 0
+    pages_total: int = 0
+    pages_free: int = 0
+    pages_cached: int = 0          # held by the tree
+    pages_locked: int = 0          # tree pages locked by running requests
+    pages_private: int = 0         # held by live requests, not in the tree
+    page_size: int = 1
+    cache: dict = field(default_factory=dict)   # RadixCache counters (cached/evictable/locked tokens, nodes)

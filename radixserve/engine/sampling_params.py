@@ -1,0 +1,59 @@
+"""SamplingParams: how one request's tokens are chosen and when it stops.
+
+Validated before anything is allocated so a bad request never touches the KV pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixserve.engine.errors import InvalidRequest
+
+MAX_LOGPROBS = 20
+MAX_N = 16
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0        # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = -1                 # -1 or 0: disabled
+    min_p: float = 0.0
+    seed: int | None = None         # same seed and prompt -> same output
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    n: int = 1                      # parallel samples sharing the prompt's pages
+    logprobs: int | None = None     # top-k logprobs returned per generated token
+    include_stop_str_in_output: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise InvalidRequest naming the first bad field."""
+        checks = [
+            ("max_tokens", isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+             "must be an integer >= 1"),
+            ("temperature", 0.0 <= self.temperature <= 2.0, "must be between 0 and 2"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
+            ("top_k", isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
+             "must be -1 (disabled) or a non-negative integer"),
+            ("min_p", 0.0 <= self.min_p <= 1.0, "must be in [0, 1]"),
+            ("n", isinstance(self.n, int) and 1 <= self.n <= MAX_N,
+             f"must be an integer between 1 and {MAX_N}"),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"must be between 0 and {MAX_LOGPROBS}"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16,
+             "must be at most 16 non-empty strings"),
+            ("stop_token_ids", all(isinstance(t, int) and 0 <= t < vocab_size
+                                   for t in self.stop_token_ids),
+             f"must be token ids in [0, {vocab_size})"),
+            ("seed", self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+             "must be a non-negative integer"),
+        ]
+        for name, ok, message in checks:
+            if not ok:
+                raise InvalidRequest(name, f"'{name}' {message} (got {getattr(self, name)!r})")
