@@ -10,7 +10,7 @@ import sys
 COMMANDS = {
     "serve": ("radixserve.server.cli", "start the OpenAI-compatible HTTP server"),
     "chat": ("radixserve.engine.chat_cli", "stream one chat reply for a prompt"),
-    "batch": ("radixserve.engine.batch_job", "run an OpenAI-format batch file offline"),
+    "batch": ("radixserve.server.batch_job", "run an OpenAI-format batch file offline"),
     "replay": ("radixserve.replay.cli", "replay a request trace against the prefix cache"),
 }
 
