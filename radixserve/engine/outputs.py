@@ -46,6 +46,7 @@ class EngineStats:
     generation_tokens: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
     preemptions: int = 0
+    recompute_hit_tokens: int = 0  # cache hits of sequences re-admitted after preemption
     evicted_tokens: int = 0
     steps: int = 0
     running: int = 0
@@ -56,4 +57,5 @@ class EngineStats:
     pages_locked: int = 0          # tree pages locked by running requests
     pages_private: int = 0         # held by live requests, not in the tree
     page_size: int = 1
+    kv_pool_bytes: int = 0
     cache: dict = field(default_factory=dict)   # RadixCache counters (cached/evictable/locked tokens, nodes)

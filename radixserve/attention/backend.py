@@ -1,0 +1,108 @@
+"""The attention backend interface and the factory that picks an implementation.
+
+A step calls ``prepare(meta)`` once (flashinfer plans its kernels there; the torch backend
+builds its gather indices) and ``forward(prepared, layer, ...)`` once per layer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import warnings
+from abc import ABC, abstractmethod
+
+import torch
+
+from radixserve.attention.metadata import AttentionMetadata
+from radixserve.cache.kv_pool import KVPool
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAMES = ("auto", "torch", "flashinfer")
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class AttentionBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def prepare(self, meta: AttentionMetadata) -> object:
+        """Once per step: everything that does not depend on the layer."""
+
+    @abstractmethod
+    def forward(self, prepared: object, layer: int, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D]: write k/v at meta.write_slots, attend -> [T, Hq, D]."""
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested attention backend cannot run here (no CUDA, package missing)."""
+
+
+def flashinfer_import_error() -> str | None:
+    """None when flashinfer imports, else why not. Only called for CUDA devices."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return "the flashinfer package is not installed"
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as exc:  # a broken install must not take the server down under auto
+        return f"flashinfer failed to import ({type(exc).__name__}: {exc})"
+    return None
+
+
+def flashinfer_unsupported_reason(num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                                  dtype: torch.dtype) -> str | None:
+    """Why flashinfer's kernels cannot serve this shape/dtype, or None when they can."""
+    if head_dim not in FLASHINFER_HEAD_DIMS:
+        return f"head_dim={head_dim} (flashinfer supports {FLASHINFER_HEAD_DIMS})"
+    if dtype not in FLASHINFER_DTYPES:
+        return f"dtype={dtype} (flashinfer supports float16 and bfloat16)"
+    if num_qo_heads % num_kv_heads:
+        return f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}"
+    return None
+
+
+def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                   dtype: torch.dtype, device: torch.device | str,
+                   sm_scale: float | None = None) -> AttentionBackend:
+    """Build "torch", "flashinfer" or "auto" (flashinfer when CUDA and the package exist).
+
+    An explicitly requested flashinfer on a machine without CUDA or without the package is an
+    error; a shape or dtype flashinfer cannot run falls back to torch with a warning.
+    """
+    from radixserve.attention.torch_backend import TorchAttentionBackend
+
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKEND_NAMES}")
+    if num_qo_heads < 1 or num_kv_heads < 1 or num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads={num_qo_heads} must be a positive multiple of "
+                         f"num_kv_heads={num_kv_heads}")
+    device = torch.device(device)
+    common = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                  sm_scale=sm_scale)
+    if name == "torch":
+        return TorchAttentionBackend(**common)
+
+    if device.type != "cuda":
+        if name == "flashinfer":
+            raise BackendUnavailable(f"the flashinfer backend needs a CUDA device, got "
+                                     f"{device}; use --attention-backend torch")
+        return TorchAttentionBackend(**common)
+    reason = flashinfer_unsupported_reason(num_qo_heads, num_kv_heads, head_dim, dtype)
+    if reason is not None:
+        msg = f"flashinfer cannot run {reason}; falling back to the torch attention backend"
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        return TorchAttentionBackend(**common)
+
+    import_error = flashinfer_import_error()
+    if import_error is not None:
+        if name == "flashinfer":
+            raise BackendUnavailable(f"the flashinfer backend is unavailable: {import_error}; "
+                                     "install it with: pip install flashinfer-python "
+                                     "(or pip install 'radixserve[cuda]')")
+        log.info("%s; using the torch attention backend", import_error)
+        return TorchAttentionBackend(**common)
+
+    from radixserve.attention.flashinfer_backend import FlashInferBackend
+    return FlashInferBackend(**common, dtype=dtype, device=device)

@@ -1,0 +1,167 @@
+"""Paged attention on CUDA with flashinfer's batch prefill and decode kernels.
+
+Written against flashinfer's documented Python API (docs.flashinfer.ai, "flashinfer.prefill"
+and "flashinfer.decode" pages, and the wrappers' ``plan``/``run`` docstrings in
+flashinfer/prefill.py and flashinfer/decode.py):
+
+- ``BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout="NHD")``;
+  ``.plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+  num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal=..., sm_scale=...,
+  q_data_type=..., kv_data_type=...)``; ``.run(q, (k_cache, v_cache))``. ``causal`` defaults
+  to False there, so it is always passed; the causal mask is aligned bottom-right, which is
+  what a chunk continuing a cached prefix needs.
+- ``BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout="NHD",
+  use_tensor_cores=...)``; ``.plan(indptr, indices, last_page_len, num_qo_heads,
+  num_kv_heads, head_dim, page_size, sm_scale=..., q_data_type=..., kv_data_type=...)``;
+  ``.run(q, (k_cache, v_cache))``. Optional plan arguments go by keyword (positional use
+  after page_size is deprecated upstream).
+
+Plan once per step in ``prepare`` (prefill wrapper on spans [0, num_prefills), decode wrapper
+on the rest), run once per layer. indptr / last_page_len arrive on pinned CPU memory and the
+page indices on the GPU, so ``plan`` copies asynchronously and does not synchronize.
+
+flashinfer is imported lazily, on the first ``prepare``: CPU machines never import it.
+The pure functions ``prefill_plan_call`` / ``decode_plan_call`` compute exactly what is
+handed to ``plan`` so that it is tested without CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixserve.attention.backend import AttentionBackend
+from radixserve.attention.metadata import AttentionMetadata
+from radixserve.cache.kv_pool import KVPool
+
+WORKSPACE_BYTES = 128 * 2**20
+
+
+def use_tensor_cores_for(num_qo_heads: int, num_kv_heads: int) -> bool:
+    """Decode on tensor cores when the GQA group is 4 or more (flashinfer's advice: the
+    CUDA-core decode kernel wastes most of its work on large groups)."""
+    return num_qo_heads // num_kv_heads >= 4
+
+
+@dataclass(frozen=True)
+class PlanCall:
+    """The positional and keyword arguments for one wrapper's ``plan``."""
+
+    args: tuple
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, wrapper: Any) -> None:
+        wrapper.plan(*self.args, **self.kwargs)
+
+
+def _keep_pinned(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A freshly computed CPU tensor, pinned when its source was (so plan() stays async)."""
+    return t.pin_memory() if like.is_pinned() else t
+
+
+def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
+                      head_dim: int, dtype: torch.dtype,
+                      sm_scale: float | None) -> PlanCall | None:
+    """plan() arguments for the prefill spans [0, num_prefills), or None when there are none.
+
+    The prefill spans come first, so their CSR slices start at 0 and need no rebasing.
+    """
+    p = meta.num_prefills
+    if p == 0:
+        return None
+    nnz = int(meta.kv_indptr[p])
+    return PlanCall(
+        args=(meta.qo_indptr[:p + 1], meta.kv_indptr[:p + 1], meta.kv_indices[:nnz],
+              meta.kv_last_page_len[:p], num_qo_heads, num_kv_heads, head_dim,
+              meta.page_size),
+        kwargs=dict(causal=True, sm_scale=sm_scale, q_data_type=dtype, kv_data_type=dtype))
+
+
+def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
+                     head_dim: int, dtype: torch.dtype,
+                     sm_scale: float | None) -> PlanCall | None:
+    """plan() arguments for the single-token spans [num_prefills, B), or None."""
+    p, b = meta.num_prefills, meta.batch_size
+    if p == b:
+        return None
+    start = int(meta.kv_indptr[p])
+    indptr = _keep_pinned(meta.kv_indptr[p:] - start, meta.kv_indptr)
+    return PlanCall(
+        args=(indptr, meta.kv_indices[start:], meta.kv_last_page_len[p:], num_qo_heads,
+              num_kv_heads, head_dim, meta.page_size),
+        kwargs=dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=dtype))
+
+
+@dataclass
+class FlashInferPrepared:
+    meta: AttentionMetadata
+    num_prefill_tokens: int   # tokens [0, n) go to the prefill wrapper, the rest to decode
+    has_prefill: bool
+    has_decode: bool
+
+
+class FlashInferBackend(AttentionBackend):
+    """flashinfer paged kernels; the plan lives in the wrappers, so steps run one at a time."""
+
+    name = "flashinfer"
+
+    def __init__(self, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str,
+                 sm_scale: float | None = None) -> None:
+        self.num_qo_heads = num_qo_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.sm_scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
+        self.use_tensor_cores = use_tensor_cores_for(num_qo_heads, num_kv_heads)
+        # Created on first use so that constructing the backend needs neither CUDA nor
+        # flashinfer (backend selection is tested on CPU machines).
+        self._prefill_wrapper: Any = None
+        self._decode_wrapper: Any = None
+
+    def _ensure_wrappers(self) -> None:
+        if self._prefill_wrapper is not None:
+            return
+        import flashinfer  # lazy: only CUDA machines get here
+
+        # One workspace shared by both wrappers, as SGLang does: their run() calls are
+        # sequential on one stream, and each wrapper keeps its own int (plan) workspace.
+        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self._prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        self._decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
+
+    def plan_calls(self, meta: AttentionMetadata) -> tuple[PlanCall | None, PlanCall | None]:
+        kw = dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
+                  head_dim=self.head_dim, dtype=self.dtype, sm_scale=self.sm_scale)
+        return prefill_plan_call(meta, **kw), decode_plan_call(meta, **kw)
+
+    def prepare(self, meta: AttentionMetadata) -> FlashInferPrepared:
+        prefill, decode = self.plan_calls(meta)
+        if prefill is not None or decode is not None:
+            self._ensure_wrappers()
+        if prefill is not None:
+            prefill.apply(self._prefill_wrapper)
+        if decode is not None:
+            decode.apply(self._decode_wrapper)
+        return FlashInferPrepared(meta, num_prefill_tokens=int(meta.qo_indptr[meta.num_prefills]),
+                                  has_prefill=prefill is not None, has_decode=decode is not None)
+
+    def forward(self, prepared: FlashInferPrepared, layer: int, q: torch.Tensor,
+                k: torch.Tensor, v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
+        kv_pool.write(layer, prepared.meta.write_slots, k, v)
+        cache = (kv_pool.k[layer], kv_pool.v[layer])
+        q = q.contiguous()   # the model's q may be a view of a fused qkv projection
+        n = prepared.num_prefill_tokens
+        if not prepared.has_decode:
+            return self._prefill_wrapper.run(q, cache) if prepared.has_prefill \
+                else torch.empty_like(q)
+        if not prepared.has_prefill:
+            return self._decode_wrapper.run(q, cache)
+        out = torch.empty_like(q)
+        out[:n] = self._prefill_wrapper.run(q[:n], cache)
+        out[n:] = self._decode_wrapper.run(q[n:], cache)
+        return out

@@ -1,0 +1,82 @@
+"""check_tree: recount a RadixCache from scratch and compare with what it keeps incrementally.
+
+A friend of radix_cache (reads its private fields): the O(1) counters, the evictable set and
+the lock references are all maintained incrementally, so a slow, obviously-correct recount
+is what tests and the debug mode compare them against.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .radix_cache import RadixCache
+
+__all__ = ["check_tree"]
+
+
+def check_tree(cache: RadixCache) -> None:
+    ps = cache.page_size
+    cached = unlocked = nodes = 0
+    pages: list[np.ndarray] = []
+    candidates: dict[int, object] = {}
+    seen: set[int] = set()
+    for ns, root in cache._ns_roots.items():
+        assert root.depth == 0 and not root.key and root.parent is None, f"bad root {root}"
+        assert root.namespace == ns, f"root {root} filed under namespace {ns!r}"
+        assert root.children, f"empty namespace root {ns!r} kept"
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            assert node.id not in seen, f"{node} reachable twice"
+            seen.add(node.id)
+            locks_below = 0
+            for ck, child in node.children.items():
+                assert child.parent is node, f"{child} has parent {child.parent}, not {node}"
+                assert child.namespace == ns, f"{child} in namespace {ns!r}"
+                k = len(child.key)
+                assert k > 0 and k == len(child.pages) * ps, f"{child}: {len(child.pages)} pages"
+                assert ck == cache._child_key(child.key), f"{child} filed under {ck!r}"
+                assert child.depth == node.depth + k, f"{child} depth vs parent {node.depth}"
+                assert child.pages.dtype == np.int32, f"{child} pages {child.pages.dtype}"
+                assert child.lock_ref >= 0, f"{child} negative lock_ref"
+                locks_below += child.lock_ref
+                stack.append(child)
+            if ps > 1 and node.children:
+                by_first = {t: sorted(c.id for c in cs) for t, cs in (node.cow_index or {}).items()}
+                want: dict[int, list[int]] = {}
+                for c in node.children.values():
+                    want.setdefault(c.key[0], []).append(c.id)
+                assert by_first == {t: sorted(v) for t, v in want.items()}, f"{node} cow_index"
+            if not node.depth:
+                continue
+            assert node.lock_ref >= locks_below, f"{node}: lock_ref < sum over children"
+            nodes += 1
+            cached += len(node.key)
+            pages.append(node.pages)
+            if node.lock_ref == 0:
+                unlocked += len(node.key)
+                if not node.children:
+                    candidates[node.id] = node
+                    want_key = (cache.policy.key(node), node.id)
+                    assert node.evict_key == want_key, \
+                        f"{node}: stale eviction key {node.evict_key} != {want_key}"
+                    continue
+            assert node.evict_key is None, f"{node} not evictable but keyed {node.evict_key}"
+    in_set = {n.id: n for n in cache._evictable}
+    assert len(in_set) == len(cache._evictable), "a node is in the evictable set twice"
+    assert in_set.keys() == candidates.keys(), (
+        f"evictable set != unlocked leaves: extra {sorted(in_set.keys() - candidates.keys())}, "
+        f"missing {sorted(candidates.keys() - in_set.keys())}")
+    keys = [n.evict_key for n in cache._evictable]
+    assert keys == sorted(keys), "evictable set out of order"
+    assert cached == cache.cached_tokens, f"cached_tokens {cache.cached_tokens} != {cached}"
+    assert unlocked == cache.evictable_tokens, \
+        f"evictable_tokens {cache.evictable_tokens} != {unlocked}"
+    assert nodes == cache.num_nodes, f"num_nodes {cache.num_nodes} != {nodes}"
+    assert cache.hit_tokens <= cache.query_tokens, "more hits than queries"
+    all_pages = np.concatenate([np.empty(0, np.int32), *pages])
+    uniq, counts = np.unique(all_pages, return_counts=True)
+    assert len(uniq) == len(all_pages), f"pages owned twice in the tree: {uniq[counts > 1][:16]}"

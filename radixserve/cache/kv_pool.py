@@ -1,0 +1,126 @@
+"""KVPool: the per-layer K/V tensors that pages index into.
+
+Layout per layer is ``[num_pages, page_size, num_kv_heads, head_dim]`` (flashinfer "NHD"),
+so the same tensors feed the torch backend and flashinfer's paged kernels unchanged. The
+pool only stores data; which page belongs to whom is the allocator's and the tree's job.
+
+This module imports torch and is deliberately not imported by ``radixserve.cache``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_DTYPE_NAMES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPE_NAMES[str(dtype).removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"unsupported KV dtype {dtype!r}; use one of "
+                         f"{sorted(set(_DTYPE_NAMES))}") from None
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class KVPool:
+    """K and V storage for every layer, addressed by slot = page * page_size + offset."""
+
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype | str, device: torch.device | str) -> None:
+        _check_positive(num_layers=num_layers, num_pages=num_pages, page_size=page_size,
+                        num_kv_heads=num_kv_heads, head_dim=head_dim)
+        self.num_layers = num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = _as_dtype(dtype)
+        self.device = torch.device(device)
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        # Zero-filled, not empty: padded gathers read unwritten slots with weight 0, and
+        # 0 * NaN garbage would still poison the output.
+        self.k: list[torch.Tensor] = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                                      for _ in range(num_layers)]
+        self.v: list[torch.Tensor] = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                                      for _ in range(num_layers)]
+        flat = (num_pages * page_size, num_kv_heads, head_dim)
+        # Token-granular views sharing storage: what write() and the torch backend index.
+        self.k_flat: list[torch.Tensor] = [t.view(flat) for t in self.k]
+        self.v_flat: list[torch.Tensor] = [t.view(flat) for t in self.v]
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.token_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_token * self.num_slots
+
+    @staticmethod
+    def token_bytes(num_layers: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype | str) -> int:
+        """Bytes one token's K and V take across all layers."""
+        itemsize = torch.empty((), dtype=_as_dtype(dtype)).element_size()
+        return 2 * num_layers * num_kv_heads * head_dim * itemsize
+
+    @staticmethod
+    def pages_for_budget(budget_bytes: int | float, num_layers: int, page_size: int,
+                         num_kv_heads: int, head_dim: int, dtype: torch.dtype | str) -> int:
+        """How many whole pages fit in ``budget_bytes``; ValueError if not even one."""
+        _check_positive(num_layers=num_layers, page_size=page_size,
+                        num_kv_heads=num_kv_heads, head_dim=head_dim)
+        page_bytes = KVPool.token_bytes(num_layers, num_kv_heads, head_dim, dtype) * page_size
+        if budget_bytes < page_bytes:
+            raise ValueError(f"KV budget of {int(budget_bytes)} bytes is less than one page "
+                             f"({page_bytes} bytes: {page_size} tokens x {num_layers} layers)")
+        return int(budget_bytes // page_bytes)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new tokens' K/V: slots int64 [T], k/v [T, Hkv, D]."""
+        k_dst, v_dst = self.k_flat[layer], self.v_flat[layer]
+        if k.shape != v.shape or k.shape[1:] != k_dst.shape[1:] or k.shape[0] != slots.shape[0]:
+            raise ValueError(f"KVPool.write: k {tuple(k.shape)}, v {tuple(v.shape)} and slots "
+                             f"{tuple(slots.shape)} do not match [T, {self.num_kv_heads}, "
+                             f"{self.head_dim}]")
+        k_dst.index_copy_(0, slots, k.to(self.dtype))
+        v_dst.index_copy_(0, slots, v.to(self.dtype))
+
+    def copy_prefix(self, src_page: int, dst_page: int, num_tokens: int) -> None:
+        """Copy the first ``num_tokens`` tokens of a page into another, in every layer.
+
+        Copy-on-write for a prefix match that ends inside a shared tree page.
+        """
+        for name, page in (("src_page", src_page), ("dst_page", dst_page)):
+            if not 0 <= page < self.num_pages:
+                raise ValueError(f"{name}={page} out of range [0, {self.num_pages})")
+        if not 0 <= num_tokens <= self.page_size:
+            raise ValueError(f"num_tokens={num_tokens} out of range [0, {self.page_size}]")
+        if src_page == dst_page:
+            raise ValueError(f"copy_prefix: src_page and dst_page are both {src_page}")
+        if num_tokens == 0:
+            return
+        for k, v in zip(self.k, self.v):
+            k[dst_page, :num_tokens].copy_(k[src_page, :num_tokens])
+            v[dst_page, :num_tokens].copy_(v[src_page, :num_tokens])
+
+    def __repr__(self) -> str:
+        return (f"KVPool(layers={self.num_layers}, pages={self.num_pages}, "
+                f"page_size={self.page_size}, kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, "
+                f"{self.total_bytes / 2**20:.1f} MiB)")

@@ -1,0 +1,94 @@
+"""PagedMemory: the free list and the radix tree seen as one pool of pages.
+
+Callers ask for pages here rather than from the allocator so that a shortage is met by
+evicting unlocked tree leaves, and so that "can this request fit" is one number
+(`available_pages`): free pages plus every unlocked cached page.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .page_allocator import OutOfPages, PageAllocator
+from .radix_cache import RadixCache
+
+__all__ = ["PagedMemory"]
+
+
+class PagedMemory:
+    def __init__(self, allocator: PageAllocator, tree: RadixCache):
+        self.allocator = allocator
+        self.tree = tree
+        self.page_size = tree.page_size
+
+    @property
+    def evicted_tokens(self) -> int:
+        """Tokens evicted from the tree so far (for the evicted-tokens metric)."""
+        return self.tree.evicted_tokens
+
+    def available_pages(self) -> int:
+        """Pages an alloc() could get now: free + evictable (unlocked) tree pages."""
+        return self.allocator.num_free + self.tree.evictable_tokens // self.page_size
+
+    def alloc(self, n: int) -> np.ndarray:
+        """`n` private pages, evicting unlocked leaves when short; OutOfPages changes nothing.
+
+        Evicted pages pass straight from the tree to the caller (tree -> private): they are
+        owned by nobody else, so a round trip through the free list would only cost time.
+        """
+        free = self.allocator.num_free
+        if n <= free:
+            return self.allocator.alloc(n)
+        short = n - free
+        evictable = self.tree.evictable_tokens // self.page_size
+        if short > evictable:
+            raise OutOfPages(n, free + evictable)
+        evicted = self.tree.evict(short * self.page_size)
+        if len(evicted) != short:    # evict frees exactly what whole pages need; be safe anyway
+            self.allocator.free(evicted[short:])
+            evicted = evicted[:short]
+        if free == 0:
+            return evicted if evicted.flags.writeable else evicted.copy()
+        return np.concatenate((self.allocator.alloc(free), evicted))
+
+    def free(self, pages: np.ndarray) -> None:
+        """Return private pages to the free list."""
+        self.allocator.free(pages)
+
+    def check_conservation(self, private: Iterable[np.ndarray] = ()) -> None:
+        """Every page id is in exactly one of: free list, tree, one private list."""
+        num_pages = self.allocator.num_pages
+        free = self.allocator.free_page_ids()
+        tree = self.tree.tree_page_ids()
+        private = [np.asarray(p, dtype=np.int64).ravel() for p in private]
+        n_private = sum(len(p) for p in private)
+        owners = [("free list", free.astype(np.int64)), ("tree", tree.astype(np.int64))]
+        owners += [(f"private list {i}", p) for i, p in enumerate(private)]
+        problems = []
+        for name, ids in owners:
+            bad = ids[(ids < 0) | (ids >= num_pages)]
+            if len(bad):
+                problems.append(f"{name} holds out-of-range ids {bad[:16].tolist()}")
+        if problems:
+            raise AssertionError("; ".join(problems))
+        where = np.full(num_pages, -1, dtype=np.int64)
+        for k, (name, ids) in enumerate(owners):
+            uniq, counts = np.unique(ids, return_counts=True)
+            if (counts > 1).any():
+                problems.append(f"{name} holds ids twice: {uniq[counts > 1][:16].tolist()}")
+            clash = uniq[where[uniq] >= 0]
+            if len(clash):
+                other = owners[int(where[clash[0]])][0]
+                problems.append(f"ids {clash[:16].tolist()} are in both {other} and {name}")
+            where[uniq] = np.where(where[uniq] >= 0, where[uniq], k)
+        missing = np.flatnonzero(where < 0)
+        if len(missing):
+            problems.append(f"ids owned by nobody (leaked): {missing[:16].tolist()}")
+        total = len(free) + len(tree) + n_private
+        if total != num_pages:
+            problems.append(f"free {len(free)} + tree {len(tree)} + private {n_private} "
+                            f"= {total} != num_pages {num_pages}")
+        if problems:
+            raise AssertionError("page conservation violated: " + "; ".join(problems))

@@ -1,0 +1,531 @@
+"""RadixCache: a radix tree over token ids that owns the KV pages holding them.
+
+Every edge (TreeNode) carries token ids and the int32 ids of the pages that hold their KV,
+`len(key) == len(pages) * page_size`: the tree stores whole pages only. Children are keyed by
+their first token (page_size 1) or first page of tokens (page_size > 1). Each namespace has
+its own root, so different namespaces never share a node.
+
+Who owns a page, at every moment
+--------------------------------
+Exactly one of:
+1. the free list (PageAllocator);
+2. the tree: from the `insert` that adopted it until `evict`/`flush` hands it back to the
+   caller, who returns it to the free list (PagedMemory does both in one step);
+3. one request ("private"): from `alloc` until it is either adopted by `insert`, or freed.
+
+Shared use of tree pages is expressed by locks, never by copies or reference counts on the
+pages themselves: `lock(node)` adds one to `lock_ref` on node..root, and only leaves with
+`lock_ref == 0` are evictable. A request's life:
+
+    m = match_prefix(prompt, ns, max_tokens=len(prompt) - 1)   # m.pages: tree-owned
+    lock(m.node)                       # now nothing in m.pages (nor m.cow_page) can go
+    new = memory.alloc(k)              # private; may evict *other*, unlocked leaves
+    ... compute KV into `new` ...
+    r = insert(seq[:whole pages], concat(m.pages, new)[:...])  # tree adopts the new pages
+    free(r.duplicates(own_pages))      # own pages the tree already had: back to the free list
+    lock(r.node); unlock(m.node)       # move the lock to the longer prefix
+    ...                                # the trailing partial page stays private
+    unlock(r.node); free(private tail) # request done
+
+Copy-on-write (page_size > 1)
+-----------------------------
+A match may end inside a page: the first `cow_tokens` tokens of tree page `cow_page` equal
+the next tokens of the query, but the page as a whole does not. The tree never shares a page
+partially, so the request copies those tokens' KV into a fresh private page and computes
+the rest of that page itself. Protocol: `lock(m.node)` first -- the handle is the node that
+holds `cow_page`, so the source page cannot be evicted -- then allocate the destination
+(the allocation may evict), then `KVPool.copy_prefix(cow_page, dst, cow_tokens)`, then
+compute from `m.matched_tokens` on. The copy is private and is adopted by a later insert
+like any other new page (or freed as a duplicate if an equal page got there first).
+vLLM and SGLang drop such a partial hit; at page_size 16 it is on average 7.5 tokens per
+request.
+
+Keys are compared with C-speed list-slice equality, never token by token in Python; a
+mismatch inside an edge is located by bisection on slice equality. Insert skips the token
+comparison of an edge when the caller passes exactly the tree's page ids for it: a page
+holds the KV of one token sequence, so equal page ids at the same position prove equal
+tokens (the caller got them from match_prefix on the same tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Hashable, Iterator, Sequence
+
+import numpy as np
+from sortedcontainers import SortedKeyList
+
+from .eviction import EvictionPolicy, make_policy
+from .tree_node import TreeNode
+
+__all__ = ["CacheLockedError", "InsertResult", "MatchResult", "RadixCache", "EMPTY_PAGES"]
+
+EMPTY_PAGES = np.empty(0, dtype=np.int32)
+EMPTY_PAGES.flags.writeable = False
+
+
+class CacheLockedError(RuntimeError):
+    """An operation that needs the whole tree (flush) while requests hold locks on it."""
+
+
+@dataclass(slots=True)
+class MatchResult:
+    matched_tokens: int     # = len(pages) * page_size + cow_tokens
+    pages: np.ndarray       # int32 ids of the fully matched pages, in order (read-only)
+    node: TreeNode          # lock handle: deepest node the match touched (covers cow_page)
+    cow_page: int = -1      # page_size > 1: a tree page whose first cow_tokens tokens also
+    cow_tokens: int = 0     #   match; the caller copies them into a fresh private page
+
+
+@dataclass(slots=True)
+class InsertResult:
+    cached_tokens: int      # leading tokens that were already in the tree
+    pages: np.ndarray       # the tree's page ids for the whole inserted sequence
+    node: TreeNode          # the node ending the inserted sequence
+
+    def duplicates(self, own_pages: np.ndarray) -> np.ndarray:
+        """The caller's pages (for the same sequence) that the tree did not adopt: free them.
+
+        Past `cached_tokens` the tree adopted the caller's own ids, so a position-wise
+        comparison over the whole sequence finds exactly the duplicates.
+        """
+        own = np.asarray(own_pages, dtype=np.int32)
+        if own.shape != self.pages.shape:
+            raise ValueError(f"own_pages has {own.shape}, the inserted sequence {self.pages.shape}")
+        if own.tobytes() == self.pages.tobytes():      # the usual case, at memcmp speed
+            return EMPTY_PAGES
+        return own[own != self.pages]
+
+
+def _as_list(tokens: Sequence[int]) -> list[int]:
+    if type(tokens) is list:
+        return tokens
+    if isinstance(tokens, np.ndarray):
+        return tokens.tolist()
+    return list(tokens)
+
+
+def _common_prefix(tokens: list[int], pos: int, key: list[int], n: int) -> int:
+    """Length of the common prefix of tokens[pos:pos+n] and key[:n], by slice bisection."""
+    lo, hi = 0, n
+    while hi - lo > 16:
+        mid = (lo + hi) >> 1
+        if tokens[pos + lo:pos + mid] == key[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    while lo < hi and tokens[pos + lo] == key[lo]:
+        lo += 1
+    return lo
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return EMPTY_PAGES
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class RadixCache:
+    def __init__(self, page_size: int = 1, policy: str | EvictionPolicy = "lru"):
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.policy = make_policy(policy)
+        self._ns_roots: dict[str | None, TreeNode] = {}
+        # Unlocked leaves, ordered by (policy key, id); the key is stored on the node so the
+        # list can find a node again after its fields change (remove, re-key, add).
+        self._evictable: SortedKeyList = SortedKeyList(key=attrgetter("evict_key"))
+        self._next_id = 1
+        self._clock = 0
+        self._cached = 0
+        self._evictable_tokens = 0
+        self._num_nodes = 0
+        self._query_tokens = 0
+        self._hit_tokens = 0
+        self._evicted_tokens = 0
+        # Handle for a match in a namespace that holds nothing: locking it is a no-op.
+        self._empty_root = TreeNode(0, [], EMPTY_PAGES, None, 0, None)
+
+    # ------------------------------------------------------------------ counters (O(1))
+    @property
+    def cached_tokens(self) -> int:
+        return self._cached
+
+    @property
+    def evictable_tokens(self) -> int:
+        """Tokens in unlocked nodes: all of them can go, leaves first."""
+        return self._evictable_tokens
+
+    @property
+    def locked_tokens(self) -> int:
+        return self._cached - self._evictable_tokens
+
+    @property
+    def num_nodes(self) -> int:
+        """Token-holding nodes (namespace roots not counted)."""
+        return self._num_nodes
+
+    @property
+    def query_tokens(self) -> int:
+        return self._query_tokens
+
+    @property
+    def hit_tokens(self) -> int:
+        return self._hit_tokens
+
+    @property
+    def evicted_tokens(self) -> int:
+        """Tokens handed back by evict() so far (not by flush())."""
+        return self._evicted_tokens
+
+    @property
+    def clock(self) -> int:
+        """The logical clock: bumped once per match_prefix, insert and evict."""
+        return self._clock
+
+    # ------------------------------------------------------------------ match
+    def match_prefix(self, tokens: Sequence[int], namespace: str | None = None,
+                     max_tokens: int | None = None) -> MatchResult:
+        """Longest cached prefix of `tokens` (at most `max_tokens`), splitting the edge it ends in."""
+        tokens = _as_list(tokens)
+        limit = len(tokens)
+        if max_tokens is not None and max_tokens < limit:
+            limit = max(max_tokens, 0)
+        self._clock += 1
+        self._query_tokens += limit
+        node = self._ns_roots.get(namespace)
+        if node is None or limit == 0:
+            return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
+        ps = self.page_size
+        full_limit = limit - limit % ps
+        pos = 0
+        parts: list[np.ndarray] = []
+        cow_node: TreeNode | None = None
+        cow_tokens = 0
+        while pos < full_limit:
+            child = node.children.get(tokens[pos] if ps == 1 else tuple(tokens[pos:pos + ps]))
+            if child is None:
+                break
+            key = child.key
+            end = pos + len(key)
+            if end <= full_limit and tokens[pos:end] == key:
+                parts.append(child.pages)
+                node = child
+                pos = end
+                continue
+            # The match ends inside this edge (its first page matched, so m >= page_size).
+            m = _common_prefix(tokens, pos, key, min(len(key), limit - pos))
+            m_full = m - m % ps
+            node = self._split(child, m_full)
+            parts.append(node.pages)
+            pos += m_full
+            if m > m_full:
+                cow_node, cow_tokens = child, m - m_full
+            break
+        if ps > 1 and cow_node is None and pos < limit and node.cow_index:
+            cow_node, cow_tokens = self._best_cow(node, tokens, pos, limit)
+        handle = cow_node or node
+        clock = self._clock
+        n = handle
+        while n.depth:
+            n.last_access = clock
+            n.hit_count += 1
+            n = n.parent
+        if handle.evict_key is not None:
+            self._rekey(handle)
+        matched = pos + cow_tokens
+        self._hit_tokens += matched
+        cow_page = int(cow_node.pages[0]) if cow_node is not None else -1
+        return MatchResult(matched, _concat(parts), handle, cow_page, cow_tokens)
+
+    def peek_prefix(self, tokens: Sequence[int], namespace: str | None = None,
+                    max_tokens: int | None = None) -> int:
+        """What match_prefix would return as matched_tokens, with no side effect at all.
+
+        No split, no counters, no access time: for schedulers ranking waiting requests.
+        """
+        tokens = _as_list(tokens)
+        limit = len(tokens)
+        if max_tokens is not None and max_tokens < limit:
+            limit = max(max_tokens, 0)
+        node = self._ns_roots.get(namespace)
+        if node is None or limit == 0:
+            return 0
+        ps = self.page_size
+        full_limit = limit - limit % ps
+        pos = 0
+        while pos < full_limit:
+            child = node.children.get(tokens[pos] if ps == 1 else tuple(tokens[pos:pos + ps]))
+            if child is None:
+                break
+            key = child.key
+            end = pos + len(key)
+            if end <= full_limit and tokens[pos:end] == key:
+                node = child
+                pos = end
+                continue
+            # Full pages of the edge plus the copy-on-write part of the next: pos + m.
+            return pos + _common_prefix(tokens, pos, key, min(len(key), limit - pos))
+        if ps > 1 and pos < limit and node.cow_index:
+            pos += self._best_cow(node, tokens, pos, limit)[1]
+        return pos
+
+    def _best_cow(self, node: TreeNode, tokens: list[int], pos: int,
+                  limit: int) -> tuple[TreeNode | None, int]:
+        """The child whose first page shares the most tokens with tokens[pos:limit]."""
+        best, best_len = None, 0
+        cap = min(self.page_size, limit - pos)
+        for child in node.cow_index.get(tokens[pos], ()):
+            n = _common_prefix(tokens, pos, child.key, cap)
+            if n > best_len or (n == best_len and best is not None and child.id < best.id):
+                best, best_len = child, n
+        return best, best_len
+
+    # ------------------------------------------------------------------ insert
+    def insert(self, tokens: Sequence[int], pages: np.ndarray,
+               namespace: str | None = None) -> InsertResult:
+        """Add `tokens` held by `pages` (whole pages); the tree adopts the pages it lacked."""
+        tokens = _as_list(tokens)
+        pages = np.asarray(pages)
+        if pages.dtype != np.int32:
+            pages = pages.astype(np.int32)
+        ps = self.page_size
+        n = len(tokens)
+        if pages.ndim != 1 or n != len(pages) * ps:
+            raise ValueError(f"insert needs whole pages: {n} tokens, {pages.shape} pages "
+                             f"of {ps} tokens")
+        self._clock += 1
+        node = self._ns_roots.get(namespace)
+        if node is None:
+            if n == 0:
+                return InsertResult(0, EMPTY_PAGES, self._empty_root)
+            node = self._ns_roots[namespace] = self._new_node([], EMPTY_PAGES, None, 0, namespace)
+        pos = 0
+        parts: list[np.ndarray] = []
+        while pos < n:
+            child = node.children.get(tokens[pos] if ps == 1 else tuple(tokens[pos:pos + ps]))
+            if child is None:
+                break
+            key = child.key
+            end = pos + len(key)
+            if end <= n:
+                cp = child.pages
+                p0 = pos // ps
+                if (pages[p0:p0 + len(cp)].tobytes() == cp.tobytes()
+                        or tokens[pos:end] == key):
+                    parts.append(cp)
+                    node = child
+                    pos = end
+                    continue
+            m = _common_prefix(tokens, pos, key, min(len(key), n - pos))
+            m -= m % ps
+            node = self._split(child, m)
+            parts.append(node.pages)
+            pos += m
+            break
+        cached = pos
+        clock = self._clock
+        t = node
+        while t.depth:
+            t.last_access = clock
+            t = t.parent
+        if pos < n:
+            if node.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
+                self._evictable.remove(node)
+                node.evict_key = None
+            new_pages = pages[pos // ps:].copy()
+            new_pages.flags.writeable = False
+            leaf = self._new_node(tokens[pos:], new_pages, node, node.depth + n - pos, namespace)
+            leaf.last_access = clock
+            self._add_child(node, leaf)
+            self._num_nodes += 1
+            self._cached += n - pos
+            self._evictable_tokens += n - pos
+            self._make_evictable(leaf)
+            parts.append(new_pages)
+            node = leaf
+        elif node.evict_key is not None:
+            self._rekey(node)
+        return InsertResult(cached, _concat(parts), node)
+
+    # ------------------------------------------------------------------ locks
+    def lock(self, node: TreeNode) -> None:
+        """Protect node..root from eviction (one more holder)."""
+        if node.parent is None and node.depth:
+            raise ValueError(f"stale handle: {node} was evicted or flushed")
+        freed_from_pool = 0
+        while node.depth:
+            if node.lock_ref == 0:
+                if node.evict_key is not None:
+                    self._evictable.remove(node)
+                    node.evict_key = None
+                freed_from_pool += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+        self._evictable_tokens -= freed_from_pool
+
+    def unlock(self, node: TreeNode) -> None:
+        """Drop one holder of node..root; nodes reaching zero become evictable again."""
+        if node.depth and node.lock_ref <= 0:
+            raise RuntimeError(f"unlock without lock: {node}")
+        released = 0
+        while node.depth:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                released += len(node.key)
+                if not node.children:
+                    self._make_evictable(node)
+            node = node.parent
+        self._evictable_tokens += released
+
+    # ------------------------------------------------------------------ eviction
+    def evict(self, num_tokens: int) -> np.ndarray:
+        """Free at least `num_tokens` tokens' worth of pages (fewer only if nothing is left).
+
+        Takes unlocked leaves in policy order; a leaf larger than what is still needed loses
+        only its tail pages (its head, the more shared part, stays). Returns the freed ids;
+        the caller gives them to the allocator.
+        """
+        if num_tokens <= 0:
+            return EMPTY_PAGES
+        self._clock += 1
+        ps = self.page_size
+        evictable = self._evictable
+        freed: list[np.ndarray] = []
+        remaining = num_tokens
+        while remaining > 0 and evictable:
+            leaf = evictable.pop(0)
+            leaf.evict_key = None
+            need = -(-remaining // ps)
+            npages = len(leaf.pages)
+            if npages <= need:
+                freed.append(leaf.pages)
+                remaining -= len(leaf.key)
+                self._remove_leaf(leaf)
+            else:
+                keep = npages - need
+                gone = need * ps
+                freed.append(leaf.pages[keep:])
+                leaf.pages = leaf.pages[:keep]
+                del leaf.key[keep * ps:]
+                leaf.depth -= gone
+                self._cached -= gone
+                self._evictable_tokens -= gone
+                remaining -= gone
+                self._make_evictable(leaf)
+        self._evicted_tokens += num_tokens - remaining
+        return _concat(freed)
+
+    def flush(self) -> np.ndarray:
+        """Drop the whole tree and return its pages; refused while any request holds a lock."""
+        if self.locked_tokens:
+            raise CacheLockedError(
+                f"cannot flush the prefix cache: {self.locked_tokens} cached tokens are locked "
+                f"by running requests; wait until they finish (or abort them)")
+        pages = self.tree_page_ids()
+        for node in self.iter_nodes():
+            node.parent = None          # stale: a late lock() on it raises
+            node.evict_key = None
+        self._ns_roots.clear()
+        self._evictable.clear()
+        self._cached = self._evictable_tokens = self._num_nodes = 0
+        return pages
+
+    # ------------------------------------------------------------------ introspection
+    def iter_nodes(self) -> Iterator[TreeNode]:
+        """Every token-holding node, parents before children (a walk: not for hot paths)."""
+        stack = list(self._ns_roots.values())
+        while stack:
+            node = stack.pop()
+            if node.depth:
+                yield node
+            stack.extend(node.children.values())
+
+    def tree_page_ids(self) -> np.ndarray:
+        """Every page the tree owns (a walk: for conservation checks)."""
+        return np.concatenate([EMPTY_PAGES, *(n.pages for n in self.iter_nodes())])
+
+    def check_invariants(self) -> None:
+        """Recount everything and compare with the O(1) counters; AssertionError on a mismatch."""
+        from .invariants import check_tree
+
+        check_tree(self)
+
+    def summary(self, top_k: int = 20) -> dict:
+        """Bounded, JSON-serializable: counters and the top prefixes by size and by hits."""
+        from .summary import build_summary
+
+        return build_summary(self, top_k)
+
+    # ------------------------------------------------------------------ tree surgery
+    def _child_key(self, key: list[int]) -> Hashable:
+        return key[0] if self.page_size == 1 else tuple(key[:self.page_size])
+
+    def _new_node(self, key: list[int], pages: np.ndarray, parent: TreeNode | None,
+                  depth: int, namespace: str | None) -> TreeNode:
+        node = TreeNode(self._next_id, key, pages, parent, depth, namespace)
+        self._next_id += 1
+        return node
+
+    def _add_child(self, parent: TreeNode, child: TreeNode) -> None:
+        parent.children[self._child_key(child.key)] = child
+        if self.page_size > 1:
+            if parent.cow_index is None:
+                parent.cow_index = {}
+            parent.cow_index.setdefault(child.key[0], []).append(child)
+
+    def _remove_leaf(self, leaf: TreeNode) -> None:
+        """Detach an evicted leaf; its parent may become an evictable leaf (or an empty root)."""
+        parent = leaf.parent
+        del parent.children[self._child_key(leaf.key)]
+        if self.page_size > 1:
+            same_first = parent.cow_index[leaf.key[0]]
+            same_first.remove(leaf)
+            if not same_first:
+                del parent.cow_index[leaf.key[0]]
+        leaf.parent = None
+        k = len(leaf.key)
+        self._num_nodes -= 1
+        self._cached -= k
+        self._evictable_tokens -= k
+        if not parent.children:
+            if parent.depth:
+                if parent.lock_ref == 0:
+                    self._make_evictable(parent)
+            else:
+                del self._ns_roots[parent.namespace]
+
+    def _split(self, child: TreeNode, m: int) -> TreeNode:
+        """Cut `child`'s edge after m tokens (a page multiple); return the new upper node."""
+        ps = self.page_size
+        parent = child.parent
+        key = child.key
+        upper = TreeNode(self._next_id, key[:m], child.pages[:m // ps], parent,
+                         child.depth - len(key) + m, child.namespace, lock_ref=child.lock_ref,
+                         last_access=child.last_access, hit_count=child.hit_count)
+        self._next_id += 1
+        parent.children[self._child_key(key)] = upper
+        if ps > 1:
+            same_first = parent.cow_index[key[0]]
+            same_first[same_first.index(child)] = upper
+        child.key = key[m:]
+        child.pages = child.pages[m // ps:]
+        child.parent = upper
+        self._add_child(upper, child)
+        self._num_nodes += 1
+        if child.evict_key is not None:
+            self._rekey(child)
+        return upper
+
+    def _make_evictable(self, node: TreeNode) -> None:
+        node.evict_key = (self.policy.key(node), node.id)
+        self._evictable.add(node)
+
+    def _rekey(self, node: TreeNode) -> None:
+        """Re-sort an evictable leaf whose fields changed (accessed, split or trimmed)."""
+        new_key = (self.policy.key(node), node.id)
+        if new_key != node.evict_key:
+            self._evictable.remove(node)
+            node.evict_key = new_key
+            self._evictable.add(node)

@@ -1,0 +1,235 @@
+"""Engine: the asyncio front of the scheduler. Callers `generate`; one loop task steps.
+
+All scheduler state is touched only on the event loop; the forward pass runs in a single
+worker thread, so the loop keeps serving HTTP while a step computes. Requests come in
+through `generate` and leave through per-request asyncio queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import AsyncIterator, Sequence as Seq
+
+import torch
+
+from radixserve.cache.memory import PagedMemory
+from radixserve.cache.page_allocator import PageAllocator
+from radixserve.cache.radix_cache import CacheLockedError, RadixCache
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
+from radixserve.engine.outputs import EngineStats, RequestOutput
+from radixserve.engine.request import Request, Sequence
+from radixserve.engine.runner import ModelRunner
+from radixserve.engine.sampling_params import SamplingParams
+from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
+from radixserve.engine.seq_memory import SequenceMemory
+from radixserve.engine.text_stream import TextStream
+from radixserve.model import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel):
+        self.config = config
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.runner = ModelRunner(config, loaded)
+        self.page_size = config.page_size
+        self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
+        self.memory = PagedMemory(PageAllocator(self.runner.num_pages), self.tree)
+        self.seq_memory = SequenceMemory(self.memory, self.tree, config.page_size,
+                                         use_cache=not config.disable_radix_cache,
+                                         copy_prefix=self.runner.copy_prefix)
+        self.pool_tokens = self.runner.num_pages * config.page_size
+        self.max_model_len = self._max_model_len()
+        self._stats = EngineStats(pages_total=self.runner.num_pages, page_size=config.page_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(page_size=config.page_size,
+                            max_running=config.max_running_requests,
+                            token_budget=config.chunked_prefill_size,
+                            policy=config.schedule_policy,
+                            max_model_len=self.max_model_len),
+            self.seq_memory, self._stats)
+        self._ids = itertools.count()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixserve-forward")
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+
+    def _max_model_len(self) -> int:
+        model_len = self.loaded.config.max_position_embeddings
+        wanted = self.config.max_model_len or model_len
+        if wanted > model_len:
+            raise ValueError(f"--max-model-len {wanted} exceeds the model's context {model_len}")
+        # One sequence must always fit in the pool alone, or preemption could not help.
+        limit = self.pool_tokens - DECODE_RESERVE_TOKENS - self.page_size
+        if wanted > limit:
+            log.warning("max model length lowered from %d to %d: the KV pool holds %d tokens",
+                        wanted, limit, self.pool_tokens)
+            wanted = limit
+        return wanted
+
+    # ---- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._stopping = False
+            self._task = asyncio.get_running_loop().create_task(self._run_loop())
+
+    async def shutdown(self, grace_s: float = 0.0) -> None:
+        """Stop taking requests, let running ones finish for `grace_s`, abort the rest."""
+        self._stopping = True
+        if self._task is None:
+            return
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while self.scheduler.has_work() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        for request_id in list(self.scheduler.requests):
+            self.scheduler.abort(request_id)
+        self._wake.set()
+        while self.scheduler.has_work():
+            await asyncio.sleep(0.01)
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        self._task = None
+        self._executor.shutdown(wait=True)
+
+    # ---- requests -----------------------------------------------------------------
+
+    def generate(self, prompt_ids: Seq[int], params: SamplingParams,
+                 namespace: str | None = None,
+                 request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Queue a request and return its stream of outputs.
+
+        Raises InvalidRequest / QueueFull / EngineStopped here, before anything is queued.
+        """
+        if self._stopping or self._task is None:
+            raise EngineStopped("the engine is not running")
+        prompt = self._validate(prompt_ids, params)
+        if len(self.scheduler.waiting) >= self.config.max_queue_len:
+            raise QueueFull(f"{len(self.scheduler.waiting)} requests are waiting")
+        request_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        if request_id in self.scheduler.requests:
+            raise InvalidRequest("request_id", f"request id {request_id!r} is already running")
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        request = Request(request_id, prompt, params, namespace, emit=queue.put_nowait)
+        request.sequences = [self._new_sequence(request, i) for i in range(params.n)]
+        self.scheduler.add(request)
+        self._wake.set()
+        return self._stream(request, queue)
+
+    def _validate(self, prompt_ids: Seq[int], params: SamplingParams) -> list[int]:
+        vocab = self.tokenizer.vocab_size
+        params.validate(vocab)
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise InvalidRequest("prompt", "the prompt is empty")
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequest("input_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(prompt) + params.max_tokens > self.max_model_len:
+            raise InvalidRequest(
+                "max_tokens" if len(prompt) < self.max_model_len else "prompt",
+                f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
+                f"exceeds the maximum context length ({self.max_model_len} tokens)")
+        return prompt
+
+    def _new_sequence(self, request: Request, index: int) -> Sequence:
+        params = request.params
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator().manual_seed(params.seed + index)
+        detok = self.tokenizer.detokenizer(request.prompt_ids)
+        stream = TextStream(params, detok, self.tokenizer.eos_token_ids)
+        return Sequence(request=request, index=index, token_ids=list(request.prompt_ids),
+                        text_stream=stream, generator=generator, page_size=self.page_size)
+
+    async def _stream(self, request: Request, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        remaining = len(request.sequences)
+        try:
+            while remaining:
+                out = await queue.get()
+                remaining -= out.finished
+                yield out
+        finally:
+            if remaining:           # the consumer went away: abort what is left
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        if self.scheduler.abort(request_id) and self._wake is not None:
+            self._wake.set()
+
+    # ---- the loop -----------------------------------------------------------------
+
+    async def _run_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.scheduler.has_work():
+                if self.config.debug_invariants:
+                    self.check_invariants()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            plan = self.scheduler.schedule()
+            if not plan.batch:
+                # Nothing fits right now (all waiting, memory short): let aborts arrive.
+                await asyncio.sleep(0.001)
+                continue
+            try:
+                result = await loop.run_in_executor(self._executor, self.runner.execute, plan.batch)
+            except Exception as exc:  # a failed step fails its requests, not the engine
+                log.exception("step %d failed", self.scheduler.step)
+                self.scheduler.fail(plan, exc)
+            else:
+                self.scheduler.complete(plan, result)
+
+    # ---- introspection ------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        s = self._stats
+        s.running = len(self.scheduler.running)
+        s.waiting = len(self.scheduler.waiting)
+        s.pages_free = self.memory.allocator.num_free
+        s.pages_cached = self.tree.cached_tokens // self.page_size
+        s.pages_locked = self.tree.locked_tokens // self.page_size
+        s.pages_private = s.pages_total - s.pages_free - s.pages_cached
+        s.kv_pool_bytes = self.runner.kv_pool.total_bytes
+        s.evicted_tokens = self.memory.evicted_tokens
+        s.cache = {
+            "cached_tokens": self.tree.cached_tokens,
+            "evictable_tokens": self.tree.evictable_tokens,
+            "locked_tokens": self.tree.locked_tokens,
+            "nodes": self.tree.num_nodes,
+            "query_tokens": s.prefix_query_tokens,
+            "hit_tokens": s.prefix_hit_tokens,
+            "enabled": not self.config.disable_radix_cache,
+        }
+        return s
+
+    def cache_summary(self, top_k: int = 20) -> dict:
+        return self.tree.summary(top_k)
+
+    def flush_cache(self) -> None:
+        if self.scheduler.has_work():
+            raise CacheBusy(f"{self.scheduler.num_live} requests are running")
+        try:
+            pages = self.tree.flush()
+        except CacheLockedError as exc:
+            raise CacheBusy(str(exc)) from exc
+        self.memory.allocator.free(pages)
+
+    def check_invariants(self) -> None:
+        """Page conservation; with no live request, no lock may be held."""
+        live = self.scheduler.running + self.scheduler.waiting
+        self.seq_memory.check(live)
+        if not live:
+            assert self.tree.locked_tokens == 0, "locks held with no live request"

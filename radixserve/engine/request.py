@@ -1,0 +1,102 @@
+"""Requests and their sequences: the state the scheduler keeps for each running sample.
+
+A `Request` is what a caller submitted (one prompt, `n` samples); each sample is a
+`Sequence` that the scheduler admits, computes, preempts and retires on its own. All of
+this state lives on the event-loop thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+
+from radixserve.engine.outputs import RequestOutput
+from radixserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.engine.text_stream import TextStream
+
+NO_PAGES = np.zeros(0, dtype=np.int32)
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One submitted prompt; owns the output channel shared by its samples."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    namespace: str | None
+    emit: Callable[[RequestOutput], None]
+    arrival_time: float = field(default_factory=time.monotonic)
+    arrival_step: int = 0
+    sequences: list["Sequence"] = field(default_factory=list)
+    aborted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(s.status is SeqStatus.FINISHED for s in self.sequences)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sample of a request: its tokens, its pages and its place in the schedule.
+
+    Pages: `pages[:tree_len // page_size]` belong to the radix tree (kept alive by the lock
+    on `lock_node`); the rest are this sequence's private pages. KV is computed for
+    `token_ids[:num_computed]`; a step computes `token_ids[num_computed:...]`, and when it
+    reaches the end of `token_ids` the last position's logits give the next token.
+    """
+
+    request: Request
+    index: int
+    token_ids: list[int]
+    text_stream: "TextStream"
+    generator: torch.Generator | None
+    page_size: int = 1
+    status: SeqStatus = SeqStatus.WAITING
+    pages: np.ndarray = field(default_factory=lambda: NO_PAGES)
+    num_computed: int = 0
+    tree_len: int = 0
+    lock_node: object | None = None
+    cached_tokens: int | None = None       # prefix hit at first admission (usage)
+    num_generated: int = 0
+    first_token_time: float | None = None
+    preemptions: int = 0
+    last_scheduled_step: int = -1
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to compute before the next token can be sampled."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.remaining > 1
+
+    @property
+    def num_tree_pages(self) -> int:
+        return self.tree_len // self.page_size
+
+    @property
+    def private_pages(self) -> np.ndarray:
+        return self.pages[self.num_tree_pages:]

@@ -1,0 +1,133 @@
+"""Read a llama-architecture GGUF file: metadata, config, and dequantized HF-named weights.
+
+Quantized tensors (Q4_1, Q8_0, ...) are dequantized to float32 by the `gguf` package and
+cast to the working dtype one at a time, on access, so loading never holds a second copy
+of the model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import ModelConfig, config_from_gguf
+from .errors import ModelLoadError
+from .weights import LazyWeights, check_weights
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+@dataclass
+class GGUFContents:
+    path: Path
+    metadata: dict[str, Any]       # every key/value of the header (tokenizer arrays too)
+    config: ModelConfig
+    weights: LazyWeights    # HF names -> CPU tensors in the working dtype, q/k un-permuted
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _BLOCK_NAMES:
+        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def unpermute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation (it interleaves the two rotary halves of
+    each head for ggml's rope); HF's rotate_half expects them as contiguous halves."""
+    rows = w.shape[0]
+    return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
+             .transpose(1, 2).reshape(w.shape))
+
+
+def read_metadata(reader) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        try:
+            meta[key] = f.contents()
+        except Exception:          # exotic field types we never read: skip, don't fail
+            continue
+    return meta
+
+
+def load_gguf(path: str | Path, dtype: torch.dtype) -> GGUFContents:
+    import gguf
+    from gguf.quants import dequantize
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file not found: {path}")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {e}") from None
+    meta = read_metadata(reader)
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ModelLoadError(f"{path}: GGUF file has no token_embd.weight tensor")
+    vocab_size = int(tensors["token_embd.weight"].shape[-1])
+    config = config_from_gguf(meta, vocab_size, tied="output.weight" not in tensors)
+    if "blk.0.attn_q.bias" in tensors or "blk.0.attn_output.bias" in tensors:
+        config = replace(config, attention_bias="blk.0.attn_q.bias" in tensors,
+                         o_proj_bias="blk.0.attn_output.bias" in tensors)
+
+    if "rope_freqs.weight" in tensors:   # llama 3.x: rope scaling stored as per-dim factors
+        factors = dequantize(tensors.pop("rope_freqs.weight").data, gguf.GGMLQuantizationType.F32)
+        config = _with_freq_factors(config, factors)
+
+    unknown = [n for n in tensors if hf_name(n) is None]
+    if unknown:
+        raise ModelLoadError(
+            f"{path}: unexpected tensor(s) for a llama model, e.g. {', '.join(unknown[:3])}")
+    shapes = {hf_name(n): tuple(int(x) for x in reversed(t.shape)) for n, t in tensors.items()}
+    check_weights(config, shapes, str(path))
+
+    by_hf_name = {hf_name(n): t for n, t in tensors.items()}
+
+    def read(name: str) -> torch.Tensor:
+        t = by_hf_name[name]
+        arr = dequantize(t.data, t.tensor_type)
+        if not arr.flags.writeable:          # a view of the read-only file mapping
+            arr = np.array(arr)
+        w = torch.from_numpy(arr).reshape(shapes[name])
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+            w = unpermute_rope_rows(w, config.num_heads)
+        elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+            w = unpermute_rope_rows(w, config.num_kv_heads)
+        return w.to(dtype).contiguous()
+
+    return GGUFContents(path=path, metadata=meta, config=config,
+                        weights=LazyWeights(shapes, read))
+
+
+def _with_freq_factors(config: ModelConfig, factors: np.ndarray) -> ModelConfig:
+    if config.rope_scaling is not None:
+        raise ModelLoadError("GGUF has both rope_freqs and a rope scaling type")
+    if factors.size != config.head_dim // 2:
+        raise ModelLoadError(
+            f"rope_freqs has {factors.size} entries, expected head_dim/2 = {config.head_dim // 2}")
+    return replace(config, rope_scaling={
+        "rope_type": "freq_factors", "factors": tuple(float(x) for x in factors.ravel())})

@@ -1,0 +1,39 @@
+"""The transformers implementation of a loaded model, on the same weights and dtype.
+
+The reference our model is checked and benchmarked against (scripts/bench_model.py,
+scripts/bench_engine.py). Imports transformers lazily: serving never needs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from radixserve.model.gguf_loader import load_gguf
+from radixserve.model.registry import resolve_short_name
+
+
+def hf_model_for(model_arg: str, loaded):
+    """transformers' model with our weights and dtype."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    path = resolve_short_name(model_arg) or Path(model_arg)
+    if path.is_dir() and (path / "config.json").is_file():
+        m = AutoModelForCausalLM.from_pretrained(str(path), dtype=loaded.dtype,
+                                                 local_files_only=True)
+    else:
+        c = loaded.config
+        hf_cfg = LlamaConfig(
+            hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+            num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, vocab_size=c.vocab_size,
+            rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+            tie_word_embeddings=c.tie_word_embeddings)
+        if c.rope_scaling is not None:
+            raise SystemExit("transformers comparison for scaled-RoPE GGUFs is not wired up")
+        m = LlamaForCausalLM(hf_cfg).to(loaded.dtype)
+        missing = m.load_state_dict(dict(load_gguf(path, loaded.dtype).weights),
+                                    strict=False).missing_keys
+        assert set(missing) <= {"lm_head.weight"}, missing
+        m.tie_weights()
+    m.generation_config.eos_token_id = None
+    return m.to(loaded.dtype).eval()

@@ -1,0 +1,131 @@
+"""LlamaForCausalLM over a flat token batch whose attention reads K/V from pages.
+
+One forward call computes any mix of prefill chunks and decodes: tokens of all sequences
+are concatenated ([T]); only attention needs to know which token belongs to which
+sequence, and it learns that from the step's metadata through the backend. q/k/v and
+gate/up are fused into one matmul each (fewer, larger GEMMs are faster on CPU and GPU).
+Covers Llama 2/3, Mistral, Qwen2 (q/k/v bias) and SmolLM.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .rope import RotaryEmbedding, apply_rotary
+from .weights import check_weights
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # As transformers: normalise in float32, round, then scale in the working dtype.
+        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return self.weight * y
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        self.index = index
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.split = (cfg.q_size, cfg.kv_size, cfg.kv_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend,
+                prepared, kv_pool) -> torch.Tensor:
+        t = h.shape[0]
+        q, k, v = self.qkv_proj(self.input_layernorm(h)).split(self.split, dim=-1)
+        q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        o = backend.forward(prepared, self.index, q, k, v, kv_pool)
+        h = h + self.o_proj(o.reshape(t, -1))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)
+        return h + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
+        super().__init__()
+        self.config = cfg
+        with torch.device("meta"):     # no init cost: load_weights fills everything
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.to(dtype)                 # still on meta: free
+        self.to_empty(device=device)   # one uninitialised allocation in the final dtype
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryEmbedding(cfg, dtype, device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, backend,
+                prepared, kv_pool, logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids/positions int64 [T] -> float32 logits [len(logits_indices), vocab]
+        (default: each sequence's last token, from meta.qo_indptr)."""
+        dev = self.device
+        h = self.embed_tokens(input_ids.to(dev, non_blocking=True))
+        cos, sin = self.rotary.lookup(positions.to(dev, non_blocking=True))
+        for layer in self.layers:
+            h = layer(h, cos, sin, backend, prepared, kv_pool)
+        if logits_indices is None:
+            logits_indices = meta.qo_indptr[1:].to(torch.int64) - 1
+        h = self.norm(h[logits_indices.to(h.device)])   # norm is per token: select first
+        return self.lm_head(h).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Mapping[str, torch.Tensor], source: str = "weights") -> None:
+        """Copy HF-named tensors in (checked first), fusing q/k/v and gate/up."""
+        cfg = self.config
+        check_weights(cfg, weights, source)
+        self.embed_tokens.weight.copy_(weights["model.embed_tokens.weight"])
+        self.norm.weight.copy_(weights["model.norm.weight"])
+        if not cfg.tie_word_embeddings:
+            self.lm_head.weight.copy_(weights["lm_head.weight"])
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+
+            def w(name: str) -> torch.Tensor:
+                return weights[p + name]
+
+            layer.input_layernorm.weight.copy_(w("input_layernorm.weight"))
+            layer.post_attention_layernorm.weight.copy_(w("post_attention_layernorm.weight"))
+            attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+            layer.qkv_proj.weight.copy_(torch.cat([w(n + ".weight") for n in attn]))
+            if cfg.attention_bias:
+                layer.qkv_proj.bias.copy_(torch.cat([w(n + ".bias") for n in attn]))
+            layer.o_proj.weight.copy_(w("self_attn.o_proj.weight"))
+            if cfg.o_proj_bias:
+                layer.o_proj.bias.copy_(w("self_attn.o_proj.bias"))
+            layer.gate_up_proj.weight.copy_(
+                torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]))
+            layer.down_proj.weight.copy_(w("mlp.down_proj.weight"))
+            if cfg.mlp_bias:
+                layer.gate_up_proj.bias.copy_(
+                    torch.cat([w("mlp.gate_proj.bias"), w("mlp.up_proj.bias")]))
+                layer.down_proj.bias.copy_(w("mlp.down_proj.bias"))

@@ -1,0 +1,100 @@
+"""`radixserve replay TRACE`: what hit rate would a prefix cache of a given size reach?
+
+Replays a request trace through the real RadixCache and reports, per capacity and eviction
+policy, the token and request hit rates, the prefill tokens saved, the offline optimal
+(Belady) and the ceiling (an unbounded cache). See docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", help="JSONL trace: hash-id records (Mooncake style) or "
+                        "text records with prompt / messages / input_ids")
+    parser.add_argument("--format", choices=("auto", "hash", "text"), default="auto",
+                        help="trace format (default: guessed from the first line)")
+    parser.add_argument("--block-size", type=int, default=512,
+                        help="tokens per hash id in hash-id traces (default 512)")
+    parser.add_argument("--mode", choices=("auto", "token", "block"), default="auto",
+                        help="token: real token ids in the tree; block: one symbol per page, "
+                        "same hits, much faster (auto: block for hash-id traces when the "
+                        "page size divides the block size, else token)")
+    parser.add_argument("--page-size", type=int, default=None,
+                        help="tokens per KV page (default: the block size for hash-id "
+                        "traces, 1 for text traces)")
+    parser.add_argument("--capacity-tokens", default="inf",
+                        help="cache capacity in tokens, or a comma list for a sweep; "
+                        "suffixes k, M, G (and Ki, Mi, Gi); 'inf' for unbounded")
+    parser.add_argument("--policy", default="lru",
+                        help="comma list of eviction policies: lru, lfu, gdsf, belady "
+                        "(default lru; the Belady optimal is added unless --no-optimal)")
+    parser.add_argument("--no-optimal", action="store_true",
+                        help="skip the offline-optimal (Belady) replay of each capacity")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="requests in flight holding their prefix locked (default 1)")
+    parser.add_argument("--include-outputs", action="store_true",
+                        help="cache each request's output too (it takes pages)")
+    parser.add_argument("--warmup-fraction", type=float, default=0.0,
+                        help="leading share of requests left out of the reported rates")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="replay only the first N requests of the file")
+    parser.add_argument("--on-error", choices=("stop", "skip"), default="stop",
+                        help="on a malformed line: stop with its line number, or skip it")
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="tokenizer for text traces (a short name, HF dir or .gguf)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--plot", metavar="PNG", default=None,
+                        help="draw hit rate against capacity per policy to this file")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--check-every", type=int, default=0, metavar="N",
+                        help="debug: check tree invariants and page conservation every "
+                        "N requests")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .report import format_table, parse_capacities
+    from .sweep import SweepOptions, run_sweep
+    from .traces import TraceError
+
+    try:
+        capacities = parse_capacities(args.capacity_tokens)
+        policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+        options = SweepOptions(
+            trace=args.trace, format=args.format, block_size=args.block_size,
+            mode=args.mode, page_size=args.page_size, capacities=capacities,
+            policies=policies, optimal=not args.no_optimal, concurrency=args.concurrency,
+            include_outputs=args.include_outputs, warmup_fraction=args.warmup_fraction,
+            limit=args.limit, on_error=args.on_error, model=args.model,
+            progress=not args.no_progress and not args.json, check_every=args.check_every)
+        report = run_sweep(options, warn=lambda msg: print(msg, file=sys.stderr))
+    except (TraceError, ValueError, OSError) as exc:
+        print(f"radixserve replay: error: {exc}", file=sys.stderr)
+        return 2
+    if args.plot:
+        from .plot import plot_curve
+
+        plot_curve(report, args.plot)
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=1)
+        print()
+    else:
+        print(format_table(report))
+        if args.plot:
+            print(f"curve written to {args.plot}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="radixserve replay", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Hit rate against cache capacity, one line per policy, with the optimal and the ceiling."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from .report import OPTIMAL, ReplayReport, human_tokens
+
+
+def plot_curve(report: ReplayReport, path: str | Path) -> None:
+    """Write the hit-rate curve of a sweep to ``path`` (format from its suffix)."""
+    import matplotlib  # lazy: only --plot pays for it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, PercentFormatter
+
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for p in report.points:
+        if p.capacity_tokens is not None:
+            series[p.policy].append((p.capacity_tokens, p.token_hit_rate))
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for policy in sorted(series, key=lambda name: (name == OPTIMAL, name)):
+        xs, ys = zip(*sorted(series[policy]))
+        if policy == OPTIMAL:
+            ax.plot(xs, ys, "k--", marker="s", markersize=4, label="optimal (Belady)")
+        else:
+            ax.plot(xs, ys, marker="o", markersize=4, label=policy.upper())
+    ax.axhline(report.ceiling.token_hit_rate, color="grey", linestyle=":",
+               label=f"ceiling, unbounded ({report.ceiling.token_hit_rate:.1%})")
+    caps = [c for pts in series.values() for c, _ in pts]
+    if caps and max(caps) > 20 * min(caps):
+        ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: human_tokens(int(x))))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_ylim(0, min(1.0, report.ceiling.token_hit_rate * 1.15 + 0.02))
+    ax.set_xlabel("cache capacity (tokens)")
+    ax.set_ylabel("token hit rate (prefill saved)")
+    ax.set_title(f"{Path(report.trace).name}: {report.requests} requests, "
+                 f"page size {report.page_size}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

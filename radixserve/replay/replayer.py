@@ -1,0 +1,215 @@
+"""Drive the real RadixCache + PagedMemory with a trace and count what the cache saves.
+
+Per request, in replay order (as the server's scheduler does, minus the model):
+match_prefix (at most L-1 tokens: the last prompt token is always computed) -> lock the
+match -> allocate pages for the rest of the request (PagedMemory evicts unlocked leaves in
+policy order) -> insert the prompt's whole pages (as after prefill) -> the request stays
+in flight, holding its lock, until ``concurrency`` newer requests have arrived -> on
+completion insert prompt + output (``--include-outputs``), unlock, free its private pages.
+A request that cannot fit even with everything else evicted counts as a miss.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from radixserve.cache.memory import PagedMemory
+from radixserve.cache.page_allocator import OutOfPages, PageAllocator
+from radixserve.cache.radix_cache import RadixCache
+
+from .belady import make_policy
+from .workload import ReplayItem, Workload
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    capacity_tokens: int | None     # None: unbounded (the ceiling)
+    policy: str = "lru"             # a cache policy name, or "belady"
+    concurrency: int = 1            # requests in flight holding their locks
+    warmup_fraction: float = 0.0    # leading share of requests left out of the rates
+    check_every: int = 0            # run the conservation checks every N requests (tests)
+
+    def __post_init__(self):
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ValueError("warmup fraction must be in [0, 1)")
+        if self.capacity_tokens is not None and self.capacity_tokens < 0:
+            raise ValueError("capacity must be >= 0 tokens")
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    """Counts over the measured requests (those after the warm-up)."""
+
+    policy: str
+    capacity_tokens: int | None
+    num_pages: int
+    mode: str
+    page_size: int
+    concurrency: int
+    requests: int = 0            # all replayed requests
+    measured_requests: int = 0
+    query_tokens: int = 0        # prompt tokens of measured requests
+    hit_tokens: int = 0          # of them, served from the cache (prefill saved)
+    hit_requests: int = 0        # measured requests with any hit
+    unfit_requests: int = 0      # measured requests too big for the capacity (misses)
+    seconds: float = 0.0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hit_requests / self.measured_requests if self.measured_requests else 0.0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens that still had to be computed."""
+        return self.query_tokens - self.hit_tokens
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(token_hit_rate=self.token_hit_rate,
+                   request_hit_rate=self.request_hit_rate,
+                   prefill_tokens_saved=self.hit_tokens,
+                   prefill_tokens=self.prefill_tokens)
+        return out
+
+
+@dataclass(slots=True)
+class _InFlight:
+    item: ReplayItem
+    node: object               # the locked tree node
+    tree_pages: np.ndarray     # tree-owned pages covering the sequence's head
+    private: np.ndarray        # this request's own pages for the rest
+
+
+class _Run:
+    """State of one replay: a fresh cache, allocator and the requests in flight."""
+
+    def __init__(self, workload: Workload, config: ReplayConfig):
+        space = workload.space
+        self.space = space
+        self.config = config
+        self.policy = make_policy(config.policy, workload)
+        if config.capacity_tokens is None:
+            num_pages = workload.page_demand()
+        else:
+            num_pages = config.capacity_tokens // space.page_size
+        self.alloc = PageAllocator(num_pages)
+        self.cache = RadixCache(page_size=space.tree_page_size, policy=self.policy)
+        self.mem = PagedMemory(self.alloc, self.cache)
+        self.inflight: deque[_InFlight] = deque()
+
+    def admit(self, item: ReplayItem) -> int | None:
+        """Run one request's admission; its hit tokens, or None when it cannot fit."""
+        space, cache = self.space, self.cache
+        L = item.prompt_len
+        match = cache.match_prefix(item.prompt_keys, max_tokens=space.max_match_keys(L))
+        tree_pages = match.pages               # whole tree pages reused as they are
+        full = len(tree_pages)
+        hit = space.hit_tokens(match.matched_tokens, full, match.cow_tokens > 0, L)
+        cache.lock(match.node)                 # covers the copy-on-write page too
+        need = math.ceil((L + item.output_len) / space.page_size) - full
+        private = self._alloc(need)
+        if private is None:
+            cache.unlock(match.node)
+            return None
+        flight = _InFlight(item, match.node, tree_pages, private)
+        self._insert(flight, item.prompt_keys, L // space.page_size, relock=True)
+        self.inflight.append(flight)
+        return hit
+
+    def _alloc(self, n: int) -> np.ndarray | None:
+        """n pages, completing the oldest requests in flight while memory is short."""
+        while True:
+            try:
+                return self.mem.alloc(n) if n else _EMPTY
+            except OutOfPages:
+                if not self.inflight:
+                    return None
+                self.complete(self.inflight.popleft())
+
+    def _insert(self, flight: _InFlight, keys, num_pages: int, relock: bool) -> None:
+        """Insert the sequence's first num_pages pages; free our duplicates of tree pages."""
+        have = len(flight.tree_pages)
+        if num_pages <= have:
+            return
+        fresh = num_pages - have
+        mine = flight.private[:fresh]
+        pages = np.concatenate([flight.tree_pages, mine]) if have else mine
+        res = self.cache.insert(keys[: self.space.keys_for_pages(num_pages)], pages)
+        cached = min(res.cached_tokens // self.space.tree_page_size, num_pages)
+        if cached > have:    # our copies of tree pages (copy-on-write, or inserted meanwhile)
+            self.alloc.free(mine[: cached - have])
+        if relock:
+            self.cache.lock(res.node)
+            self.cache.unlock(flight.node)
+            flight.node = res.node
+        flight.tree_pages = np.asarray(res.pages)
+        flight.private = flight.private[fresh:]
+
+    def complete(self, flight: _InFlight) -> None:
+        """The request finished: insert prompt + output, unlock, free what is left."""
+        item = flight.item
+        if item.full_keys is not None:
+            total = (item.prompt_len + item.output_len) // self.space.page_size
+            self._insert(flight, item.full_keys, total, relock=False)
+        self.cache.unlock(flight.node)
+        if len(flight.private):
+            self.alloc.free(flight.private)
+        flight.private = _EMPTY
+
+    def drain(self) -> None:
+        while self.inflight:
+            self.complete(self.inflight.popleft())
+
+    def check(self) -> None:
+        self.cache.check_invariants()
+        self.mem.check_conservation([f.private for f in self.inflight])
+
+
+def replay(workload: Workload, config: ReplayConfig,
+           progress: Callable[[int], None] | None = None) -> ReplayStats:
+    """Replay the whole workload once; the cache, allocator and policy are fresh."""
+    space = workload.space
+    run = _Run(workload, config)
+    stats = ReplayStats(config.policy, config.capacity_tokens, run.alloc.num_pages,
+                        space.mode, space.page_size, config.concurrency)
+    warmup = int(config.warmup_fraction * len(workload))
+    set_now = getattr(run.policy, "set_now", None)
+    start = time.perf_counter()
+    for i, item in enumerate(workload):
+        if set_now is not None:
+            set_now(i)
+        while len(run.inflight) >= config.concurrency:
+            run.complete(run.inflight.popleft())
+        hit = run.admit(item)
+        if i >= warmup:
+            stats.measured_requests += 1
+            stats.query_tokens += item.prompt_len
+            if hit is None:
+                stats.unfit_requests += 1
+            elif hit:
+                stats.hit_tokens += hit
+                stats.hit_requests += 1
+        if config.check_every and (i + 1) % config.check_every == 0:
+            run.check()
+        if progress is not None:
+            progress(1)
+    run.drain()
+    if config.check_every:
+        run.check()
+    stats.requests = len(workload)
+    stats.seconds = time.perf_counter() - start
+    return stats

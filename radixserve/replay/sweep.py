@@ -1,0 +1,100 @@
+"""One replay run as the CLI sees it: read the trace, pick the mode, sweep the grid."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .replayer import ReplayConfig, replay
+from .report import OPTIMAL, ReplayReport
+from .tokens import TextTokenizer
+from .traces import read_trace
+from .workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class SweepOptions:
+    trace: str
+    capacities: list[int | None]
+    policies: list[str]
+    format: str = "auto"
+    block_size: int = 512
+    mode: str = "auto"
+    page_size: int | None = None
+    optimal: bool = True
+    concurrency: int = 1
+    include_outputs: bool = False
+    warmup_fraction: float = 0.0
+    limit: int | None = None
+    on_error: str = "stop"
+    model: str = "smollm2-135m-instruct"
+    progress: bool = False
+    check_every: int = 0
+
+
+def resolve_mode(fmt: str, mode: str, page_size: int, block_size: int | None) -> str:
+    """auto: block mode for hash-id traces whose block size the page size divides."""
+    if mode != "auto":
+        return mode
+    return "block" if fmt == "hash" and block_size % page_size == 0 else "token"
+
+
+def check_policies(policies: list[str]) -> None:
+    from radixserve.cache.eviction import POLICIES
+
+    known = set(POLICIES) | {OPTIMAL}
+    for p in policies:
+        if p not in known:
+            raise ValueError(f"unknown policy {p!r}; choose from {sorted(known)}")
+    if not policies:
+        raise ValueError("no policy given")
+
+
+def run_sweep(opts: SweepOptions, warn: Callable[[str], None] = lambda _: None
+              ) -> ReplayReport:
+    """Replay every (capacity, policy) point plus the unbounded ceiling."""
+    check_policies(opts.policies)
+    trace = read_trace(opts.trace, opts.format, opts.block_size, opts.on_error, opts.limit)
+    for err in trace.skipped[:20]:
+        warn(f"skipped {err}")
+    if len(trace.skipped) > 20:
+        warn(f"... and {len(trace.skipped) - 20} more malformed lines skipped")
+    page_size = opts.page_size or (trace.block_size if trace.format == "hash" else 1)
+    mode = resolve_mode(trace.format, opts.mode, page_size, trace.block_size)
+    tokenizer = TextTokenizer(opts.model) if trace.format == "text" else None
+    workload = Workload(trace, mode, page_size, opts.include_outputs, tokenizer)
+
+    policies = list(opts.policies)
+    if opts.optimal and OPTIMAL not in policies:
+        if mode == "token" and trace.format == "text":
+            warn("no Belady optimal for text traces in token mode (use --mode block)")
+        else:
+            policies.append(OPTIMAL)
+    grid = [(cap, pol) for cap in opts.capacities if cap is not None for pol in policies]
+
+    bar = None
+    if opts.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=(len(grid) + 1) * len(workload), unit="req", desc="replay",
+                   smoothing=0.1, leave=False)
+
+    def one(cap: int | None, policy: str):
+        config = ReplayConfig(cap, policy, opts.concurrency, opts.warmup_fraction,
+                              opts.check_every)
+        if bar is not None:
+            bar.set_postfix_str(f"{policy} @ {cap if cap is not None else 'inf'}")
+        return replay(workload, config, bar.update if bar is not None else None)
+
+    try:
+        ceiling = one(None, "lru")
+        points = [one(cap, pol) for cap, pol in grid]
+    finally:
+        if bar is not None:
+            bar.close()
+    return ReplayReport(
+        trace=opts.trace, format=trace.format, mode=mode, page_size=page_size,
+        block_size=trace.block_size, requests=len(workload),
+        skipped_lines=[str(e) for e in trace.skipped], concurrency=opts.concurrency,
+        warmup_fraction=opts.warmup_fraction, include_outputs=opts.include_outputs,
+        ceiling=ceiling, points=points)

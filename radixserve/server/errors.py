@@ -1,0 +1,95 @@
+"""OpenAI-style errors: one exception type carrying status, type, param and code.
+
+Transport-free (no aiohttp) so the offline batch job reports errors in exactly the shape
+the HTTP server does. `api_error_from` maps engine exceptions to their documented status.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
+
+_AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
+
+
+class ErrorInfo(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorInfo
+
+
+class ApiError(Exception):
+    """An error answered with `status` and the OpenAI error body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(ErrorInfo(self.message, self.type, self.param, self.code))
+
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self.body())
+
+
+def bad_request(param: str | None, message: str, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, message: str) -> ApiError:
+    """422: a valid OpenAI request using a feature this server does not implement."""
+    return ApiError(422, message, param=param, code="unsupported_feature")
+
+
+def from_decode_error(exc: msgspec.DecodeError) -> ApiError:
+    """Malformed JSON and schema violations -> 400, with the offending field in `param`."""
+    text = str(exc)
+    if not isinstance(exc, msgspec.ValidationError):
+        return bad_request(None, f"request body is not valid JSON: {text}", "invalid_json")
+    path = ""
+    match = _AT_PATH.search(text)
+    if match:
+        path = match.group("path")
+    missing = _MISSING.match(text)
+    if missing:
+        path = f"{path}.{missing.group('field')}"
+    param = path.lstrip(".") or None
+    return bad_request(param, text, "invalid_value" if not missing else "missing_field")
+
+
+def api_error_from(exc: BaseException) -> ApiError:
+    """The documented status for an engine exception; 500 for anything unexpected."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, InvalidRequest):
+        return bad_request(exc.param, exc.message)
+    if isinstance(exc, QueueFull):
+        return ApiError(503, f"server overloaded: {exc or 'the request queue is full'}; retry later",
+                        type="overloaded_error", code="queue_full",
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, EngineStopped):
+        return ApiError(503, "the server is shutting down and accepts no new requests",
+                        type="service_unavailable", code="engine_stopped")
+    if isinstance(exc, CacheBusy):
+        return ApiError(409, f"cannot flush the cache while requests are running ({exc})",
+                        type="conflict_error", code="cache_busy")
+    if isinstance(exc, msgspec.DecodeError):
+        return from_decode_error(exc)
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
+                    type="internal_error", code="internal_error")

@@ -1,0 +1,114 @@
+"""Prometheus metrics: counters and gauges read from `engine.stats()` at scrape time, latency
+histograms observed from the outputs the server streams.
+
+Reading counters from the engine at scrape time (a custom collector) keeps one source of
+truth: the engine counts, the server only reports. Everything lives in a registry owned by
+the app, so several servers (tests) never share state.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from radixserve.engine.outputs import EngineStats, RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+                    0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+class EngineCollector(Collector):
+    """Counters and gauges straight from EngineStats, computed on every scrape."""
+
+    def __init__(self, stats: Callable[[], EngineStats]):
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        counters = [
+            ("radixserve_prefix_cache_queries_tokens",
+             "Prompt tokens looked up in the prefix cache", s.prefix_query_tokens),
+            ("radixserve_prefix_cache_hits_tokens",
+             "Prompt tokens found in the prefix cache", s.prefix_hit_tokens),
+            ("radixserve_prompt_tokens", "Prompt tokens of admitted requests", s.prompt_tokens),
+            ("radixserve_generation_tokens", "Generated tokens", s.generation_tokens),
+            ("radixserve_preemptions", "Sequences preempted for lack of KV pages", s.preemptions),
+            ("radixserve_evicted_tokens", "Tokens evicted from the prefix cache", s.evicted_tokens),
+        ]
+        for name, doc, value in counters:
+            yield CounterMetricFamily(name, doc, value=value)
+        finished = CounterMetricFamily("radixserve_requests", "Finished requests by finish reason",
+                                       labels=["finish_reason"])
+        for reason, count in sorted(s.requests_finished.items()):
+            finished.add_metric([reason], count)
+        yield finished
+        yield GaugeMetricFamily("radixserve_running_requests", "Requests being computed",
+                                value=s.running)
+        yield GaugeMetricFamily("radixserve_waiting_requests", "Requests waiting for admission",
+                                value=s.waiting)
+        pages = GaugeMetricFamily("radixserve_kv_pages",
+                                  "KV pages by state (cached includes locked)", labels=["state"])
+        for state, value in (("free", s.pages_free), ("cached", s.pages_cached),
+                             ("locked", s.pages_locked), ("private", s.pages_private)):
+            pages.add_metric([state], value)
+        yield pages
+
+
+class ServerMetrics:
+    """The app's registry: the engine collector plus latency histograms."""
+
+    def __init__(self, stats: Callable[[], EngineStats]):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(EngineCollector(stats))
+        self.ttft = Histogram("radixserve_time_to_first_token_seconds",
+                              "Arrival to first generated token", buckets=_LATENCY_BUCKETS,
+                              registry=self.registry)
+        self.itl = Histogram("radixserve_inter_token_latency_seconds",
+                             "Time between consecutive generated tokens of a sample",
+                             buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("radixserve_e2e_request_latency_seconds",
+                             "Arrival to the last sample's final output", buckets=_LATENCY_BUCKETS,
+                             registry=self.registry)
+
+    def observer(self, n: int = 1) -> "RequestTimer":
+        return RequestTimer(self, n)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """Observes one request's latencies from its outputs (time.monotonic stamps): TTFT at
+    its first token, one inter-token gap per later token (an output carrying k tokens
+    spreads its gap over them), end-to-end when the last of its n samples finishes."""
+
+    def __init__(self, metrics: ServerMetrics, n: int = 1):
+        self._m = metrics
+        self._last: dict[int, float] = {}      # sample index -> time of its last token
+        self._ttft_seen = False
+        self._unfinished = n
+
+    def on_output(self, out: RequestOutput) -> None:
+        k = len(out.token_ids)
+        if k:
+            prev = self._last.get(out.index)
+            if prev is None:
+                first = out.first_token_time if out.first_token_time is not None else out.time
+                if not self._ttft_seen:
+                    self._ttft_seen = True
+                    self._m.ttft.observe(max(0.0, first - out.arrival_time))
+                prev, k = first, k - 1     # the first token has no predecessor
+            if k > 0:
+                gap = max(0.0, out.time - prev) / k
+                for _ in range(k):
+                    self._m.itl.observe(gap)
+            self._last[out.index] = out.time
+        if out.finished:
+            self._unfinished -= 1
+            if self._unfinished == 0 and out.finish_reason in ("stop", "length"):
+                self._m.e2e.observe(max(0.0, out.time - out.arrival_time))

@@ -1,0 +1,145 @@
+"""Shared-system-prompt workload through the engine: radix cache on vs off vs transformers.
+
+8 groups x 8 prompts (1024-token system prompt per group + 64-token question), 32 output
+tokens each (ignore_eos), shuffled, all submitted at once. The three runs happen in one
+process on the same weights and dtype, so the ratios printed at the end are side by side.
+
+    python scripts/bench_engine.py [--groups 8 --per-group 8 --system 1024 --question 64
+                                    --output 32 --dtype bfloat16] [--skip-hf] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+
+import torch
+
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.engine import Engine
+from radixserve.engine.sampling_params import SamplingParams
+from radixserve.model import load_model
+from radixserve.model.hf_reference import hf_model_for
+
+
+def make_prompts(args) -> list[list[int]]:
+    rng = random.Random(args.seed)
+    vocab = range(200, 48000)           # clear of special tokens
+    prompts = []
+    for _ in range(args.groups):
+        system = [rng.choice(vocab) for _ in range(args.system)]
+        for _ in range(args.per_group):
+            prompts.append(system + [rng.choice(vocab) for _ in range(args.question)])
+    rng.shuffle(prompts)
+    return prompts
+
+
+async def run_engine(loaded, prompts, args, disable_cache: bool) -> dict:
+    config = EngineConfig(model=args.model, dtype=args.dtype, disable_radix_cache=disable_cache,
+                          chunked_prefill_size=args.chunked_prefill_size,
+                          kv_cache_tokens=args.kv_cache_tokens)
+    engine = Engine(config, loaded)
+    await engine.start()
+    params = SamplingParams(max_tokens=args.output, temperature=0.0, ignore_eos=True)
+    ttft, outputs, cached = [], [], 0
+
+    async def one(prompt):
+        nonlocal cached
+        tokens = []
+        async for out in engine.generate(prompt, params):
+            tokens += out.token_ids
+            if out.finished:
+                ttft.append(out.first_token_time - out.arrival_time)
+                cached += out.usage.cached_tokens
+        outputs.append(tokens)
+        return tokens
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - t0
+    steps = engine.stats().steps
+    sched_ms = engine.scheduler.schedule_seconds / max(steps, 1) * 1e3
+    engine.check_invariants()
+    await engine.shutdown()
+    return {"wall": wall, "ttft": ttft, "outputs": results, "cached": cached,
+            "steps": steps, "sched_ms": sched_ms}
+
+
+def run_hf(loaded, prompts, args) -> dict:
+    model = hf_model_for(args.model, loaded)
+    outputs = []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(prompts), args.hf_batch):
+            batch = torch.tensor(prompts[i:i + args.hf_batch])
+            out = model.generate(batch, attention_mask=torch.ones_like(batch),
+                                 max_new_tokens=args.output, min_new_tokens=args.output,
+                                 do_sample=False, pad_token_id=0)
+            outputs += out[:, batch.shape[1]:].tolist()
+    return {"wall": time.perf_counter() - t0, "outputs": outputs}
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--groups", type=int, default=8)
+    p.add_argument("--per-group", type=int, default=8)
+    p.add_argument("--system", type=int, default=1024)
+    p.add_argument("--question", type=int, default=64)
+    p.add_argument("--output", type=int, default=32)
+    p.add_argument("--chunked-prefill-size", type=int, default=2048)
+    p.add_argument("--kv-cache-tokens", type=int, default=131072)
+    p.add_argument("--hf-batch", type=int, default=8)
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="2x2 prompts of 64+8 tokens")
+    args = p.parse_args()
+    if args.quick:
+        args.groups, args.per_group, args.system, args.question, args.output = 2, 2, 64, 8, 4
+
+    torch.manual_seed(0)
+    loaded = load_model(args.model, dtype=args.dtype)
+    prompts = make_prompts(args)
+    n_prompt = sum(map(len, prompts))
+    print(f"{len(prompts)} requests, {n_prompt} prompt tokens, {len(prompts) * args.output} "
+          f"output tokens, dtype {args.dtype}, torch threads {torch.get_num_threads()}")
+
+    runs = {"cache on": asyncio.run(run_engine(loaded, prompts, args, disable_cache=False)),
+            "cache off": asyncio.run(run_engine(loaded, prompts, args, disable_cache=True))}
+    if not args.skip_hf:
+        runs["transformers"] = run_hf(loaded, prompts, args)
+
+    total_out = len(prompts) * args.output
+    print(f"\n{'run':<14}{'wall s':>9}{'out tok/s':>11}{'TTFT p50 s':>12}{'TTFT p90 s':>12}"
+          f"{'cached':>9}{'sched ms/step':>15}")
+    for name, r in runs.items():
+        ttft = r.get("ttft")
+        print(f"{name:<14}{r['wall']:>9.2f}{total_out / r['wall']:>11.1f}"
+              f"{(statistics.median(ttft) if ttft else float('nan')):>12.2f}"
+              f"{(pct(ttft, 0.9) if ttft else float('nan')):>12.2f}"
+              f"{r.get('cached', 0) / n_prompt:>9.1%}"
+              f"{r.get('sched_ms', float('nan')):>15.2f}")
+    on, off = runs["cache on"], runs["cache off"]
+    print(f"\ncache on vs off: {off['wall'] / on['wall']:.2f}x end to end, TTFT p50 "
+          f"{statistics.median(off['ttft']) / statistics.median(on['ttft']):.2f}x")
+    same = sum(a == b for a, b in zip(on["outputs"], off["outputs"]))
+    print(f"greedy outputs identical cache on vs off: {same}/{len(prompts)}")
+    if "transformers" in runs:
+        hf = runs["transformers"]
+        print(f"cache on vs transformers generate (batches of {args.hf_batch}): "
+              f"{hf['wall'] / on['wall']:.2f}x end to end")
+        same = sum(a == b for a, b in zip(on["outputs"], hf["outputs"]))
+        print(f"greedy outputs identical to transformers: {same}/{len(prompts)}")
+
+
+if __name__ == "__main__":
+    main()

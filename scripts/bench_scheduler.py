@@ -1,0 +1,105 @@
+"""The scheduler's own CPU time per step, with a stand-in model whose forward costs nothing.
+
+Measures Scheduler.schedule() + Scheduler.complete() (admission, page reservation, batch
+assembly, sampling bookkeeping, stop checks, streaming) and, separately, the page-table
+metadata the runner builds, at 1, 64 and 256 running decodes.
+
+    python scripts/bench_scheduler.py [--steps 200] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from radixserve.attention.metadata import build_metadata
+from radixserve.cache.memory import PagedMemory
+from radixserve.cache.page_allocator import PageAllocator
+from radixserve.cache.radix_cache import RadixCache
+from radixserve.engine.outputs import EngineStats
+from radixserve.engine.request import Request, Sequence
+from radixserve.engine.sampler import SampleResult
+from radixserve.engine.sampling_params import SamplingParams
+from radixserve.engine.scheduler import Scheduler, SchedulerConfig
+from radixserve.engine.seq_memory import SequenceMemory
+from radixserve.engine.text_stream import TextStream
+
+
+class OneCharDetokenizer:
+    """Stands in for the tokenizer: each token is one character."""
+
+    def push(self, token_id: int) -> str:
+        return chr(97 + token_id % 26)
+
+
+def build(running: int, page_size: int, prompt_len: int, shared: int):
+    pages = (running * (prompt_len + 4096)) // page_size + 1024
+    tree = RadixCache(page_size=page_size)
+    memory = SequenceMemory(PagedMemory(PageAllocator(pages), tree), tree, page_size,
+                            use_cache=True, copy_prefix=lambda *a: None)
+    stats = EngineStats()
+    sched = Scheduler(SchedulerConfig(page_size=page_size, max_running=running,
+                                      token_budget=8192, max_model_len=1 << 20), memory, stats)
+    rng = random.Random(0)
+    prefix = [rng.randrange(1000) for _ in range(shared)]
+    params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True,
+                            stop=["zzzz"])
+    sink = []
+    for r in range(running):
+        prompt = prefix + [rng.randrange(1000) for _ in range(prompt_len - shared)]
+        req = Request(f"r{r}", prompt, params, None, emit=sink.append)
+        stream = TextStream(params, OneCharDetokenizer(), frozenset({2}))
+        req.sequences = [Sequence(req, 0, list(prompt), stream, None, page_size=page_size)]
+        sched.add(req)
+    return sched, sink, rng
+
+
+def fake_forward(plan, rng) -> SampleResult:
+    n = len(plan.batch.sample_rows)
+    return SampleResult(token_ids=[rng.randrange(3, 1000) for _ in range(n)], logprobs=[None] * n)
+
+
+def measure(running: int, steps: int, page_size: int) -> dict:
+    sched, sink, rng = build(running, page_size, prompt_len=256, shared=128)
+    while any(s.in_prefill for s in sched.running) or sched.waiting:   # reach steady decode
+        plan = sched.schedule()
+        sched.complete(plan, fake_forward(plan, rng))
+    sched_times, meta_times = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        plan = sched.schedule()
+        t1 = time.perf_counter()
+        result = fake_forward(plan, rng)
+        t2 = time.perf_counter()
+        sched.complete(plan, result)
+        t3 = time.perf_counter()
+        build_metadata(plan.batch.spans, page_size, "cpu")
+        t4 = time.perf_counter()
+        sched_times.append((t1 - t0) + (t3 - t2))
+        meta_times.append(t4 - t3)
+        sink.clear()
+    assert len(plan.batch.spans) == running
+    return {"running": running, "page_size": page_size,
+            "scheduler_ms": statistics.median(sched_times) * 1e3,
+            "metadata_ms": statistics.median(meta_times) * 1e3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="a few steps only")
+    args = parser.parse_args()
+    steps = 10 if args.quick else args.steps
+    print(f"{'running':>8} {'page':>5} {'scheduler ms/step':>18} {'metadata ms/step':>17} {'target':>8}")
+    for page_size in (1, 16):
+        for running in (1, 64, 256):
+            r = measure(running, steps, page_size)
+            target = "<= 1 ms" if running == 256 else ""
+            print(f"{r['running']:>8} {page_size:>5} {r['scheduler_ms']:>18.3f} "
+                  f"{r['metadata_ms']:>17.3f} {target:>8}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""scripts/gpu_check.py: a clear exit without CUDA, and its plumbing on CPU."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_without_cuda_exits_with_a_message(gpu_check, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "report.json"
+    assert gpu_check.main(["--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "pip install flashinfer-python" in captured.out
+    assert "nvcc" in captured.out
+    assert "no CUDA device" in captured.err and "Traceback" not in captured.err
+    assert not out.exists()
+
+
+def test_cpu_dry_run_writes_a_report(gpu_check, tmp_path):
+    out = tmp_path / "report.json"
+    assert gpu_check.main(["--cpu-dry-run", "--quick", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    kernels = report["kernels"]
+    assert kernels["status"] == "ok" and kernels["stand_in_for_flashinfer"] == "torch"
+    cases = {(r["case"], r["page_size"], r["num_kv_heads"]) for r in kernels["results"]}
+    assert {c for c, _, _ in cases} == set(gpu_check.KERNEL_CASES)
+    assert {p for _, p, _ in cases} == {1, 16}
+    for r in kernels["results"]:
+        assert r["max_abs_err_flashinfer_vs_torch"] == 0.0          # torch vs itself
+        assert r["max_abs_err_torch_vs_dense"] < 2e-2 and r["kv_written_identically"]
+    assert report["model_greedy"]["status"] == "not implemented yet"
+    assert report["throughput"]["status"] == "not implemented yet"
+
+
+def test_a_failing_section_is_recorded_not_raised(gpu_check):
+    report = {}
+
+    def boom():
+        raise RuntimeError("kernel exploded")
+
+    gpu_check._run_section(report, "kernels", boom)
+    assert report["kernels"]["status"] == "error"
+    assert "kernel exploded" in report["kernels"]["error"]

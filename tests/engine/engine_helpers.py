@@ -1,0 +1,90 @@
+"""Helpers for engine tests: build an engine, run requests to completion, collect outputs."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.engine import Engine
+from radixserve.engine.sampling_params import SamplingParams
+
+SYSTEM_PROMPT = (
+    "You are a meticulous assistant for a travel company. Answer in one short sentence, "
+    "name the city and country, never invent facts, and prefer metric units. "
+    "Our customers ask about capitals, rivers, mountains and famous buildings. "
+) * 3
+
+QUESTIONS = [
+    "What is the capital of France?", "What is the capital of Japan?",
+    "Which river flows through Cairo?", "How tall is Mount Everest?",
+    "Where is the Colosseum?", "What is the capital of Canada?",
+    "Which city has the Sagrada Familia?", "What is the longest river in Europe?",
+    "Where is the Eiffel Tower?", "What is the capital of Australia?",
+    "Which country is Lisbon in?", "Where is Machu Picchu?",
+    "What is the capital of Kenya?", "Which city is called the Big Apple?",
+    "What is the highest mountain in Africa?", "Where is the Taj Mahal?",
+]
+
+
+@dataclass
+class Collected:
+    token_ids: dict[int, list[int]] = field(default_factory=dict)
+    text: dict[int, str] = field(default_factory=dict)
+    finals: dict[int, object] = field(default_factory=dict)
+
+    @property
+    def final(self):
+        return self.finals[0]
+
+
+def make_engine(loaded, **overrides) -> Engine:
+    config = EngineConfig(**{"kv_cache_tokens": 16384, "chunked_prefill_size": 512,
+                             "debug_invariants": True, **overrides})
+    return Engine(config, loaded)
+
+
+async def collect(stream) -> Collected:
+    got = Collected()
+    async for out in stream:
+        got.token_ids.setdefault(out.index, []).extend(out.token_ids)
+        got.text[out.index] = got.text.get(out.index, "") + out.text
+        if out.finished:
+            got.finals[out.index] = out
+    return got
+
+
+def chat_ids(engine: Engine, question: str, system: str = SYSTEM_PROMPT) -> list[int]:
+    return engine.tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": question}])
+
+
+def run_all(engine: Engine, prompts: list[list[int]], params: SamplingParams,
+            stagger: float = 0.0) -> list[Collected]:
+    """Start the engine, run every prompt concurrently, check conservation, shut down."""
+
+    async def main():
+        await engine.start()
+        try:
+            tasks = []
+            for p in prompts:
+                tasks.append(asyncio.create_task(collect(engine.generate(p, params))))
+                if stagger:
+                    await asyncio.sleep(stagger)
+            results = await asyncio.gather(*tasks)
+            await wait_idle(engine)
+            engine.check_invariants()
+            return results
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(main())
+
+
+async def wait_idle(engine: Engine, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while engine.scheduler.has_work():
+        if loop.time() > deadline:
+            raise TimeoutError("engine did not go idle")
+        await asyncio.sleep(0.01)

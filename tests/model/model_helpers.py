@@ -1,0 +1,85 @@
+"""Drive LlamaForCausalLM directly over a KVPool with the torch attention backend.
+
+Pages come from a shuffled list (no allocator or radix tree: these tests are about the
+model), so page tables are non-contiguous as they are in a server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radixserve.attention import SeqSpan, build_metadata, create_backend
+from radixserve.cache.kv_pool import KVPool
+
+
+@dataclass
+class Seq:
+    pages: np.ndarray
+    cached_len: int = 0
+
+
+class PagedRunner:
+    def __init__(self, loaded, page_size: int = 1, num_tokens: int = 2048, seed: int = 0):
+        cfg = loaded.config
+        self.model, self.page_size = loaded.model, page_size
+        num_pages = -(-num_tokens // page_size)
+        self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads,
+                           cfg.head_dim, loaded.dtype, loaded.device)
+        self.backend = create_backend("torch", num_qo_heads=cfg.num_heads,
+                                      num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                                      dtype=loaded.dtype, device=loaded.device)
+        self._free = list(np.random.default_rng(seed).permutation(num_pages).astype(np.int32))
+
+    def new_seq(self, max_tokens: int) -> Seq:
+        n = -(-max_tokens // self.page_size)
+        pages, self._free = np.array(self._free[:n], dtype=np.int32), self._free[n:]
+        assert len(pages) == n, "test pool too small"
+        return Seq(pages)
+
+    def step(self, work: list[tuple[Seq, list[int]]],
+             logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """One forward over several sequences' new tokens (prefill chunks first)."""
+        spans = [SeqSpan(s.pages, s.cached_len, len(toks)) for s, toks in work]
+        ids = torch.tensor([t for _, toks in work for t in toks], dtype=torch.int64)
+        pos = torch.cat([torch.arange(s.cached_len, s.cached_len + len(toks))
+                         for s, toks in work])
+        meta = build_metadata(spans, self.page_size, self.model.device)
+        logits = self.model(ids, pos, meta, self.backend, self.backend.prepare(meta),
+                            self.pool, logits_indices)
+        for s, toks in work:
+            s.cached_len += len(toks)
+        return logits
+
+    def greedy(self, prompt: list[int], max_new: int,
+               stop: frozenset[int] = frozenset()) -> list[int]:
+        seq = self.new_seq(len(prompt) + max_new)
+        out: list[int] = []
+        nxt = int(self.step([(seq, list(prompt))])[0].argmax())
+        while True:
+            out.append(nxt)
+            if len(out) == max_new or nxt in stop:
+                return out
+            nxt = int(self.step([(seq, [nxt])])[0].argmax())
+
+
+def hf_logits(hf_model, ids: list[int]) -> torch.Tensor:
+    """transformers' float32 logits for every position of one sequence: [len(ids), vocab]."""
+    with torch.inference_mode():
+        return hf_model(torch.tensor([ids])).logits[0].float()
+
+
+def hf_greedy(hf_model, prompt: list[int], max_new: int) -> list[int]:
+    """transformers' greedy `generate`, exactly max_new tokens: the model's
+    generation_config must have no eos_token_id (min_new_tokens would not do: it masks
+    EOS out of the argmax)."""
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=max_new, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        out = hf_model.generate(torch.tensor([prompt]), generation_config=gen,
+                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    assert out.shape[1] == len(prompt) + max_new
+    return out[0, len(prompt):].tolist()

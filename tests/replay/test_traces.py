@@ -1,0 +1,100 @@
+"""Trace readers: both formats, replay order, and malformed lines named by line number."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixserve.replay.cli import main as replay_main
+from radixserve.replay.traces import TraceError, read_trace
+
+from .helpers import hash_record as rec
+from .helpers import write_jsonl
+
+BAD_HASH_LINES = [
+    rec([1, 2], 8),                                   # line 1: good
+    "{not json",                                      # line 2
+    {"input_length": 8},                              # line 3: no hash_ids
+    rec([1, 2, 3], 8),                                # line 4: 3 blocks for 8 tokens
+    {"input_length": "8", "hash_ids": [1, 2]},        # line 5: wrong type
+    "",                                               # line 6: blank, ignored
+    rec([1, 2], 8),                                   # line 7: good
+    rec([4], 0),                                      # line 8: empty prompt
+]
+
+
+def test_stop_at_the_first_bad_line(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", BAD_HASH_LINES)
+    with pytest.raises(TraceError) as info:
+        read_trace(path, block_size=4)
+    assert info.value.line == 2
+    assert str(info.value).startswith(f"{path}:2: invalid JSON")
+
+
+def test_skip_bad_lines_and_keep_their_numbers(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", BAD_HASH_LINES)
+    trace = read_trace(path, block_size=4, on_error="skip")
+    assert [r.line for r in trace.requests] == [1, 7]
+    assert [e.line for e in trace.skipped] == [2, 3, 4, 5, 8]
+    reasons = {e.line: e.reason for e in trace.skipped}
+    assert "hash_ids" in reasons[3]
+    assert "3 hash_ids but input_length 8 needs 2 blocks of 4 tokens" in reasons[4]
+    assert "input_length" in reasons[5]
+    assert "input_length must be >= 1" in reasons[8]
+
+
+def test_cli_reports_the_line_and_stops_or_skips(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "t.jsonl", BAD_HASH_LINES)
+    assert replay_main([str(path), "--block-size", "4", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: invalid JSON" in err
+    assert replay_main([str(path), "--block-size", "4", "--no-progress",
+                        "--on-error", "skip"]) == 0
+    out, err = capsys.readouterr()
+    assert f"skipped {path}:4: " in err
+    assert "skipped 5 malformed line(s)" in out
+    # The two good requests are the same prompt: the second hits its 7 matchable tokens.
+    assert "43.75%" in out     # 7 / 16 tokens, the ceiling
+
+
+def test_wrong_block_size_is_explained(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [rec([1, 2, 3], 1000)])
+    with pytest.raises(TraceError, match=r"t.jsonl:1: .*wrong --block-size"):
+        read_trace(path)                               # default block size 512
+    assert read_trace(path, block_size=400).requests[0].hash_ids == (1, 2, 3)
+
+
+def test_replay_order_is_timestamp_order(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [rec([1], 4, timestamp=30),
+                                              rec([2], 4, timestamp=10),
+                                              rec([3], 4, timestamp=30),
+                                              rec([4], 4, timestamp=20)])
+    trace = read_trace(path, block_size=4)
+    assert [r.hash_ids[0] for r in trace.requests] == [2, 4, 1, 3]   # stable on ties
+    assert read_trace(path, block_size=4, limit=2).num_lines == 3
+
+
+def test_text_records(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        {"prompt": "hello", "output_length": 3},
+        {"messages": [{"role": "user", "content": "hi"}], "output": "hey"},
+        {"input_ids": [5, 6, 7], "output_ids": [8]},
+        {"prompt": "x", "input_ids": [1]},                  # line 4: two prompts
+        {"messages": [{"content": "no role"}]},             # line 5
+        {"input_ids": []},                                  # line 6
+        {"output_length": 3},                               # line 7: no prompt at all
+    ])
+    trace = read_trace(path, on_error="skip")
+    assert trace.format == "text"
+    assert [r.line for r in trace.requests] == [1, 2, 3]
+    assert trace.requests[2].input_ids == (5, 6, 7)
+    reasons = {e.line: e.reason for e in trace.skipped}
+    assert set(reasons) == {4, 5, 6, 7}
+    assert "got prompt, input_ids" in reasons[4]
+    assert "role" in reasons[5]
+    assert "need exactly one of" in reasons[7]
+
+
+def test_a_trace_without_requests_is_an_error(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", ["", "{bad"])
+    with pytest.raises(TraceError, match="no valid request"):
+        read_trace(path, on_error="skip")
