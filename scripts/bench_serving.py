@@ -310,6 +310,7 @@ class RunOptions:
     max_concurrency: int | None = None
     seed: int = 0
     flush: bool = True
+    warmup: int = 1                  # unrelated requests first (first-call costs), unmeasured
 
 
 async def run_workload(cfg: ClientConfig, workload: list, opts: RunOptions,
@@ -328,6 +329,9 @@ async def run_workload(cfg: ClientConfig, workload: list, opts: RunOptions,
     async with aiohttp.ClientSession() as session:
         if not cfg.model:
             cfg.model = await server_model(session, cfg.url)
+        warm_rng = random.Random(opts.seed + 7919)
+        for _ in range(opts.warmup):
+            await send(session, cfg, "Warm-up: " + words(warm_rng, 32), None, 4)
         flushed = await flush_cache(session, cfg.url) if opts.flush else None
         before = await scrape_counters(session, cfg.url)
 
@@ -530,6 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-concurrency", type=int, default=4,
                    help="requests in flight at most (0: no limit; default 4)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--warmup", type=int, default=1,
+                   help="unmeasured requests sent first, before the flush (default 1)")
     r.add_argument("--no-flush", action="store_true",
                    help="do not flush the server's prefix cache (POST /cache/flush) first")
     r.add_argument("--no-ignore-eos", action="store_true",
@@ -571,7 +577,7 @@ def build_workload(args) -> list:
 async def _main(args) -> int:
     workload = build_workload(args)
     opts = RunOptions(args.request_rate, args.max_concurrency or None, args.seed,
-                      not args.no_flush)
+                      not args.no_flush, args.warmup)
     summaries = {}
     for url in [args.url] + ([args.compare] if args.compare else []):
         cfg = ClientConfig(url, args.model, not args.no_ignore_eos, api_key=args.api_key)

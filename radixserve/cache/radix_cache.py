@@ -188,7 +188,8 @@ class RadixCache:
     def match_prefix(self, tokens: Sequence[int], namespace: str | None = None,
                      max_tokens: int | None = None) -> MatchResult:
         """Longest cached prefix of `tokens` (at most `max_tokens`), splitting the edge it ends in."""
-        tokens = _as_list(tokens)
+        if type(tokens) is not list:
+            tokens = _as_list(tokens)
         limit = len(tokens)
         if max_tokens is not None and max_tokens < limit:
             limit = max(max_tokens, 0)
@@ -286,7 +287,8 @@ class RadixCache:
     def insert(self, tokens: Sequence[int], pages: np.ndarray,
                namespace: str | None = None) -> InsertResult:
         """Add `tokens` held by `pages` (whole pages); the tree adopts the pages it lacked."""
-        tokens = _as_list(tokens)
+        if type(tokens) is not list:
+            tokens = _as_list(tokens)
         pages = np.asarray(pages)
         if pages.dtype != np.int32:
             pages = pages.astype(np.int32)
@@ -303,6 +305,7 @@ class RadixCache:
             node = self._ns_roots[namespace] = self._new_node([], EMPTY_PAGES, None, 0, namespace)
         pos = 0
         parts: list[np.ndarray] = []
+        same_pages = True               # the tree's ids so far are the caller's own
         while pos < n:
             child = node.children.get(tokens[pos] if ps == 1 else tuple(tokens[pos:pos + ps]))
             if child is None:
@@ -312,8 +315,13 @@ class RadixCache:
             if end <= n:
                 cp = child.pages
                 p0 = pos // ps
-                if (pages[p0:p0 + len(cp)].tobytes() == cp.tobytes()
-                        or tokens[pos:end] == key):
+                if pages[p0:p0 + len(cp)].tobytes() == cp.tobytes():
+                    parts.append(cp)
+                    node = child
+                    pos = end
+                    continue
+                if tokens[pos:end] == key:
+                    same_pages = False
                     parts.append(cp)
                     node = child
                     pos = end
@@ -321,6 +329,7 @@ class RadixCache:
             m = _common_prefix(tokens, pos, key, min(len(key), n - pos))
             m -= m % ps
             node = self._split(child, m)
+            same_pages = False
             parts.append(node.pages)
             pos += m
             break
@@ -347,7 +356,12 @@ class RadixCache:
             node = leaf
         elif node.evict_key is not None:
             self._rekey(node)
-        return InsertResult(cached, _concat(parts), node)
+        if same_pages:                  # skip the concatenation: a read-only view will do
+            tree_pages = pages.view()
+            tree_pages.flags.writeable = False
+        else:
+            tree_pages = _concat(parts)
+        return InsertResult(cached, tree_pages, node)
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: TreeNode) -> None:

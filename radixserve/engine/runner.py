@@ -6,8 +6,11 @@ StepBatch (a snapshot), writes K/V into pages the scheduler reserved, and sample
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Sequence
 
+import numpy as np
 import torch
 
 from radixserve.attention.backend import create_backend
@@ -31,6 +34,48 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cuda_free_bytes(device: torch.device) -> int:
+    """Free memory on a CUDA device, after handing torch's cached blocks back: blocks the
+    caching allocator holds but does not use (weight loading leaves some) would otherwise
+    count as taken and shrink the pool."""
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    return free
+
+
+def kv_pool_pages(config: EngineConfig, mc, device: torch.device, dtype: torch.dtype) -> int:
+    """Pool size: --kv-cache-tokens if given; on CUDA a fraction of the memory still free
+    once the weights are loaded (the runner is built after them); else a fixed CPU budget."""
+    if config.kv_cache_tokens is not None:
+        if config.kv_cache_tokens < config.page_size:
+            raise ValueError("--kv-cache-tokens must hold at least one page")
+        return config.kv_cache_tokens // config.page_size
+    if device.type == "cuda":
+        fraction = config.kv_cache_memory_fraction
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"--kv-cache-memory-fraction must be in (0, 1], got {fraction}")
+        budget = cuda_free_bytes(device) * fraction
+    else:
+        budget = CPU_KV_BUDGET_BYTES
+    return KVPool.pages_for_budget(budget, mc.num_layers, config.page_size, mc.num_kv_heads,
+                                   mc.head_dim, dtype)
+
+
+def logits_rows(qo_lens: Sequence[int], sample_rows: Sequence[int]) -> np.ndarray:
+    """Row of the flat step batch holding each sampled span's last token."""
+    ends = np.cumsum(np.asarray(qo_lens, dtype=np.int64)) - 1
+    return ends[np.asarray(sample_rows, dtype=np.int64)]
+
+
+def to_device(values, device: torch.device) -> torch.Tensor:
+    """int64 host data -> `device`. On CUDA through pinned memory with a non-blocking copy:
+    a copy from pageable memory may block the host until the stream is idle."""
+    t = torch.as_tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel):
         self.config = config
@@ -40,26 +85,13 @@ class ModelRunner:
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
         self.page_size = config.page_size
-        num_pages = self._num_pages(mc)
+        num_pages = kv_pool_pages(config, mc, self.device, self.dtype)
         self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
                               mc.head_dim, self.dtype, self.device)
         self.backend = create_backend(config.attention_backend, num_qo_heads=mc.num_heads,
                                       num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
                                       dtype=self.dtype, device=self.device)
         self.sampler = Sampler()
-
-    def _num_pages(self, mc) -> int:
-        if self.config.kv_cache_tokens is not None:
-            if self.config.kv_cache_tokens < self.page_size:
-                raise ValueError("--kv-cache-tokens must hold at least one page")
-            return self.config.kv_cache_tokens // self.page_size
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = free * self.config.kv_cache_memory_fraction
-        else:
-            budget = CPU_KV_BUDGET_BYTES
-        return KVPool.pages_for_budget(budget, mc.num_layers, self.page_size, mc.num_kv_heads,
-                                       mc.head_dim, self.dtype)
 
     @property
     def num_pages(self) -> int:
@@ -70,16 +102,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> SampleResult:
-        meta = build_metadata(batch.spans, self.page_size, self.device)
-        prepared = self.backend.prepare(meta)
-        input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
-        positions = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
-        ends = meta.qo_indptr[1:].to(torch.long) - 1
-        logits_indices = ends[torch.tensor(batch.sample_rows, dtype=torch.long)].to(self.device)
-        if not batch.sample_rows:
-            self.model(input_ids, positions, meta, self.backend, prepared, self.kv_pool,
-                       logits_indices=logits_indices)
-            return SampleResult(token_ids=[], logprobs=[])
-        logits = self.model(input_ids, positions, meta, self.backend, prepared, self.kv_pool,
-                            logits_indices=logits_indices)
-        return self.sampler.sample(logits, batch.sample_params, batch.generators)
+        # The worker thread starts on CUDA device 0: make the model's device current so
+        # kernels that launch on the current device/stream (flashinfer's) use the right one.
+        guard = (torch.cuda.device(self.device) if self.device.type == "cuda"
+                 else contextlib.nullcontext())
+        with guard:
+            meta = build_metadata(batch.spans, self.page_size, self.device)
+            prepared = self.backend.prepare(meta)
+            input_ids = to_device(batch.input_ids, self.device)
+            positions = to_device(batch.positions, self.device)
+            logits_indices = to_device(logits_rows(meta.qo_lens, batch.sample_rows),
+                                       self.device)
+            logits = self.model(input_ids, positions, meta, self.backend, prepared,
+                                self.kv_pool, logits_indices=logits_indices)
+            if not batch.sample_rows:
+                return SampleResult(token_ids=[], logprobs=[])
+            return self.sampler.sample(logits, batch.sample_params, batch.generators)

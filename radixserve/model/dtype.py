@@ -31,13 +31,25 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         return dtype
     if dtype == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if cuda_native_bf16(device) else torch.float16
         return torch.bfloat16 if cpu_bf16_speedup() >= BF16_MIN_SPEEDUP else torch.float32
     try:
         return DTYPES[dtype]
     except KeyError:
         raise ModelLoadError(
             f"unknown dtype {dtype!r} (choose auto, {', '.join(DTYPES)})") from None
+
+
+def cuda_native_bf16(device: torch.device) -> bool:
+    """bf16 in hardware (compute capability 8.0+: Ampere, Hopper, ...) on this very device.
+
+    Not torch.cuda.is_bf16_supported(): by default it also says yes where bf16 is only
+    emulated (Turing, Volta), where fp16 runs on tensor cores and emulated bf16 does not.
+    """
+    if torch.version.hip:
+        return True
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 8
 
 
 def cpu_bf16_speedup(m: int = 64, k: int = 1024, n: int = 2048, reps: int = 5) -> float:

@@ -103,7 +103,7 @@ class NextUseIndex:
 
 
 class BeladyPolicy(EvictionPolicy):
-    """Evict the leaf whose last key is next used farthest in the future.
+    """Evict the leaf whose last key is next used farthest in the future (offline optimal).
 
     ``set_now(i)`` is called by the replayer before request i; a leaf's key is computed
     when it becomes evictable, and a leaf's next use always re-keys it (the request

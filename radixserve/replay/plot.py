@@ -21,7 +21,7 @@ def plot_curve(report: ReplayReport, path: str | Path) -> None:
         if p.capacity_tokens is not None:
             series[p.policy].append((p.capacity_tokens, p.token_hit_rate))
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for policy in sorted(series, key=lambda name: (name == OPTIMAL, name)):
+    for policy in sorted(series, key=lambda name: name == OPTIMAL):  # given order, optimal last
         xs, ys = zip(*sorted(series[policy]))
         if policy == OPTIMAL:
             ax.plot(xs, ys, "k--", marker="s", markersize=4, label="optimal (Belady)")

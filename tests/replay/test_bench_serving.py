@@ -130,9 +130,9 @@ def serve():
     thread.join(10)
 
 
-def run_bench(tmp_path, *argv) -> dict:
+def run_bench(tmp_path, *argv, warmup: int = 0) -> dict:
     out = tmp_path / "bench.json"
-    code = bench.main([*argv, "--json", str(out), "--no-progress"])
+    code = bench.main([*argv, "--json", str(out), "--no-progress", "--warmup", str(warmup)])
     assert code == 0
     return json.loads(out.read_text())
 
@@ -155,6 +155,18 @@ def test_shared_prefix_quick(serve, tmp_path, capsys):
     assert s["ttft_ms"]["p50"] <= s["ttft_ms"]["p90"] <= s["ttft_ms"]["p99"]
     assert s["request_throughput"] == pytest.approx(6 / s["duration_s"])
     assert "TTFT p50 ms" in capsys.readouterr().out
+
+
+def test_warmup_is_not_measured(serve, tmp_path):
+    fake = FakeServer()
+    url = serve(fake)
+    doc = run_bench(tmp_path, "--url", url, "--quick", "--workload", "few-shot", warmup=2)
+    s = doc["servers"][url]
+    assert s["completed"] == 4 and len(fake.prompts) == 2 + 4
+    assert all(p.startswith("Warm-up:") for p in fake.prompts[:2])
+    assert fake.flushes == 1                       # after the warm-up, before the run
+    measured = fake.prompts[2:]
+    assert s["total_prompt_tokens"] == sum(len(p.split()) for p in measured)
 
 
 def test_compare_prints_ratios(serve, tmp_path, capsys):
