@@ -10,23 +10,35 @@ stop the others):
                    cached prefix, fresh prefill, decode, mixed batch; MHA and GQA (groups 3,
                    4, 7); page sizes 1 and 16; head dims 64 and 128; bf16 and fp16.
                    Max abs errors against each other and against an fp32 dense reference.
-  model_greedy     (filled in by the engine owner) greedy output equal between backends
-  throughput       (filled in by the engine owner) decode tok/s, shared-prompt benchmark
+  model_greedy     the default model (smollm2-135m-instruct, dtype "auto": bf16 on CUDA)
+                   through the Engine: greedy chat replies (32 tokens) with the torch backend
+                   and with flashinfer (page size 1, pool sized from free GPU memory; page
+                   size 16), compared token by token. A divergence is explained (or not) by
+                   teacher-forced logits of both backends on the torch reply.
+  throughput       decode tokens/s at batch 1, 64 and 256 (flashinfer, ModelRunner loop), and
+                   scripts/bench_engine.py's shared-system-prompt workload, cache on and off.
 
-`--cpu-dry-run` runs the same plumbing on the CPU with the torch backend standing in for
-flashinfer (errors are then 0): a check of this script, not of the GPU.
+`--budget-s` (default 420) bounds the run: a section, or a part of one, that would start with
+too little time left is skipped with a note. `--sections` runs only some sections.
+`--cpu-dry-run` runs the same plumbing on the CPU at tiny sizes with the torch backend
+standing in for flashinfer (errors are then 0): a check of this script, not of the GPU.
+Exit status: 0 when every section that was asked for reports "ok", 1 otherwise, 2 when
+nothing could run (no CUDA).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
+import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 INSTALL_STEPS = """\
 radixserve GPU check. It needs, on a machine with an NVIDIA GPU and the CUDA toolkit:
@@ -163,15 +175,21 @@ def _kernel_case(ref_backend, fi_backend, pool_args, lens, hq, seed, device) -> 
 
 
 def check_kernels(report: dict, device: str = "cuda", stand_in: bool = False,
-                  quick: bool = False) -> None:
+                  quick: bool = False, time_left: Callable[[], float] | None = None) -> None:
+    """`time_left`: seconds this section may still start new configurations in (each one
+    JIT-compiles its kernels on first use); the rest are listed as skipped."""
     import torch
 
     from radixserve.attention.backend import create_backend
 
     combos = [(torch.bfloat16, c) for c in (HEAD_CONFIGS[:2] if quick else HEAD_CONFIGS)]
     combos += [] if quick else [(torch.float16, c) for c in FP16_CONFIGS]
-    results = []
+    results, skipped = [], []
     for dtype, (hq, hkv, d) in combos:
+        if time_left is not None and time_left() <= 0:
+            skipped.append({"dtype": str(dtype).removeprefix("torch."), "num_qo_heads": hq,
+                            "num_kv_heads": hkv, "head_dim": d})
+            continue
         kw = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, dtype=dtype, device=device)
         ref_backend = create_backend("torch", **kw)
         fi_backend = create_backend("torch" if stand_in else "flashinfer", **kw)
@@ -184,34 +202,488 @@ def check_kernels(report: dict, device: str = "cuda", stand_in: bool = False,
                 row.update(_kernel_case(ref_backend, fi_backend, pool_args, lens, hq,
                                         seed=len(results), device=device))
                 results.append(row)
+    status = "ok" if all(r["ok"] for r in results) else "FAILED"
     report["kernels"] = {
-        "status": "ok" if all(r["ok"] for r in results) else "FAILED",
+        "status": "incomplete" if status == "ok" and skipped else status,
         "stand_in_for_flashinfer": "torch" if stand_in else None,
         "tolerance": {"atol": ATOL, "rtol": RTOL},
-        "worst_max_abs_err_vs_dense": max(r["max_abs_err_flashinfer_vs_dense"] for r in results),
+        "worst_max_abs_err_vs_dense": max((r["max_abs_err_flashinfer_vs_dense"]
+                                           for r in results), default=None),
         "num_checks": len(results), "failed": [r for r in results if not r["ok"]],
+        "skipped_for_time_budget": skipped,
         "results": results,
     }
 
 
-def check_model_greedy(report: dict) -> None:
-    """Greedy output of the default model equal between the torch and flashinfer backends.
+# ---- model and throughput sections -------------------------------------------------------
 
-    Placeholder: the engine owner fills this in once the engine exists.
-    """
-    report["model_greedy"] = {"status": "not implemented yet"}
+DEFAULT_BUDGET_S = 420.0    # the whole check must end within 8 minutes on one H200
+
+GREEDY_SYSTEM = "You are a concise, helpful assistant."
+GREEDY_QUESTIONS = [
+    "What is the capital of France, and what river flows through it?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences what a hash table is.",
+    "List three prime numbers greater than 100.",
+]
+# A greedy divergence between backends is "explained" when the reference's top-2 logit
+# margin at that token is within what the two backends' logits differ by anyway:
+# |l1 - l2| <= |dl1| + |dl2| <= 2 * max |dl|.
+NEAR_TIE_FACTOR = 2.0
 
 
-def check_throughput(report: dict) -> None:
-    """Decode tok/s at batch 1, 64, 256; shared-system-prompt benchmark, cache on and off.
+@dataclass(frozen=True)
+class Sizes:
+    """Workload sizes: the real ones on a GPU, tiny ones for the CPU dry run."""
 
-    Placeholder: the engine owner fills this in once the engine exists.
-    """
-    report["throughput"] = {"status": "not implemented yet"}
+    model_dtype: str                     # "auto" -> bf16 on CUDA (sm80+)
+    greedy_questions: int
+    greedy_tokens: int
+    engine_kv_tokens: int                # pool of the engines with an explicit size
+    decode_batches: tuple[int, ...]
+    decode_context: int                  # prompt tokens per sequence before decoding
+    decode_warmup: int
+    decode_steps: int
+    prefill_chunk_tokens: int            # tokens per prefill step of the decode benchmark
+    shared: dict                         # scripts/bench_engine.py arguments
+    section_min_s: dict                  # skip a section with less budget than this left
+    item_min_s: float                    # ... and a benchmark inside one
 
 
-def _run_section(report: dict, name: str, fn: Callable[[], None]) -> None:
+GPU_SIZES = Sizes(
+    model_dtype="auto", greedy_questions=4, greedy_tokens=32, engine_kv_tokens=65536,
+    decode_batches=(1, 64, 256), decode_context=512, decode_warmup=4, decode_steps=64,
+    prefill_chunk_tokens=8192,
+    shared=dict(groups=8, per_group=8, system=1024, question=64, output=32,
+                chunked_prefill_size=2048, kv_cache_tokens=131072),
+    section_min_s={"kernels": 60.0, "model_greedy": 45.0, "throughput": 60.0},
+    item_min_s=15.0)
+CPU_DRY_SIZES = Sizes(
+    model_dtype="float32", greedy_questions=2, greedy_tokens=4, engine_kv_tokens=4096,
+    decode_batches=(1, 4), decode_context=16, decode_warmup=1, decode_steps=3,
+    prefill_chunk_tokens=256,
+    shared=dict(groups=2, per_group=2, system=64, question=8, output=4,
+                chunked_prefill_size=2048, kv_cache_tokens=4096),
+    section_min_s={"kernels": 0.0, "model_greedy": 0.0, "throughput": 0.0},
+    item_min_s=0.0)
+
+
+@dataclass
+class Budget:
+    total_s: float
+    started: float = field(default_factory=time.perf_counter)
+
+    def left(self) -> float:
+        return self.total_s - (time.perf_counter() - self.started)
+
+    def skip_note(self, needed_s: float) -> str | None:
+        """None when `needed_s` still fits, else why the work is skipped."""
+        left = self.left()
+        if left > needed_s:
+            return None
+        return (f"skipped: {max(left, 0):.0f} s of the {self.total_s:.0f} s budget left, "
+                f"this needs about {needed_s:.0f} s (raise --budget-s)")
+
+
+@dataclass
+class CheckContext:
+    """What the model sections share, passed explicitly: where they run, at what sizes,
+    the time budget, and the default model (loaded on first use, then reused)."""
+
+    device: str
+    dry_run: bool
+    sizes: Sizes
+    budget: Budget
+    loaded: Any = None
+    model_info: dict = field(default_factory=dict)
+
+    @property
+    def backend_under_test(self) -> str:
+        """flashinfer; on a dry run the torch backend stands in for it."""
+        return "torch" if self.dry_run else "flashinfer"
+
+    def model(self):
+        if self.loaded is None:
+            from radixserve.engine.config import DEFAULT_MODEL
+            from radixserve.model import load_model
+
+            t0 = time.perf_counter()
+            self.loaded = load_model(DEFAULT_MODEL, dtype=self.sizes.model_dtype,
+                                     device=self.device)
+            self.model_info = {"name": DEFAULT_MODEL, "dtype_flag": self.sizes.model_dtype,
+                               "dtype": _dtype_name(self.loaded.dtype),
+                               "device": str(self.loaded.device),
+                               "load_s": round(time.perf_counter() - t0, 1)}
+        return self.loaded
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _release_memory() -> None:
+    """Drop a finished engine's KV pool before the next one sizes itself."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _import_script(name: str):
+    """A sibling script as a module (scripts/ is not a package)."""
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_radixserve_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _greedy_run(loaded, prompts: list[list[int]], max_tokens: int, **config) -> dict:
+    """The prompts through an Engine; greedy, exactly max_tokens tokens each."""
+    import asyncio
+
+    from radixserve.engine.config import EngineConfig
+    from radixserve.engine.engine import Engine
+    from radixserve.engine.runner import cuda_free_bytes
+    from radixserve.engine.sampling_params import SamplingParams
+
+    cfg = EngineConfig(**config)
+    on_cuda = loaded.device.type == "cuda"
+    free_before = cuda_free_bytes(loaded.device) if on_cuda else None
+    engine = Engine(cfg, loaded)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    async def one(prompt):
+        tokens = []
+        async for out in engine.generate(prompt, params):
+            tokens += out.token_ids
+        return tokens
+
+    async def run():
+        await engine.start()
+        try:
+            # The first prompt alone, then the rest together: they reuse its system prompt
+            # from the radix cache (prefill over a cached prefix; copy-on-write when paged).
+            first = await one(prompts[0])
+            outputs = [first, *await asyncio.gather(*(one(p) for p in prompts[1:]))]
+            engine.check_invariants()
+            return outputs
+        finally:
+            await engine.shutdown()
+
     t0 = time.perf_counter()
+    outputs = asyncio.run(run())
+    stats = engine.stats()
+    result = {
+        "attention_backend": engine.runner.backend.name, "page_size": cfg.page_size,
+        "kv_pool_pages": engine.runner.num_pages,
+        "kv_pool_gib": round(stats.kv_pool_bytes / 2**30, 3),
+        "prefix_hit_tokens": stats.prefix_hit_tokens,
+        "elapsed_s": round(time.perf_counter() - t0, 2),
+        "token_ids": outputs, "text": [loaded.tokenizer.decode(t) for t in outputs],
+    }
+    if cfg.kv_cache_tokens is None and free_before is not None:
+        share = stats.kv_pool_bytes / free_before
+        # Whole pages below the budget: the share sits just under the fraction.
+        result["pool_sizing"] = {
+            "kv_cache_memory_fraction": cfg.kv_cache_memory_fraction,
+            "free_gib_before": round(free_before / 2**30, 2),
+            "pool_share_of_free": round(share, 4),
+            "ok": cfg.kv_cache_memory_fraction - 0.01 <= share <= cfg.kv_cache_memory_fraction}
+    del engine
+    _release_memory()
+    return result
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (or the shorter length), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+class TeacherForced:
+    """Logits at every position of a fixed token sequence, from one prefill per backend,
+    so two backends are compared on the same inputs whatever they generated."""
+
+    def __init__(self, loaded, max_tokens: int):
+        self.loaded = loaded
+        self.max_tokens = max_tokens
+        self._runners: dict[str, Any] = {}
+        self._memo: dict[tuple, Any] = {}     # both flashinfer runs compare the same sequences
+
+    def _runner(self, backend: str):
+        from radixserve.engine.config import EngineConfig
+        from radixserve.engine.runner import ModelRunner
+
+        if backend not in self._runners:
+            cfg = EngineConfig(attention_backend=backend, kv_cache_tokens=self.max_tokens)
+            self._runners[backend] = ModelRunner(cfg, self.loaded)
+        return self._runners[backend]
+
+    def logits(self, backend: str, tokens: list[int]):
+        """float32 [len(tokens), vocab]: row i predicts token i + 1."""
+        import numpy as np
+        import torch
+
+        from radixserve.attention.metadata import SeqSpan, build_metadata
+
+        key = (backend, tuple(tokens))
+        if key not in self._memo:
+            runner = self._runner(backend)
+            n = len(tokens)
+            meta = build_metadata([SeqSpan(np.arange(n, dtype=np.int32), 0, n)], 1,
+                                  runner.device)
+            with torch.inference_mode():
+                prepared = runner.backend.prepare(meta)
+                ids = torch.tensor(tokens, dtype=torch.long, device=runner.device)
+                rows = torch.arange(n, device=runner.device)
+                self._memo[key] = runner.model(ids, rows, meta, runner.backend, prepared,
+                                               runner.kv_pool, logits_indices=rows)
+        return self._memo[key]
+
+    def compare(self, ref: str, other: str, prompt: list[int], reply: list[int],
+                divergence: int | None) -> dict:
+        """Max |logit difference| and top-1 agreement over the reply's positions; at a
+        divergence, the reference's top-2 margin there and whether the difference explains it."""
+        tokens = prompt + reply
+        a, b = self.logits(ref, tokens), self.logits(other, tokens)
+        gen = slice(len(prompt) - 1, len(tokens) - 1)   # rows predicting reply tokens
+        diff = (a[gen] - b[gen]).abs().max().item()
+        row = {"max_abs_logit_diff": round(diff, 4),
+               "top1_agreement": round((a[gen].argmax(-1) == b[gen].argmax(-1))
+                                       .float().mean().item(), 4)}
+        if divergence is not None and divergence < len(reply):
+            top2 = a[len(prompt) - 1 + divergence].topk(2).values
+            margin = (top2[0] - top2[1]).item()
+            row["ref_top2_margin_at_divergence"] = round(margin, 4)
+            row["explained_by_near_tie"] = margin <= NEAR_TIE_FACTOR * diff
+        elif divergence is not None:
+            row["explained_by_near_tie"] = False     # lengths differ: not a numeric flip
+        return row
+
+
+def check_model_greedy(report: dict, ctx: CheckContext) -> None:
+    """Greedy output of the default model through the Engine: torch vs flashinfer."""
+    loaded = ctx.model()
+    sz = ctx.sizes
+    prompts = [loaded.tokenizer.apply_chat_template(
+        [{"role": "system", "content": GREEDY_SYSTEM}, {"role": "user", "content": q}])
+        for q in GREEDY_QUESTIONS[:sz.greedy_questions]]
+    fi = ctx.backend_under_test
+    # The flashinfer page-size-1 run sizes its pool from free GPU memory (the default).
+    runs = {
+        "torch": dict(attention_backend="torch", kv_cache_tokens=sz.engine_kv_tokens),
+        "flashinfer": dict(attention_backend=fi,
+                           kv_cache_tokens=sz.engine_kv_tokens if ctx.dry_run else None),
+        "flashinfer_page16": dict(attention_backend=fi, page_size=16,
+                                  kv_cache_tokens=sz.engine_kv_tokens),
+    }
+    section: dict = {"status": "running", "model": ctx.model_info,
+                     "stand_in_for_flashinfer": "torch" if ctx.dry_run else None,
+                     "prompts": GREEDY_QUESTIONS[:sz.greedy_questions],
+                     "max_tokens": sz.greedy_tokens, "runs": {}, "comparisons": {}}
+    report["model_greedy"] = section
+    for name, config in runs.items():
+        section["runs"][name] = _greedy_run(loaded, prompts, sz.greedy_tokens, **config)
+
+    ref = section["runs"]["torch"]["token_ids"]
+    teacher = TeacherForced(loaded, max(map(len, prompts)) + sz.greedy_tokens)
+    problems = []
+    for name in ("flashinfer", "flashinfer_page16"):
+        run = section["runs"][name]
+        if run["attention_backend"] != fi:
+            problems.append(f"{name} ran on the {run['attention_backend']} backend")
+        rows = []
+        for i, (want, got) in enumerate(zip(ref, run["token_ids"])):
+            div = first_divergence(want, got)
+            row = {"prompt": i, "identical": div is None, "first_divergence": div}
+            row.update(teacher.compare("torch", fi, prompts[i], want, div))
+            rows.append(row)
+            if div is not None and not row["explained_by_near_tie"]:
+                problems.append(f"{name} prompt {i} diverges at token {div} where the torch "
+                                f"backend's top-2 margin ({row['ref_top2_margin_at_divergence']})"
+                                f" exceeds {NEAR_TIE_FACTOR} x the logit difference")
+        section["comparisons"][name] = {"all_identical": all(r["identical"] for r in rows),
+                                        "per_prompt": rows}
+    sizing = section["runs"]["flashinfer"].get("pool_sizing")
+    if sizing is not None and not sizing["ok"]:
+        problems.append(f"pool sized to {sizing['pool_share_of_free']} of free memory, "
+                        f"wanted just under {sizing['kv_cache_memory_fraction']}")
+    section["all_identical"] = all(c["all_identical"] for c in section["comparisons"].values())
+    section["problems"] = problems
+    section["status"] = "FAILED" if problems else "ok"
+
+
+def _decode_run(runner, batch: int, sz: Sizes, seed: int) -> dict:
+    """Prefill `batch` random prompts, then time greedy decode steps of the whole batch."""
+    import numpy as np
+
+    from radixserve.attention.metadata import SeqSpan
+    from radixserve.engine.batch import StepBatch
+    from radixserve.engine.sampling_params import SamplingParams
+
+    ctx_len, total = sz.decode_context, sz.decode_warmup + sz.decode_steps
+    span = ctx_len + total                    # page_size 1: one page per token
+    prompts = np.random.default_rng(seed).integers(200, 48000, size=(batch, ctx_len)).tolist()
+    pages = [np.arange(i * span, (i + 1) * span, dtype=np.int32) for i in range(batch)]
+    greedy = SamplingParams(max_tokens=total + 1, temperature=0.0)
+
+    def step_batch(rows, input_ids, positions, spans) -> StepBatch:
+        return StepBatch(input_ids=input_ids, positions=positions, spans=spans,
+                         sample_rows=list(range(len(rows))),
+                         sample_params=[greedy] * len(rows), generators=[None] * len(rows))
+
+    per_step = max(1, sz.prefill_chunk_tokens // ctx_len)
+    last: list[int] = []
+    t0 = time.perf_counter()
+    for start in range(0, batch, per_step):
+        rows = range(start, min(batch, start + per_step))
+        last += runner.execute(step_batch(
+            rows, [t for i in rows for t in prompts[i]], list(range(ctx_len)) * len(rows),
+            [SeqSpan(pages[i], 0, ctx_len) for i in rows])).token_ids
+    prefill_s = time.perf_counter() - t0
+
+    def decode(k: int) -> list[int]:     # k tokens decoded before this step
+        rows = range(batch)
+        return runner.execute(step_batch(
+            rows, last, [ctx_len + k] * batch,
+            [SeqSpan(pages[i], ctx_len + k, 1) for i in rows])).token_ids
+
+    for k in range(sz.decode_warmup):
+        last = decode(k)
+    t0 = time.perf_counter()
+    for k in range(sz.decode_warmup, total):
+        last = decode(k)                  # .tolist() in the sampler: one sync per step
+    elapsed = time.perf_counter() - t0
+    return {"batch": batch, "context_tokens": ctx_len, "timed_steps": sz.decode_steps,
+            "decode_tokens_per_s": round(batch * sz.decode_steps / elapsed, 1),
+            "ms_per_step": round(elapsed / sz.decode_steps * 1e3, 3),
+            "prefill_tokens_per_s": round(batch * ctx_len / prefill_s, 1)}
+
+
+def _decode_throughput(ctx: CheckContext, loaded) -> dict:
+    from radixserve.engine.config import EngineConfig
+    from radixserve.engine.runner import ModelRunner
+
+    sz = ctx.sizes
+    span = sz.decode_context + sz.decode_warmup + sz.decode_steps
+    cfg = EngineConfig(attention_backend=ctx.backend_under_test,
+                       kv_cache_tokens=max(sz.decode_batches) * span)
+    runner = ModelRunner(cfg, loaded)
+    out = {"method": "ModelRunner.execute on hand-built StepBatches: metadata, backend plan, "
+                     "model forward and greedy sampling (one host sync per step); no "
+                     "scheduler, no asyncio",
+           "attention_backend": runner.backend.name, "results": []}
+    for batch in sz.decode_batches:
+        note = ctx.budget.skip_note(sz.item_min_s)
+        if note:
+            out["results"].append({"batch": batch, "status": "skipped", "note": note})
+            continue
+        try:
+            out["results"].append({"status": "ok", **_decode_run(runner, batch, sz, batch)})
+        except Exception as exc:
+            out["results"].append({"batch": batch, "status": "error",
+                                   "error": f"{type(exc).__name__}: {exc}",
+                                   "traceback": traceback.format_exc()})
+    del runner
+    _release_memory()
+    return out
+
+
+def _auto_backend_name(loaded) -> str:
+    """What --attention-backend auto picks for this model here (bench_engine uses auto)."""
+    from radixserve.attention.backend import create_backend
+
+    mc = loaded.config
+    return create_backend("auto", num_qo_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
+                          head_dim=mc.head_dim, dtype=loaded.dtype, device=loaded.device).name
+
+
+def _shared_prompt(ctx: CheckContext, loaded) -> dict:
+    """scripts/bench_engine.py's workload and engine driver, cache on and off."""
+    import asyncio
+
+    from radixserve.engine.config import DEFAULT_MODEL
+
+    bench = _import_script("bench_engine")
+    args = argparse.Namespace(model=DEFAULT_MODEL, dtype=_dtype_name(loaded.dtype), seed=0,
+                              **ctx.sizes.shared)
+    prompts = bench.make_prompts(args)
+    n_prompt = sum(map(len, prompts))
+    out: dict = {"workload": {**ctx.sizes.shared, "requests": len(prompts),
+                              "prompt_tokens": n_prompt, "shuffled": True},
+                 "attention_backend": _auto_backend_name(loaded), "runs": {}}
+    outputs = {}
+    for label, disable in (("cache_on", False), ("cache_off", True)):
+        note = ctx.budget.skip_note(ctx.sizes.item_min_s)
+        if note:
+            out["runs"][label] = {"status": "skipped", "note": note}
+            continue
+        try:
+            r = asyncio.run(bench.run_engine(loaded, prompts, args, disable_cache=disable))
+        except Exception as exc:
+            out["runs"][label] = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
+                                  "traceback": traceback.format_exc()}
+            continue
+        finally:
+            _release_memory()
+        outputs[label] = r["outputs"]
+        out["runs"][label] = {
+            "status": "ok", "wall_s": round(r["wall"], 3),
+            "output_tokens_per_s": round(len(prompts) * args.output / r["wall"], 1),
+            "ttft_p50_s": round(statistics.median(r["ttft"]), 4),
+            "ttft_p90_s": round(bench.pct(r["ttft"], 0.9), 4),
+            "cached_prompt_share": round(r["cached"] / n_prompt, 4),
+            "steps": r["steps"], "scheduler_ms_per_step": round(r["sched_ms"], 3)}
+    on, off = out["runs"].get("cache_on", {}), out["runs"].get("cache_off", {})
+    if on.get("status") == "ok" and off.get("status") == "ok":
+        out["cache_on_speedup_wall"] = round(off["wall_s"] / on["wall_s"], 2)
+        out["cache_on_speedup_ttft_p50"] = round(off["ttft_p50_s"] / on["ttft_p50_s"], 2)
+        out["greedy_identical_on_vs_off"] = sum(
+            a == b for a, b in zip(outputs["cache_on"], outputs["cache_off"]))
+    return out
+
+
+def check_throughput(report: dict, ctx: CheckContext) -> None:
+    """Decode tok/s at batch 1, 64, 256; shared-system-prompt benchmark, cache on and off."""
+    loaded = ctx.model()
+    section: dict = {"status": "running", "model": ctx.model_info,
+                     "stand_in_for_flashinfer": "torch" if ctx.dry_run else None}
+    report["throughput"] = section
+    parts = {"decode": lambda: _decode_throughput(ctx, loaded),
+             "shared_system_prompt": lambda: _shared_prompt(ctx, loaded)}
+    for name, fn in parts.items():
+        try:
+            section[name] = fn()
+        except Exception as exc:      # one part failing leaves the other to run
+            section[name] = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
+                             "traceback": traceback.format_exc()}
+    items = (section["decode"].get("results", [section["decode"]])
+             + list(section["shared_system_prompt"].get("runs", {}).values()
+                    or [section["shared_system_prompt"]]))
+    statuses = {item.get("status", "ok") for item in items}
+    section["status"] = ("error" if "error" in statuses
+                         else "incomplete" if "skipped" in statuses else "ok")
+
+
+# ---- driver ------------------------------------------------------------------------------
+
+SECTIONS = ("kernels", "model_greedy", "throughput")
+
+
+def _run_section(report: dict, name: str, fn: Callable[[], None],
+                 skip_note: str | None = None) -> None:
+    t0 = time.perf_counter()
+    if skip_note is not None:
+        report[name] = {"status": "skipped", "note": skip_note}
+        print(f"[gpu_check] {name}: {skip_note}", flush=True)
+        return
     print(f"[gpu_check] {name} ...", flush=True)
     try:
         fn()
@@ -228,13 +700,42 @@ def _run_section(report: dict, name: str, fn: Callable[[], None]) -> None:
     print(f"[gpu_check] {name}: {status} ({elapsed} s)", flush=True)
 
 
+def _summary(report: dict, sections: list[str]) -> list[str]:
+    lines = []
+    k = report.get("kernels", {})
+    if "kernels" in sections:
+        lines.append(f"kernels: {k.get('status')} ({k.get('num_checks', 0)} checks, worst max "
+                     f"abs error vs dense {k.get('worst_max_abs_err_vs_dense')})")
+    g = report.get("model_greedy", {})
+    if "model_greedy" in sections:
+        lines.append(f"model_greedy: {g.get('status')} (outputs identical across backends: "
+                     f"{g.get('all_identical')}; {'; '.join(g.get('problems', [])) or 'ok'})")
+    t = report.get("throughput", {})
+    if "throughput" in sections:
+        decode = ", ".join(f"b{r['batch']} {r.get('decode_tokens_per_s', r.get('status'))}"
+                           for r in t.get("decode", {}).get("results", []))
+        shared = t.get("shared_system_prompt", {})
+        lines.append(f"throughput: {t.get('status')} (decode tok/s {decode or '-'}; shared "
+                     f"prompt cache on vs off {shared.get('cache_on_speedup_wall')}x wall, "
+                     f"{shared.get('cache_on_speedup_ttft_p50')}x TTFT p50)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check.json", help="where to write the report")
     parser.add_argument("--quick", action="store_true", help="fewer kernel configurations")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="exercise this script on CPU with torch standing in for flashinfer")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help="time budget: sections that would start too late are skipped")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)}")
     args = parser.parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     print(INSTALL_STEPS, flush=True)
 
     try:
@@ -249,21 +750,32 @@ def main(argv: list[str] | None = None) -> int:
               "NVIDIA GPU and a CUDA build of torch; nothing was checked.", file=sys.stderr)
         return 2
 
-    report: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv[1:]}
+    budget = Budget(args.budget_s)
     device = "cpu" if dry else "cuda"
+    ctx = CheckContext(device=device, dry_run=dry, sizes=CPU_DRY_SIZES if dry else GPU_SIZES,
+                       budget=budget)
+    report: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv[1:],
+                    "mode": "cpu-dry-run" if dry else "cuda", "budget_s": args.budget_s,
+                    "sections": sections}
+    min_s = ctx.sizes.section_min_s
+    later = {name: sum(min_s[s] for s in sections[i + 1:]) for i, name in enumerate(sections)}
+    runners = {
+        "kernels": lambda: check_kernels(report, device=device, stand_in=dry, quick=args.quick,
+                                         time_left=lambda: budget.left() - later["kernels"]),
+        "model_greedy": lambda: check_model_greedy(report, ctx),
+        "throughput": lambda: check_throughput(report, ctx),
+    }
     _run_section(report, "environment", lambda: check_environment(report))
-    _run_section(report, "kernels",
-                 lambda: check_kernels(report, device=device, stand_in=dry, quick=args.quick))
-    _run_section(report, "model_greedy", lambda: check_model_greedy(report))
-    _run_section(report, "throughput", lambda: check_throughput(report))
+    for name in sections:
+        _run_section(report, name, runners[name], budget.skip_note(min_s[name]))
+    report["elapsed_s"] = round(time.perf_counter() - budget.started, 1)
 
     out = Path(args.out)
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    kernels = report.get("kernels", {})
-    print(f"[gpu_check] kernels: {kernels.get('status')} "
-          f"({kernels.get('num_checks', 0)} checks, worst max abs error vs dense "
-          f"{kernels.get('worst_max_abs_err_vs_dense')}); report written to {out}")
-    return 0 if kernels.get("status") == "ok" else 1
+    for line in _summary(report, sections):
+        print(f"[gpu_check] {line}")
+    print(f"[gpu_check] {report['elapsed_s']} s; report written to {out}")
+    return 0 if all(report[name].get("status") == "ok" for name in sections) else 1
 
 
 if __name__ == "__main__":

@@ -30,6 +30,13 @@ class PageAccountingError(RuntimeError):
 
 
 class PageAllocator:
+    """A stack of free ids in `_stack[:_top]`, and for every id the slot it was last put in.
+
+    An id is free iff its slot is below the top and still holds it, so alloc only moves the
+    top (no per-page writes: allocation happens every decode step) and free can still tell
+    an allocated id from a free one.
+    """
+
     def __init__(self, num_pages: int):
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
@@ -37,10 +44,9 @@ class PageAllocator:
         # Pop from the end: the lowest ids go out first (easier to read in tests and dumps).
         self._stack = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
         self._top = num_pages
-        # _mark[p] == 0: allocated; != 0: free. free() writes each id's position in the call
-        # (1-based) and reads it back: an id given twice keeps only its last position.
-        self._mark = np.ones(num_pages, dtype=np.int32)
-        self._stamps = np.arange(1, num_pages + 1, dtype=np.int32)
+        self._slots = np.arange(num_pages, dtype=np.int32)
+        self._slot_of = np.empty(num_pages, dtype=np.int32)
+        self._slot_of[self._stack] = self._slots
 
     @property
     def num_free(self) -> int:
@@ -53,10 +59,8 @@ class PageAllocator:
         if n > self._top:
             raise OutOfPages(n, self._top)
         top = self._top - n
-        ids = self._stack[top:self._top].copy()
         self._top = top
-        self._mark[ids] = 0
-        return ids
+        return self._stack[top:top + n].copy()
 
     def free(self, pages: np.ndarray | Sequence[int]) -> None:
         """Return pages to the free list. PageAccountingError (nothing changed) on a bad id."""
@@ -66,32 +70,45 @@ class PageAllocator:
             return
         if p.ndim != 1 or p.dtype.kind not in "iu":
             raise PageAccountingError(f"page ids must be a 1-D integer array, got {p.dtype} {p.shape}")
-        if p.dtype != np.int32:
+        if p.dtype != _INT32:
             if p.min() < 0 or p.max() >= self.num_pages:
                 raise PageAccountingError(self._range_message(p))
             p = p.astype(np.int32)
-        mark = self._mark
         try:                     # as unsigned, a negative id is huge: one bounds check for both
-            current = mark[p.view(np.uint32)]
+            slot = self._slot_of[p.view(np.uint32)]
         except IndexError:
             raise PageAccountingError(self._range_message(p)) from None
-        if np.count_nonzero(current):
-            again = np.unique(p[current != 0])
-            raise PageAccountingError(f"double free: page(s) {again[:16].tolist()} already free")
-        stamps = self._stamps[:k]
-        mark[p] = stamps
-        if mark[p].tobytes() != stamps.tobytes():
-            mark[p] = 0                                  # undo: nothing changed
-            vals, counts = np.unique(p, return_counts=True)
+        top = self._top
+        free_now = self._stack[slot] == p
+        free_now &= slot < top
+        if np.count_nonzero(free_now):
             raise PageAccountingError(
-                f"double free: page(s) {vals[counts > 1][:16].tolist()} freed twice in one call")
-        self._stack[self._top:self._top + k] = p
-        self._top += k
+                f"double free: page(s) {np.unique(p[free_now])[:16].tolist()} already free")
+        # Claim slots top..top+k. An id given twice keeps only its last slot, so an earlier
+        # occurrence reads back a different one. Nothing is changed then: the slots written
+        # lie above the top, which still marks those ids as allocated.
+        if k > self.num_pages - top:
+            self._raise_duplicates(p)
+        slots = self._slots[top:top + k]
+        self._slot_of[p] = slots
+        if self._slot_of[p].tobytes() != slots.tobytes():
+            self._raise_duplicates(p)
+        self._stack[top:top + k] = p
+        self._top = top + k
 
     def free_page_ids(self) -> np.ndarray:
         """A copy of the free ids (in no particular order), for conservation checks."""
         return self._stack[:self._top].copy()
 
+    @staticmethod
+    def _raise_duplicates(p: np.ndarray) -> None:
+        vals, counts = np.unique(p, return_counts=True)
+        raise PageAccountingError(
+            f"double free: page(s) {vals[counts > 1][:16].tolist()} freed twice in one call")
+
     def _range_message(self, p: np.ndarray) -> str:
         bad = p[(p < 0) | (p >= self.num_pages)]
         return f"page id(s) {bad[:16].tolist()} outside [0, {self.num_pages})"
+
+
+_INT32 = np.dtype(np.int32)

@@ -9,23 +9,25 @@ Who owns a page, at every moment
 --------------------------------
 Exactly one of:
 1. the free list (PageAllocator);
-2. the tree: from the `insert` that adopted it until `evict`/`flush` hands it back to the
-   caller, who returns it to the free list (PagedMemory does both in one step);
-3. one request ("private"): from `alloc` until it is either adopted by `insert`, or freed.
+2. the tree: from the `insert` that adopted it until `evict` or `flush` hands it back to the
+   caller, who frees it -- or, inside `PagedMemory.alloc`, passes it straight to the request
+   that asked (tree -> private, never both);
+3. one request ("private"): from `alloc` until `insert` adopts it or the request frees it.
 
 Shared use of tree pages is expressed by locks, never by copies or reference counts on the
 pages themselves: `lock(node)` adds one to `lock_ref` on node..root, and only leaves with
-`lock_ref == 0` are evictable. A request's life:
+`lock_ref == 0` are evictable. A request's life (what the engine and the replay tool do):
 
-    m = match_prefix(prompt, ns, max_tokens=len(prompt) - 1)   # m.pages: tree-owned
-    lock(m.node)                       # now nothing in m.pages (nor m.cow_page) can go
-    new = memory.alloc(k)              # private; may evict *other*, unlocked leaves
-    ... compute KV into `new` ...
-    r = insert(seq[:whole pages], concat(m.pages, new)[:...])  # tree adopts the new pages
-    free(r.duplicates(own_pages))      # own pages the tree already had: back to the free list
-    lock(r.node); unlock(m.node)       # move the lock to the longer prefix
-    ...                                # the trailing partial page stays private
-    unlock(r.node); free(private tail) # request done
+    m = match_prefix(prompt, ns, max_tokens=len(prompt) - 1)  # m.pages: tree-owned, shared
+    lock(m.node)                      # nothing in m.pages, nor m.cow_page, can be evicted now
+    new = memory.alloc(k)             # private; may evict other, unlocked leaves
+    ...                               # copy-on-write (below), then compute KV into `new`
+    own = concat(m.pages, new)
+    r = insert(seq[:n * page_size], own[:n], ns)   # n whole pages; the tree adopts new ones
+    free(r.duplicates(own[:n]))       # ours where the tree already had a page: back to free
+    lock(r.node); unlock(m.node)      # the lock moves to the longer prefix
+    ...                               # own[n:] (a partial last page) stays private
+    unlock(r.node); free(own[n:])     # request done: private pages freed, tree pages stay
 
 Copy-on-write (page_size > 1)
 -----------------------------
@@ -37,8 +39,7 @@ holds `cow_page`, so the source page cannot be evicted -- then allocate the dest
 (the allocation may evict), then `KVPool.copy_prefix(cow_page, dst, cow_tokens)`, then
 compute from `m.matched_tokens` on. The copy is private and is adopted by a later insert
 like any other new page (or freed as a duplicate if an equal page got there first).
-vLLM and SGLang drop such a partial hit; at page_size 16 it is on average 7.5 tokens per
-request.
+vLLM and SGLang drop such a partial hit (up to page_size - 1 tokens per request).
 
 Keys are compared with C-speed list-slice equality, never token by token in Python; a
 mismatch inside an edge is located by bisection on slice equality. Insert skips the token
@@ -63,6 +64,7 @@ __all__ = ["CacheLockedError", "InsertResult", "MatchResult", "RadixCache", "EMP
 
 EMPTY_PAGES = np.empty(0, dtype=np.int32)
 EMPTY_PAGES.flags.writeable = False
+_INT32 = np.dtype(np.int32)
 
 
 class CacheLockedError(RuntimeError):
@@ -80,8 +82,11 @@ class MatchResult:
 
 @dataclass(slots=True)
 class InsertResult:
-    cached_tokens: int      # leading tokens that were already in the tree
-    pages: np.ndarray       # the tree's page ids for the whole inserted sequence
+    cached_tokens: int      # leading tokens that were already in the tree; the caller's own
+                            #   pages for them are duplicates it must free (except those it
+                            #   got from the tree in the first place): see duplicates()
+    pages: np.ndarray       # the tree's page ids for the whole inserted sequence (the
+                            #   caller's own array when they are the same ids)
     node: TreeNode          # the node ending the inserted sequence
 
     def duplicates(self, own_pages: np.ndarray) -> np.ndarray:
@@ -90,6 +95,8 @@ class InsertResult:
         Past `cached_tokens` the tree adopted the caller's own ids, so a position-wise
         comparison over the whole sequence finds exactly the duplicates.
         """
+        if own_pages is self.pages:
+            return EMPTY_PAGES
         own = np.asarray(own_pages, dtype=np.int32)
         if own.shape != self.pages.shape:
             raise ValueError(f"own_pages has {own.shape}, the inserted sequence {self.pages.shape}")
@@ -290,7 +297,7 @@ class RadixCache:
         if type(tokens) is not list:
             tokens = _as_list(tokens)
         pages = np.asarray(pages)
-        if pages.dtype != np.int32:
+        if pages.dtype != _INT32:
             pages = pages.astype(np.int32)
         ps = self.page_size
         n = len(tokens)
@@ -356,12 +363,8 @@ class RadixCache:
             node = leaf
         elif node.evict_key is not None:
             self._rekey(node)
-        if same_pages:                  # skip the concatenation: a read-only view will do
-            tree_pages = pages.view()
-            tree_pages.flags.writeable = False
-        else:
-            tree_pages = _concat(parts)
-        return InsertResult(cached, tree_pages, node)
+        # The tree's ids are the caller's own (the usual case): no need to concatenate.
+        return InsertResult(cached, pages if same_pages else _concat(parts), node)
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: TreeNode) -> None:

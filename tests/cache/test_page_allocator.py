@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixserve.cache import OutOfPages, PageAccountingError, PageAllocator
 
@@ -62,3 +64,32 @@ def test_non_integer_ids_are_refused():
     a.alloc(2)
     with pytest.raises(PageAccountingError):
         a.free(np.array([0.0, 1.0]))
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 6), st.lists(st.integers(-1, 7), max_size=5)),
+                max_size=40))
+def test_against_a_set_model(ops):
+    """Random allocs and frees (some of them bad) against a plain set of free ids."""
+    a = PageAllocator(7)
+    free = set(range(7))
+    for is_alloc, n, ids in ops:
+        if is_alloc:
+            if n > len(free):
+                with pytest.raises(OutOfPages):
+                    a.alloc(n)
+            else:
+                got = a.alloc(n).tolist()
+                assert len(set(got)) == n and set(got) <= free
+                free -= set(got)
+        else:
+            bad = (any(not 0 <= i < 7 for i in ids) or len(set(ids)) != len(ids)
+                   or any(i in free for i in ids))
+            if bad:
+                with pytest.raises(PageAccountingError):
+                    a.free(np.array(ids, dtype=np.int32))
+            else:
+                a.free(np.array(ids, dtype=np.int32))
+                free |= set(ids)
+        assert a.num_free == len(free)
+        assert sorted(a.free_page_ids().tolist()) == sorted(free)

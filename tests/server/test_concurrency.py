@@ -70,6 +70,8 @@ def test_salted_prompts_never_share_the_cache(server):
     assert first == 0
     assert cached("tenant-a")[0] == prompt_len - 1
     assert cached("tenant-b")[0] == 0
-    assert cached(None)[0] == 0
+    # the default namespace saw other chat prompts: at most the template's header matches
+    assert cached(None)[0] < 10
+    assert cached("tenant-c")[0] == 0
     assert cached("tenant-b")[0] == prompt_len - 1
     server.check_invariants()

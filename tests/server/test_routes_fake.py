@@ -4,9 +4,8 @@ engine (exact token timing and queue control); the Show tests use the real engin
 from __future__ import annotations
 
 import json
-import time
-
 import socket
+
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
