@@ -36,9 +36,8 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 INSTALL_STEPS = """\
 radixserve GPU check. It needs, on a machine with an NVIDIA GPU and the CUDA toolkit:
@@ -232,8 +231,7 @@ GREEDY_QUESTIONS = [
 NEAR_TIE_FACTOR = 2.0
 
 
-@dataclass(frozen=True)
-class Sizes:
+class Sizes(NamedTuple):
     """Workload sizes: the real ones on a GPU, tiny ones for the CPU dry run."""
 
     model_dtype: str                     # "auto" -> bf16 on CUDA (sm80+)
@@ -268,10 +266,12 @@ CPU_DRY_SIZES = Sizes(
     item_min_s=0.0)
 
 
-@dataclass
 class Budget:
-    total_s: float
-    started: float = field(default_factory=time.perf_counter)
+    """Seconds left of --budget-s, counted from the start of the run."""
+
+    def __init__(self, total_s: float):
+        self.total_s = total_s
+        self.started = time.perf_counter()
 
     def left(self) -> float:
         return self.total_s - (time.perf_counter() - self.started)
@@ -285,17 +285,21 @@ class Budget:
                 f"this needs about {needed_s:.0f} s (raise --budget-s)")
 
 
-@dataclass
 class CheckContext:
     """What the model sections share, passed explicitly: where they run, at what sizes,
-    the time budget, and the default model (loaded on first use, then reused)."""
+    the time budget, and the default model (loaded on first use, then reused).
 
-    device: str
-    dry_run: bool
-    sizes: Sizes
-    budget: Budget
-    loaded: Any = None
-    model_info: dict = field(default_factory=dict)
+    (Plain classes, not dataclasses, here: tests load this script with importlib without
+    registering it in sys.modules, where dataclass() cannot resolve string annotations.)
+    """
+
+    def __init__(self, device: str, dry_run: bool, sizes: Sizes, budget: Budget):
+        self.device = device
+        self.dry_run = dry_run
+        self.sizes = sizes
+        self.budget = budget
+        self.loaded: Any = None
+        self.model_info: dict = {}
 
     @property
     def backend_under_test(self) -> str:

@@ -59,9 +59,9 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 def describe_pool(engine) -> str:
     s = engine.stats()
     tokens = s.pages_total * s.page_size
-    size = getattr(s, "kv_pool_bytes", None)
-    mib = f", {size / 2**20:.1f} MiB ({size} bytes)" if size else ""
-    return f"KV pool: {tokens} tokens ({s.pages_total} pages of {s.page_size}){mib}"
+    size = s.kv_pool_bytes
+    return (f"KV pool: {tokens} tokens ({s.pages_total} pages of {s.page_size}), "
+            f"{size / 2**20:.1f} MiB ({size} bytes)")
 
 
 async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:

@@ -13,9 +13,9 @@ from radixserve.server.app import KEY_NAMESPACE, STATE, ServerState, json_respon
 from radixserve.server.auth import cache_namespace
 from radixserve.server.errors import ApiError
 from radixserve.server.metrics import CONTENT_TYPE
-from radixserve.server.openai_api import DONE, SSE_HEADERS, sse
-from radixserve.server.openai_serving import (Prepared, Renderer, validated_params, check_token_ids,
-                                              engine_outputs, fit_context)
+from radixserve.server import sse
+from radixserve.server.openai_serving import (Prepared, Renderer, check_token_ids, engine_outputs,
+                                              fit_context, validated_params)
 
 DEFAULT_MAX_NEW_TOKENS = 128      # SGLang's default when the request names none
 
@@ -103,15 +103,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 if result.final is not None and (err := Renderer.failure(result.final)):
                     raise err
                 return json_response(result.body(prepared.params.logprobs is not None))
-            first = await anext(outputs, None)
-            response = web.StreamResponse(headers=SSE_HEADERS)
-            await response.prepare(request)
+            out = await anext(outputs, None)    # refusals raise here, before headers
+            response = await sse.open_stream(request)
             try:
-                out = first
                 while out is not None:
-                    await response.write(sse(result.add(out)))
+                    await response.write(sse.event(result.add(out)))
                     out = await anext(outputs, None)
-                await response.write(DONE)
+                await response.write(sse.DONE)
             except ConnectionResetError:
                 pass
             return response
@@ -140,7 +138,7 @@ def cache_stats_body(state: ServerState) -> dict:
             "pages_locked": s.pages_locked,
             "pages_private": s.pages_private,
             "tokens_total": tokens_total,
-            "bytes_total": getattr(s, "kv_pool_bytes", None),
+            "bytes_total": s.kv_pool_bytes,
             "usage": 1.0 - (s.pages_free / s.pages_total) if s.pages_total else 0.0,
         },
         "requests": {"running": s.running, "waiting": s.waiting, "preemptions": s.preemptions},

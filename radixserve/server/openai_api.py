@@ -10,24 +10,15 @@ from __future__ import annotations
 from contextlib import aclosing
 from typing import AsyncIterator
 
-import msgspec
 from aiohttp import web
 
 from radixserve.engine.outputs import RequestOutput
 from radixserve.server import protocol as P
+from radixserve.server import sse
 from radixserve.server.app import KEY_NAMESPACE, STATE, ServerState, json_response, read_body
 from radixserve.server.errors import ApiError
 from radixserve.server.openai_serving import (Renderer, engine_outputs, prepare_chat,
                                               prepare_completion, run_to_response)
-
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-               "X-Accel-Buffering": "no"}
-DONE = b"data: [DONE]\n\n"
-
-
-def sse(body) -> bytes:
-    return b"data: " + msgspec.json.encode(body) + b"\n\n"
-
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
@@ -62,24 +53,22 @@ async def stream_sse(request: web.Request, renderer: Renderer,
                      outputs: AsyncIterator[RequestOutput], include_usage: bool) -> web.StreamResponse:
     """Write the outputs as SSE chunks. A client that goes away raises out of `write`
     (or cancels this task); the caller's `aclosing` then aborts the engine request."""
-    first = await anext(outputs, None)          # engine refusals raise here, before headers
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
+    out = await anext(outputs, None)            # engine refusals raise here, before headers
+    response = await sse.open_stream(request)
     try:
-        out = first
         while out is not None:
             renderer.add(out)
             chunk = renderer.chunk(out)
             if chunk is not None:
-                await response.write(sse(chunk))
+                await response.write(sse.event(chunk))
             if out.finished and (err := Renderer.failure(out)) is not None:
-                await response.write(sse(err.body()))
+                await response.write(sse.event(err.body()))
                 break
             out = await anext(outputs, None)
         else:
             if include_usage:
-                await response.write(sse(renderer.usage_chunk()))
-        await response.write(DONE)
+                await response.write(sse.event(renderer.usage_chunk()))
+        await response.write(sse.DONE)
     except ConnectionResetError:
         pass                                     # client gone; aclosing aborts the request
     return response

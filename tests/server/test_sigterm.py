@@ -47,7 +47,8 @@ def stream(url: str, max_tokens: int, out: dict) -> None:
 def test_sigterm_drains_and_exits_zero():
     cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0", "--model", MODEL,
            "--dtype", DTYPE, "--device", "cpu", "--kv-cache-tokens", "8192",
-           "--max-model-len", "2048", "--shutdown-grace-s", str(GRACE_S)]
+           "--max-model-len", "2048", "--shutdown-grace-s", str(GRACE_S),
+           "--debug-invariants"]          # the engine checks page conservation whenever idle
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
