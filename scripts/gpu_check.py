@@ -321,6 +321,12 @@ class CheckContext:
         return self.loaded
 
 
+def _error(exc: BaseException) -> dict:
+    """A failure as the report records it (call inside the except block)."""
+    return {"status": "error", "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()}
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -493,14 +499,25 @@ def check_model_greedy(report: dict, ctx: CheckContext) -> None:
                      "prompts": GREEDY_QUESTIONS[:sz.greedy_questions],
                      "max_tokens": sz.greedy_tokens, "runs": {}, "comparisons": {}}
     report["model_greedy"] = section
+    failed_runs = []
     for name, config in runs.items():
-        section["runs"][name] = _greedy_run(loaded, prompts, sz.greedy_tokens, **config)
+        try:
+            section["runs"][name] = _greedy_run(loaded, prompts, sz.greedy_tokens, **config)
+        except Exception as exc:        # the other runs still go ahead
+            section["runs"][name] = _error(exc)
+            failed_runs.append(name)
+            _release_memory()
+    if "torch" in failed_runs:
+        section["status"] = "error"     # no reference to compare with
+        return
 
     ref = section["runs"]["torch"]["token_ids"]
     teacher = TeacherForced(loaded, max(map(len, prompts)) + sz.greedy_tokens)
     problems = []
     for name in ("flashinfer", "flashinfer_page16"):
         run = section["runs"][name]
+        if name in failed_runs:
+            continue
         if run["attention_backend"] != fi:
             problems.append(f"{name} ran on the {run['attention_backend']} backend")
         rows = []
@@ -510,9 +527,10 @@ def check_model_greedy(report: dict, ctx: CheckContext) -> None:
             row.update(teacher.compare("torch", fi, prompts[i], want, div))
             rows.append(row)
             if div is not None and not row["explained_by_near_tie"]:
+                margin = row.get("ref_top2_margin_at_divergence")
                 problems.append(f"{name} prompt {i} diverges at token {div} where the torch "
-                                f"backend's top-2 margin ({row['ref_top2_margin_at_divergence']})"
-                                f" exceeds {NEAR_TIE_FACTOR} x the logit difference")
+                                f"backend's top-2 margin ({margin}) exceeds "
+                                f"{NEAR_TIE_FACTOR} x the logit difference")
         section["comparisons"][name] = {"all_identical": all(r["identical"] for r in rows),
                                         "per_prompt": rows}
     sizing = section["runs"]["flashinfer"].get("pool_sizing")
@@ -521,7 +539,7 @@ def check_model_greedy(report: dict, ctx: CheckContext) -> None:
                         f"wanted just under {sizing['kv_cache_memory_fraction']}")
     section["all_identical"] = all(c["all_identical"] for c in section["comparisons"].values())
     section["problems"] = problems
-    section["status"] = "FAILED" if problems else "ok"
+    section["status"] = "error" if failed_runs else "FAILED" if problems else "ok"
 
 
 def _decode_run(runner, batch: int, sz: Sizes, seed: int) -> dict:
@@ -592,9 +610,7 @@ def _decode_throughput(ctx: CheckContext, loaded) -> dict:
         try:
             out["results"].append({"status": "ok", **_decode_run(runner, batch, sz, batch)})
         except Exception as exc:
-            out["results"].append({"batch": batch, "status": "error",
-                                   "error": f"{type(exc).__name__}: {exc}",
-                                   "traceback": traceback.format_exc()})
+            out["results"].append({"batch": batch, **_error(exc)})
     del runner
     _release_memory()
     return out
@@ -632,8 +648,7 @@ def _shared_prompt(ctx: CheckContext, loaded) -> dict:
         try:
             r = asyncio.run(bench.run_engine(loaded, prompts, args, disable_cache=disable))
         except Exception as exc:
-            out["runs"][label] = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
-                                  "traceback": traceback.format_exc()}
+            out["runs"][label] = _error(exc)
             continue
         finally:
             _release_memory()
@@ -666,11 +681,10 @@ def check_throughput(report: dict, ctx: CheckContext) -> None:
         try:
             section[name] = fn()
         except Exception as exc:      # one part failing leaves the other to run
-            section[name] = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
-                             "traceback": traceback.format_exc()}
-    items = (section["decode"].get("results", [section["decode"]])
-             + list(section["shared_system_prompt"].get("runs", {}).values()
-                    or [section["shared_system_prompt"]]))
+            section[name] = _error(exc)
+    decode, shared = section["decode"], section["shared_system_prompt"]
+    items = (decode.get("results") or [decode]) + (list(shared.get("runs", {}).values())
+                                                   or [shared])
     statuses = {item.get("status", "ok") for item in items}
     section["status"] = ("error" if "error" in statuses
                          else "incomplete" if "skipped" in statuses else "ok")
@@ -691,9 +705,9 @@ def _run_section(report: dict, name: str, fn: Callable[[], None],
     print(f"[gpu_check] {name} ...", flush=True)
     try:
         fn()
-    except Exception as exc:
-        report[name] = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
-                        "traceback": traceback.format_exc()}
+    except Exception as exc:        # keep what the section recorded before it failed
+        partial = report.get(name) if isinstance(report.get(name), dict) else {}
+        report[name] = {**partial, **_error(exc)}
     elapsed = round(time.perf_counter() - t0, 1)
     section = report.get(name)
     if isinstance(section, dict):
@@ -712,8 +726,9 @@ def _summary(report: dict, sections: list[str]) -> list[str]:
                      f"abs error vs dense {k.get('worst_max_abs_err_vs_dense')})")
     g = report.get("model_greedy", {})
     if "model_greedy" in sections:
+        detail = g.get("error") or g.get("note") or "; ".join(g.get("problems", []))
         lines.append(f"model_greedy: {g.get('status')} (outputs identical across backends: "
-                     f"{g.get('all_identical')}; {'; '.join(g.get('problems', [])) or 'ok'})")
+                     f"{g.get('all_identical')}{'; ' + detail if detail else ''})")
     t = report.get("throughput", {})
     if "throughput" in sections:
         decode = ", ".join(f"b{r['batch']} {r.get('decode_tokens_per_s', r.get('status'))}"

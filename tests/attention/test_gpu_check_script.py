@@ -31,7 +31,9 @@ def test_without_cuda_exits_with_a_message(gpu_check, monkeypatch, tmp_path, cap
 
 def test_cpu_dry_run_writes_a_report(gpu_check, tmp_path):
     out = tmp_path / "report.json"
-    assert gpu_check.main(["--cpu-dry-run", "--quick", "--out", str(out)]) == 0
+    # Kernels only: tests/engine/test_cuda_path.py dry-runs the model sections.
+    assert gpu_check.main(["--cpu-dry-run", "--quick", "--sections", "kernels",
+                           "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     kernels = report["kernels"]
     assert kernels["status"] == "ok" and kernels["stand_in_for_flashinfer"] == "torch"
@@ -41,8 +43,7 @@ def test_cpu_dry_run_writes_a_report(gpu_check, tmp_path):
     for r in kernels["results"]:
         assert r["max_abs_err_flashinfer_vs_torch"] == 0.0          # torch vs itself
         assert r["max_abs_err_torch_vs_dense"] < 2e-2 and r["kv_written_identically"]
-    assert report["model_greedy"]["status"] == "not implemented yet"
-    assert report["throughput"]["status"] == "not implemented yet"
+    assert "model_greedy" not in report or report["model_greedy"]["status"] == "skipped"
 
 
 def test_a_failing_section_is_recorded_not_raised(gpu_check):

@@ -340,3 +340,76 @@ def test_a_divergence_is_explained_only_by_a_near_tie(gpu_check, margin, noise, 
     same = teacher.compare("torch", "torch", prompt, reply, divergence=None)
     assert same["max_abs_logit_diff"] == 0.0 and same["top1_agreement"] == 1.0
     assert "explained_by_near_tie" not in same
+
+
+@pytest.mark.parametrize("case", ["identical", "near_tie", "real_divergence", "wrong_backend",
+                                  "run_fails"])
+def test_model_greedy_verdicts(gpu_check, monkeypatch, case):
+    """The section's decision logic on scripted engine runs (no model)."""
+    torch_out = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    other_out = torch_out if case in ("identical", "wrong_backend") else [[1, 2, 3, 4],
+                                                                          [5, 6, 9, 9]]
+
+    def fake_run(loaded, prompts, max_tokens, attention_backend, kv_cache_tokens,
+                 page_size=1):
+        if case == "run_fails" and page_size == 16:
+            raise RuntimeError("kernel exploded")
+        ran_on = "torch" if case == "wrong_backend" and page_size == 16 else attention_backend
+        return {"attention_backend": ran_on, "page_size": page_size,
+                "token_ids": torch_out if attention_backend == "torch" else other_out}
+
+    class FakeTeacher:
+        def __init__(self, loaded, max_tokens):
+            pass
+
+        def compare(self, ref, other, prompt, reply, divergence):
+            row = {"max_abs_logit_diff": 0.1, "top1_agreement": 1.0}
+            if divergence is not None:
+                row["ref_top2_margin_at_divergence"] = 0.15 if case == "near_tie" else 2.0
+                row["explained_by_near_tie"] = case == "near_tie"
+            return row
+
+    monkeypatch.setattr(gpu_check, "_greedy_run", fake_run)
+    monkeypatch.setattr(gpu_check, "TeacherForced", FakeTeacher)
+    ctx = gpu_check.CheckContext("cuda", False, gpu_check.CPU_DRY_SIZES, gpu_check.Budget(60))
+    ctx.loaded = SimpleNamespace(tokenizer=SimpleNamespace(
+        apply_chat_template=lambda messages: [len(messages[-1]["content"]), 7]))
+    report = {}
+    gpu_check.check_model_greedy(report, ctx)
+    g = report["model_greedy"]
+    expected = {"identical": "ok", "near_tie": "ok", "real_divergence": "FAILED",
+                "wrong_backend": "FAILED", "run_fails": "error"}[case]
+    assert g["status"] == expected, g
+    fi = g["comparisons"]["flashinfer"]
+    assert fi["all_identical"] is (case in ("identical", "wrong_backend"))
+    if case in ("near_tie", "real_divergence"):
+        assert fi["per_prompt"][1]["first_divergence"] == 2
+        assert fi["per_prompt"][0]["identical"]
+    if case == "real_divergence":
+        assert any("prompt 1 diverges at token 2" in p for p in g["problems"])
+    if case == "wrong_backend":
+        assert g["problems"] == ["flashinfer_page16 ran on the torch backend"]
+    if case == "run_fails":
+        assert "kernel exploded" in g["runs"]["flashinfer_page16"]["error"]
+        assert "flashinfer_page16" not in g["comparisons"] and "flashinfer" in g["comparisons"]
+
+
+def test_throughput_part_failing_leaves_the_other(gpu_check, monkeypatch):
+    def decode_fails(ctx, loaded):
+        raise RuntimeError("no flashinfer here")
+
+    shared = {"runs": {"cache_on": {"status": "ok"}, "cache_off": {"status": "skipped"}}}
+    monkeypatch.setattr(gpu_check, "_decode_throughput", decode_fails)
+    monkeypatch.setattr(gpu_check, "_shared_prompt", lambda ctx, loaded: shared)
+    ctx = gpu_check.CheckContext("cpu", True, gpu_check.CPU_DRY_SIZES, gpu_check.Budget(60))
+    ctx.loaded = object()
+    report = {}
+    gpu_check.check_throughput(report, ctx)
+    t = report["throughput"]
+    assert t["status"] == "error" and "no flashinfer here" in t["decode"]["error"]
+    assert t["shared_system_prompt"] is shared
+
+    monkeypatch.setattr(gpu_check, "_decode_throughput",
+                        lambda ctx, loaded: {"results": [{"status": "ok"}]})
+    gpu_check.check_throughput(report, ctx)
+    assert report["throughput"]["status"] == "incomplete"      # cache_off was skipped
