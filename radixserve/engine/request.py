@@ -74,7 +74,6 @@ class Sequence:
     num_generated: int = 0
     first_token_time: float | None = None
     preemptions: int = 0
-    last_scheduled_step: int = -1
 
     @property
     def params(self) -> SamplingParams:

@@ -26,6 +26,10 @@ AGING_TOKENS_PER_STEP = 32      # lpm: a waiting step is worth this many cached 
 SHARED_PREFIX_PROBE = 32        # tokens compared to spot a prefix another request computes
 
 
+def _progress_order(seq: Sequence) -> tuple:
+    return (-seq.num_generated, seq.request.arrival_time)
+
+
 @dataclass
 class SchedulerConfig:
     page_size: int
@@ -84,15 +88,20 @@ class Scheduler:
         budget = self.config.token_budget
         work: list[tuple[Sequence, int]] = []
 
-        # Most progressed first, so preemption victims come from the tail.
-        self.running.sort(key=lambda s: (-s.num_generated, s.request.arrival_time))
+        # Most progressed first, so preemption victims come from the tail. Sorting costs
+        # little but is only needed when this step's decodes could run out of pages.
+        if self.memory.memory.available_pages() < 2 * len(self.running) + budget:
+            self.running.sort(key=_progress_order)
         i = 0
         while i < len(self.running):
             seq = self.running[i]
-            want = min(seq.remaining, max(budget, 1))
-            if seq.in_prefill and budget <= 0:
+            if seq.remaining == 1:
+                want = 1
+            elif budget <= 0:
                 i += 1
                 continue
+            else:
+                want = min(seq.remaining, budget)
             if not self._reserve_or_preempt(seq, want):
                 continue            # seq itself was preempted; the list shifted
             budget -= want
@@ -195,17 +204,20 @@ class Scheduler:
         start = seq.num_computed
         batch = plan.batch
         samples = start + n == len(seq.token_ids)
-        batch.input_ids.extend(seq.token_ids[start: start + n])
-        batch.positions.extend(range(start, start + n))
-        batch.spans.append(SeqSpan(pages=seq.pages, cached_len=start, new_len=n))
+        if n == 1:
+            batch.input_ids.append(seq.token_ids[start])
+            batch.positions.append(start)
+        else:
+            batch.input_ids.extend(seq.token_ids[start: start + n])
+            batch.positions.extend(range(start, start + n))
+        batch.spans.append(SeqSpan(seq.pages, start, n))
         if samples:
             batch.sample_rows.append(len(batch.spans) - 1)
-            batch.sample_params.append(seq.params)
+            batch.sample_params.append(seq.request.params)
             batch.generators.append(seq.generator)
         plan.seqs.append(seq)
         plan.new_lens.append(n)
         plan.samples.append(samples)
-        seq.last_scheduled_step = self.step
 
     # ---- after the forward pass ---------------------------------------------------
 

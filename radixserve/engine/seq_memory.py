@@ -16,6 +16,8 @@ from radixserve.cache.memory import PagedMemory
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.engine.request import NO_PAGES, Sequence
 
+LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
+
 
 class SequenceMemory:
     def __init__(self, memory: PagedMemory, tree: RadixCache, page_size: int,
@@ -25,6 +27,8 @@ class SequenceMemory:
         self.page_size = page_size
         self.use_cache = use_cache
         self.copy_prefix = copy_prefix
+        self.lookahead_pages = LOOKAHEAD_TOKENS // page_size
+        self.lookahead_floor = memory.allocator.num_pages // 4
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -64,10 +68,18 @@ class SequenceMemory:
         return seq.num_computed
 
     def reserve(self, seq: Sequence, new_tokens: int) -> None:
-        """Make the page table cover `new_tokens` more tokens (raises OutOfPages)."""
+        """Make the page table cover `new_tokens` more tokens (raises OutOfPages).
+
+        While a quarter of the pool is free, small pages are taken a few tokens ahead, so a
+        decoding sequence grows its page table every 8th step rather than every step.
+        """
         missing = self.pages_for(seq.num_computed + new_tokens) - len(seq.pages)
-        if missing > 0:
-            seq.pages = np.concatenate([seq.pages, self.memory.alloc(missing)])
+        if missing <= 0:
+            return
+        allocator = self.memory.allocator
+        if allocator.num_free > self.lookahead_floor:
+            missing += self.lookahead_pages
+        seq.pages = np.concatenate([seq.pages, self.memory.alloc(missing)])
 
     def commit(self, seq: Sequence) -> None:
         """Insert the computed whole pages into the tree and adopt the tree's pages."""
