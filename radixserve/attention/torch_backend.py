@@ -1,7 +1,7 @@
 """Paged attention in plain torch: the CPU production path and the reference for flashinfer.
 
-Per step, ``prepare`` turns the page table into gather indices once; per layer, ``forward``
-writes the new K/V into the pool and then
+Per step, ``prepare`` turns the page table into gather indices once (``torch_plans``); per
+layer, ``forward`` writes the new K/V into the pool and then
 - runs one ``scaled_dot_product_attention`` per prefill span (bottom-right causal mask when
   the span continues a cached prefix; its own K/V and ``is_causal`` when it does not), and
 - batches all single-token decodes: their K/V are gathered head-major into a padded
@@ -9,30 +9,33 @@ writes the new K/V into the pool and then
   and attended with two batched matmuls per chunk and an fp32 softmax, the GQA group folded
   into the query dimension so no K/V head is repeated.
 
-Cascade (shared-prefix) attention, on by default: sequences whose page arrays start with the
-same page ids (the radix cache hands one system prompt's pages to every request using it) are
-grouped once per step (``cascade.find_cascade_groups``). Per layer, a group gathers its shared
-prefix's K/V once and attends all its members' new queries to it in one large matmul; each
-member attends separately to the rest of its context (positions shared..kv_len, causal), and
-the two partial results are merged through their log-sum-exps (``partial_attention``). This
-replaces per-sequence gathers of the same pages (decode) and many small masked SDPA calls over
-the same prefix (prefill) with one gather and one efficient matmul per group.
+Cascade (shared-prefix) attention, on by default: the radix cache hands one system prompt's
+pages to every request using it, so many sequences of a step start with the same page ids.
+``prepare`` groups them (``cascade.find_cascade_groups``); per layer, each group's shared
+prefix is gathered once and attended by all its members' new queries in one large matmul,
+while each member attends separately to the rest of its context (positions shared..kv_len,
+causal); the two partial results merge exactly through their log-sum-exps
+(``partial_attention``). This replaces per-sequence gathers of the same pages (decodes) and
+many small masked SDPA calls over the same prefix (prefills) with one gather and one efficient
+matmul per group. Group prefixes and member prefills' rests are both "queries against one
+K/V window" and run padded together in window chunks; member decodes keep the decode path,
+over their shorter windows, returning the lse as well. Spans in no group are unaffected.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from radixserve.attention import torch_plans as plans
 from radixserve.attention.backend import AttentionBackend
 from radixserve.attention.cascade import CascadeGroup, find_cascade_groups
 from radixserve.attention.metadata import AttentionMetadata
-from radixserve.attention.workspace import Workspace
 from radixserve.attention.partial_attention import (DEFAULT_MAX_SCORE_ELEMS, attend_with_lse,
                                                     merge_attention_states, softmax_with_lse)
+from radixserve.attention.torch_plans import StepTables, TorchPrepared, Window
+from radixserve.attention.workspace import Workspace
 from radixserve.cache.kv_pool import KVPool
 
 # Upper bound on one decode chunk's gathered K (and again V), in elements: 1M elements is
@@ -44,117 +47,8 @@ DEFAULT_MAX_GATHER_ELEMS = 2**20
 # Groups sharing fewer tokens than this are not worth a separate pass (and its merge).
 DEFAULT_MIN_SHARED_TOKENS = 64
 
-
-class _Mask:
-    """A boolean attention mask, converted once per dtype to the additive form SDPA uses.
-
-    SDPA converts a bool mask with torch.where on every call; doing it once per step instead
-    of once per layer saves real time on CPU (bf16 broadcasting ``where`` is slow there).
-    """
-
-    __slots__ = ("allowed", "_additive")
-
-    def __init__(self, allowed: torch.Tensor) -> None:
-        self.allowed = allowed
-        self._additive: dict[torch.dtype, torch.Tensor] = {}
-
-    def additive(self, dtype: torch.dtype) -> torch.Tensor:
-        m = self._additive.get(dtype)
-        if m is None:
-            m = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
-            m.masked_fill_(~self.allowed, float("-inf"))
-            self._additive[dtype] = m
-        return m
-
-
-def _additive(mask: _Mask | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if mask is None else mask.additive(dtype)
-
-
-@dataclass(slots=True)
-class _PrefillPlan:
-    start: int                    # token range [start, end) of this span in the step
-    end: int
-    rows: torch.Tensor | None     # int64 [Hkv * kv_len] rows of the pool's [slots*Hkv, D]
-                                  # view; None: no cached prefix, attend over the inputs
-    mask: _Mask | None            # [new_len, kv_len], bottom-right causal; None: is_causal
-
-
-@dataclass(slots=True)
-class _RestChunk:
-    """Cascade members' prefill queries against their own windows (the context after the
-    group's shared prefix), padded into one batch: b sequences x n_max queries x w_max keys.
-    Padding repeats a sequence's last query / last key; the mask and ``keep`` drop it."""
-
-    tokens: torch.Tensor          # int64 [b * n_max]: the step's token of each query row
-    keep: torch.Tensor            # int64: the real rows of that padded layout ...
-    dst: torch.Tensor             # int64: ... and their tokens in the step
-    rows: torch.Tensor            # int64 [b * Hkv * w_max] head-major gather rows
-    mask: _Mask                   # [b, 1, group * n_max, w_max], GQA group folded in rows
-    batch: int
-    n_max: int
-    w_max: int
-@dataclass(slots=True)
-class _DecodeChunk:
-    tokens: torch.Tensor          # int64 [b]: which of the step's tokens these decodes are
-    rows: torch.Tensor            # int64 [b * Hkv * max_kv] gather rows (padding repeats a
-                                  #   valid row of the same sequence; masked out)
-    mask: _Mask | None            # [b, 1, 1, max_kv]; None when no padding
-    batch: int
-    max_kv: int                   # the longest window (cascade members: after the prefix)
-    with_lse: bool = False        # some member is in a cascade group: keep the lse
-
-
-@dataclass(slots=True)
-class _GroupPlan:
-    group: CascadeGroup
-    tokens: torch.Tensor          # int64: the step's tokens of every member, in member order
-    rows: torch.Tensor            # int64 [Hkv * shared_tokens] head-major gather rows
-
-
-@dataclass
-class TorchPrepared:
-    meta: AttentionMetadata
-    prefills: list[_PrefillPlan] = field(default_factory=list)   # not in a cascade group
-    rests: list[_RestChunk] = field(default_factory=list)        # prefills in a group
-    decodes: list[_DecodeChunk] = field(default_factory=list)
-    groups: list[_GroupPlan] = field(default_factory=list)
-
-    @property
-    def cascade_groups(self) -> list[CascadeGroup]:
-        return [g.group for g in self.groups]
-
-
-@dataclass(slots=True)
-class _StepTables:
-    """The step's page table as numpy arrays: what ``prepare`` builds its plans from."""
-
-    kv_indices: np.ndarray        # int32 page ids, sequences concatenated
-    kv_indptr: np.ndarray         # int64 [B+1]
-    qo_indptr: np.ndarray         # int64 [B+1]
-    kv_lens: np.ndarray           # int64 [B]
-    page_size: int
-    device: torch.device
-
-    @classmethod
-    def of(cls, meta: AttentionMetadata) -> _StepTables:
-        return cls(kv_indices=meta.kv_indices.cpu().numpy(),
-                   kv_indptr=meta.kv_indptr.numpy().astype(np.int64),
-                   qo_indptr=meta.qo_indptr.numpy().astype(np.int64),
-                   kv_lens=np.asarray(meta.kv_lens, dtype=np.int64),
-                   page_size=meta.page_size, device=meta.kv_indices.device)
-
-
-def _slots(kv_indices: np.ndarray, page_start: np.ndarray, pos: np.ndarray,
-           page_size: int) -> np.ndarray:
-    """Pool slot of position ``pos`` of the sequence whose pages start at ``page_start``."""
-    return kv_indices[page_start + pos // page_size].astype(np.int64) * page_size + pos % page_size
-
-
-def _head_major_rows(slots: np.ndarray, num_kv_heads: int) -> np.ndarray:
-    """Rows of the [slots*Hkv, D] pool view laid out as [..., Hkv, len] (head-major)."""
-    heads = np.arange(num_kv_heads, dtype=np.int64)[:, None]
-    return slots[..., None, :] * num_kv_heads + heads
+__all__ = ["DEFAULT_MAX_GATHER_ELEMS", "DEFAULT_MIN_SHARED_TOKENS", "TorchAttentionBackend",
+           "TorchPrepared"]
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -174,116 +68,61 @@ class TorchAttentionBackend(AttentionBackend):
         self.group = num_qo_heads // num_kv_heads
         self.sm_scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
         self.max_gather_rows = max(1, max_gather_elems // head_dim)
-        self.cascade = cascade
+        self.cascade = cascade                  # False: the plain per-sequence paths only
         self.min_shared_tokens = min_shared_tokens
         self.max_score_elems = max_score_elems
         # Gather scratch reused across layers and steps: a fresh multi-MB buffer per layer
         # costs page faults comparable to the attention itself. Steps run one at a time.
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._ws = Workspace()       # the cascade path's temporaries, likewise reused
+        self._ws = Workspace()                  # the cascade path's temporaries, likewise
 
     # ---------------------------------------------------------------- per step
     def prepare(self, meta: AttentionMetadata) -> TorchPrepared:
-        t = _StepTables.of(meta)
-        prepared = TorchPrepared(meta)
+        t = StepTables.of(meta)
+        hkv = self.num_kv_heads
         groups = self._find_groups(t) if self.cascade else []
         # Where each sequence's own attention window starts: after its group's shared prefix.
         kv_start = np.zeros(meta.batch_size, dtype=np.int64)
         for g in groups:
             kv_start[list(g.members)] = g.shared_tokens
-        prepared.groups = [self._group_plan(g, t) for g in groups]
-        windows = t.kv_lens - kv_start
         prefills = np.arange(meta.num_prefills)
-        prepared.prefills = [self._prefill_plan(int(b), t) for b in prefills[kv_start[prefills] == 0]]
-        members = prefills[kv_start[prefills] > 0]
-        if len(members):
-            order = members[np.argsort(windows[members], kind="stable")]
-            prepared.rests = [self._rest_chunk(chunk, kv_start, t)
-                              for chunk in self._chunk_by_budget(order, windows)]
+        in_group = kv_start[prefills] > 0
+        prepared = TorchPrepared(
+            meta, cascade_groups=groups,
+            prefills=[plans.prefill_plan(t, int(b), hkv) for b in prefills[~in_group]],
+            rests=self._window_chunks(t, [self._rest_window(t, int(b), int(kv_start[b]))
+                                          for b in prefills[in_group]]),
+            shared=self._window_chunks(t, [self._shared_window(t, g) for g in groups]))
         if meta.num_decodes:
             first = meta.num_prefills
+            windows = t.kv_lens - kv_start
             order = first + np.argsort(windows[first:], kind="stable")
-            prepared.decodes = [self._decode_chunk(chunk, kv_start, t)
-                                for chunk in self._chunk_by_budget(order, windows)]
+            prepared.decodes = [
+                plans.decode_chunk(t, chunk, kv_start, hkv)
+                for chunk in plans.chunk_by_budget(order, windows * hkv, self.max_gather_rows)]
         return prepared
 
-    def _find_groups(self, t: _StepTables) -> list[CascadeGroup]:
-        pages = [t.kv_indices[t.kv_indptr[b]:t.kv_indptr[b + 1]] for b in range(len(t.kv_lens))]
-        cached = t.kv_lens - np.diff(t.qo_indptr)
-        return find_cascade_groups(pages, cached, t.page_size, self.min_shared_tokens)
+    def _find_groups(self, t: StepTables) -> list[CascadeGroup]:
+        pages = [t.pages(b) for b in range(len(t.kv_lens))]
+        return find_cascade_groups(pages, t.kv_lens - t.new_lens, t.page_size,
+                                   self.min_shared_tokens)
 
-    def _rows(self, t: _StepTables, seq: int, lo: int, hi: int) -> torch.Tensor:
-        """Head-major gather rows of positions [lo, hi) of sequence ``seq``."""
-        slots = _slots(t.kv_indices, t.kv_indptr[seq], np.arange(lo, hi), t.page_size)
-        return torch.from_numpy(_head_major_rows(slots, self.num_kv_heads).reshape(-1)) \
-            .to(t.device)
+    @staticmethod
+    def _rest_window(t: StepTables, b: int, kv_start: int) -> Window:
+        """A member prefill's new tokens against its context after the shared prefix."""
+        tokens = np.arange(t.qo_indptr[b], t.qo_indptr[b + 1])
+        return Window(tokens, b, kv_start, int(t.kv_lens[b]), causal=True)
 
-    def _group_plan(self, g: CascadeGroup, t: _StepTables) -> _GroupPlan:
+    @staticmethod
+    def _shared_window(t: StepTables, g: CascadeGroup) -> Window:
+        """All members' new tokens against the shared pages (read through the first member)."""
         tokens = np.concatenate([np.arange(t.qo_indptr[m], t.qo_indptr[m + 1])
                                  for m in g.members])
-        return _GroupPlan(g, torch.from_numpy(tokens).to(t.device),
-                          self._rows(t, g.members[0], 0, g.shared_tokens))
+        return Window(tokens, g.members[0], 0, g.shared_tokens, causal=False)
 
-    def _prefill_plan(self, b: int, t: _StepTables) -> _PrefillPlan:
-        start, end = int(t.qo_indptr[b]), int(t.qo_indptr[b + 1])
-        kv_len, new_len = int(t.kv_lens[b]), end - start
-        if kv_len == new_len:
-            return _PrefillPlan(start, end, None, None)
-        mask = torch.ones(new_len, kv_len, dtype=torch.bool, device=t.device)
-        mask = mask.tril(kv_len - new_len)     # token i sees positions <= cached + i
-        return _PrefillPlan(start, end, self._rows(t, b, 0, kv_len), _Mask(mask))
-
-    def _rest_chunk(self, seqs: np.ndarray, kv_start: np.ndarray,
-                    t: _StepTables) -> _RestChunk:
-        new = np.diff(t.qo_indptr)[seqs]
-        win = t.kv_lens[seqs] - kv_start[seqs]
-        n_max, w_max = int(new.max()), int(win.max())
-        i = np.minimum(np.arange(n_max)[None, :], new[:, None] - 1)       # [b, n_max]
-        j = np.arange(w_max)[None, None, :]
-        # Query i sees window positions <= (win - new) + i (bottom-right causal), < win.
-        allowed = (j <= (win - new)[:, None, None] + i[:, :, None]) & (j < win[:, None, None])
-        allowed = np.broadcast_to(allowed[:, None, None], (len(seqs), 1, self.group) +
-                                  allowed.shape[1:]).reshape(len(seqs), 1, -1, w_max)
-        tokens = t.qo_indptr[seqs][:, None] + i
-        real = np.arange(n_max)[None, :] < new[:, None]
-        slots = _slots(t.kv_indices, t.kv_indptr[seqs][:, None],
-                       kv_start[seqs][:, None] + np.minimum(j[0], win[:, None] - 1),
-                       t.page_size)
-        as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(t.device)  # noqa: E731
-        return _RestChunk(
-            tokens=as_tensor(tokens.reshape(-1)), keep=as_tensor(np.flatnonzero(real)),
-            dst=as_tensor(tokens[real]),
-            rows=as_tensor(_head_major_rows(slots, self.num_kv_heads).reshape(-1)),
-            mask=_Mask(as_tensor(allowed)), batch=len(seqs), n_max=n_max, w_max=w_max)
-
-    def _chunk_by_budget(self, order: np.ndarray, windows: np.ndarray) -> list[np.ndarray]:
-        """Split window-sorted decodes so each chunk's padded gather fits the budget."""
-        chunks, start = [], 0
-        for i in range(1, len(order)):
-            # Sorted ascending, so adding decode i pads the chunk to its length.
-            if (i - start + 1) * windows[order[i]] * self.num_kv_heads > self.max_gather_rows:
-                chunks.append(order[start:i])
-                start = i
-        chunks.append(order[start:])
-        return chunks
-
-    def _decode_chunk(self, seqs: np.ndarray, kv_start: np.ndarray,
-                      t: _StepTables) -> _DecodeChunk:
-        starts = kv_start[seqs]
-        lens = t.kv_lens[seqs] - starts
-        max_kv = int(lens.max())
-        pos = np.arange(max_kv, dtype=np.int64)[None, :]
-        valid = pos < lens[:, None]
-        # Padding re-reads the window's last position: a finite value the mask removes.
-        slots = _slots(t.kv_indices, t.kv_indptr[seqs][:, None],
-                       starts[:, None] + np.minimum(pos, lens[:, None] - 1), t.page_size)
-        rows = _head_major_rows(slots, self.num_kv_heads).reshape(-1)
-        mask = None
-        if not valid.all():
-            mask = _Mask(torch.from_numpy(valid[:, None, None, :]).to(t.device))
-        return _DecodeChunk(tokens=torch.from_numpy(t.qo_indptr[seqs]).to(t.device),
-                            rows=torch.from_numpy(rows).to(t.device), mask=mask,
-                            batch=len(seqs), max_kv=max_kv, with_lse=bool((starts > 0).any()))
+    def _window_chunks(self, t: StepTables, windows: list[Window]) -> list[plans.WindowChunk]:
+        return plans.window_chunks(t, windows, self.num_kv_heads, self.group,
+                                   self.max_gather_rows)
 
     # ---------------------------------------------------------------- per layer
     def _buffers(self, rows: int, width: int,
@@ -312,42 +151,25 @@ class TorchAttentionBackend(AttentionBackend):
         torch.index_select(vh, 0, rows, out=vb)
         return kb.view(dtype), vb.view(dtype)
 
-    def _fold_heads(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """[b, n, Hq, D] -> [b, Hkv, group * n, D] (a workspace tensor): q head kv * group + g
-        becomes row g * n + i of kv head kv, so one matmul per kv head serves its group."""
-        b, n = x.shape[:2]
-        hkv, g = self.num_kv_heads, self.group
-        folded = self._ws.take(name, (b, hkv, g * n, self.head_dim), x.dtype, x.device)
-        folded.view(b, hkv, g, n, -1).copy_(x.unflatten(2, (hkv, g)).permute(0, 2, 3, 1, 4))
-        return folded
-
-    def _unfold_heads(self, o: torch.Tensor, lse: torch.Tensor, o_into: torch.Tensor,
-                      lse_into: torch.Tensor) -> None:
-        """The inverse of _fold_heads for an output [b, Hkv, group*n, D] and its lse
-        [b, Hkv, group*n], written into contiguous [b, n, Hq, D] and [b, n, Hq] tensors."""
-        b, hkv, rows = lse.shape
-        g = self.group
-        n = rows // g
-        o_into.view(b, n, hkv, g, -1).copy_(o.view(b, hkv, g, n, -1).permute(0, 3, 1, 2, 4))
-        lse_into.view(b, n, hkv, g).copy_(lse.view(b, hkv, g, n).permute(0, 3, 1, 2))
-
     def forward(self, prepared: TorchPrepared, layer: int, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
         kv_pool.write(layer, prepared.meta.write_slots, k, v)
         out = torch.empty_like(q)
         # Cascade members' log-sum-exps over their own windows, for the merge.
-        lse = q.new_empty(q.shape[:2], dtype=torch.float32) if prepared.groups else None
+        lse = q.new_empty(q.shape[:2], dtype=torch.float32) if prepared.shared else None
         for p in prepared.prefills:
             self._prefill(p, layer, q, k, v, kv_pool, out)
-        for r in prepared.rests:
-            self._rest(r, layer, q, kv_pool, out, lse)
         for c in prepared.decodes:
             self._decode(c, layer, q, kv_pool, out, lse)
-        for g in prepared.groups:
-            self._shared_prefix(g, layer, q, kv_pool, out, lse)
+        for c in prepared.rests:
+            o, o_lse = self._attend_windows(c, layer, q, kv_pool)
+            out.index_copy_(0, c.dst, o)
+            lse.index_copy_(0, c.dst, o_lse)
+        for c in prepared.shared:
+            self._merge_shared(c, layer, q, kv_pool, out, lse)
         return out
 
-    def _prefill(self, p: _PrefillPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
+    def _prefill(self, p: plans.PrefillPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, kv_pool: KVPool, out: torch.Tensor) -> None:
         hkv, d, dt = self.num_kv_heads, self.head_dim, q.dtype
         qs = q[p.start:p.end].transpose(0, 1)[None]            # [1, Hq, n, D]
@@ -359,31 +181,11 @@ class TorchAttentionBackend(AttentionBackend):
             ks = kb.view(1, hkv, -1, d).to(dt)
             vs = vb.view(1, hkv, -1, d).to(dt)
         o = F.scaled_dot_product_attention(
-            qs, ks, vs, attn_mask=_additive(p.mask, dt), is_causal=p.mask is None,
+            qs, ks, vs, attn_mask=plans.additive(p.mask, dt), is_causal=p.mask is None,
             scale=self.sm_scale, enable_gqa=self.group > 1)
         out[p.start:p.end] = o[0].transpose(0, 1)
 
-    def _rest(self, r: _RestChunk, layer: int, q: torch.Tensor, kv_pool: KVPool,
-              out: torch.Tensor, lse: torch.Tensor) -> None:
-        """Cascade members' prefill over their windows after the shared prefix, with lse."""
-        hkv, d, dt, dev, ws = self.num_kv_heads, self.head_dim, q.dtype, q.device, self._ws
-        padded = (r.batch, r.n_max, self.num_qo_heads, d)
-        qs = ws.take("rest.q", padded, dt, dev)
-        torch.index_select(q, 0, r.tokens, out=qs.view(-1, self.num_qo_heads, d))
-        qh = self._fold_heads(qs, "rest.q_folded")
-        kb, vb = self._gather(kv_pool, layer, r.rows)
-        o, o_lse = attend_with_lse(
-            qh, kb.view(r.batch, hkv, r.w_max, d).to(dt), vb.view(r.batch, hkv, r.w_max, d).to(dt),
-            self.sm_scale, r.mask.additive(torch.float32),
-            out=ws.take("rest.o", qh.shape, dt, dev), workspace=ws,
-            max_score_elems=self.max_score_elems)
-        o_tok = ws.take("rest.o_tokens", padded, dt, dev)
-        lse_tok = ws.take("rest.lse_tokens", padded[:3], torch.float32, dev)
-        self._unfold_heads(o, o_lse, o_tok, lse_tok)
-        out.index_copy_(0, r.dst, o_tok.view(-1, self.num_qo_heads, d).index_select(0, r.keep))
-        lse.index_copy_(0, r.dst, lse_tok.view(-1, self.num_qo_heads).index_select(0, r.keep))
-
-    def _decode(self, c: _DecodeChunk, layer: int, q: torch.Tensor, kv_pool: KVPool,
+    def _decode(self, c: plans.DecodeChunk, layer: int, q: torch.Tensor, kv_pool: KVPool,
                 out: torch.Tensor, lse: torch.Tensor | None) -> None:
         hkv, d, dt = self.num_kv_heads, self.head_dim, q.dtype
         # Fold the GQA group into the query dim: q head h = kv_head * group + g.
@@ -406,24 +208,57 @@ class TorchAttentionBackend(AttentionBackend):
         o = torch.matmul(probs.to(dt), vd)
         out.index_copy_(0, c.tokens, o.reshape(c.batch, self.num_qo_heads, d))
 
-    def _shared_prefix(self, g: _GroupPlan, layer: int, q: torch.Tensor, kv_pool: KVPool,
-                       out: torch.Tensor, lse: torch.Tensor) -> None:
-        """All of a group's queries against its shared prefix at once, merged into out."""
+    # ------------------------------------------------------- cascade, per layer
+    def _fold_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[b, n, Hq, D] -> [b, Hkv, group * n, D]: q head kv * group + g becomes row
+        g * n + i of kv head kv, so one matmul per kv head serves its whole GQA group."""
+        b, n = x.shape[:2]
+        hkv, g = self.num_kv_heads, self.group
+        folded = self._ws.take("win.q_folded", (b, hkv, g * n, self.head_dim), x.dtype,
+                               x.device)
+        folded.view(b, hkv, g, n, -1).copy_(x.unflatten(2, (hkv, g)).permute(0, 2, 3, 1, 4))
+        return folded
+
+    def _unfold_heads(self, o: torch.Tensor,
+                      lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inverse of _fold_heads for an output [b, Hkv, group*n, D] and its lse
+        [b, Hkv, group*n]: contiguous [b * n, Hq, D] and [b * n, Hq]."""
+        b, hkv, rows = lse.shape
+        g, n, hq = self.group, rows // self.group, self.num_qo_heads
+        o_tok = self._ws.take("win.o_tokens", (b * n, hq, o.shape[-1]), o.dtype, o.device)
+        lse_tok = self._ws.take("win.lse_tokens", (b * n, hq), lse.dtype, lse.device)
+        o_tok.view(b, n, hkv, g, -1).copy_(o.view(b, hkv, g, n, -1).permute(0, 3, 1, 2, 4))
+        lse_tok.view(b, n, hkv, g).copy_(lse.view(b, hkv, g, n).permute(0, 3, 1, 2))
+        return o_tok, lse_tok
+
+    def _attend_windows(self, c: plans.WindowChunk, layer: int, q: torch.Tensor,
+                        kv_pool: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention of a window chunk's queries with lse: [len(c.dst), Hq, D] (workspace
+        tensors, valid until the next call) and [len(c.dst), Hq] fp32."""
         hkv, d, dt, dev, ws = self.num_kv_heads, self.head_dim, q.dtype, q.device, self._ws
-        n = g.tokens.shape[0]
-        mine = (n, self.num_qo_heads, d)
-        qs = torch.index_select(q, 0, g.tokens, out=ws.take("shared.q", mine, dt, dev))
-        qh = self._fold_heads(qs[None], "shared.q_folded")[0]
-        kb, vb = self._gather(kv_pool, layer, g.rows)
-        o, o_lse = attend_with_lse(qh, kb.view(hkv, -1, d).to(dt), vb.view(hkv, -1, d).to(dt),
-                                   self.sm_scale, out=ws.take("shared.o", qh.shape, dt, dev),
-                                   workspace=ws, max_score_elems=self.max_score_elems)
-        o_tok = ws.take("shared.o_tokens", mine, dt, dev)
-        lse_tok = ws.take("shared.lse_tokens", mine[:2], torch.float32, dev)
-        self._unfold_heads(o[None], o_lse[None], o_tok[None], lse_tok[None])
-        rest = torch.index_select(out, 0, g.tokens, out=ws.take("shared.rest", mine, dt, dev))
-        merged = merge_attention_states(o_tok, lse_tok, rest, lse.index_select(0, g.tokens),
-                                        out=ws.take("shared.merged", mine, torch.float32, dev))
+        qs = ws.take("win.q", (c.batch, c.n_max, self.num_qo_heads, d), dt, dev)
+        torch.index_select(q, 0, c.tokens, out=qs.view(-1, self.num_qo_heads, d))
+        qh = self._fold_heads(qs)
+        kb, vb = self._gather(kv_pool, layer, c.rows)
+        kv_shape = (c.batch, hkv, c.w_max, d)
+        o, o_lse = attend_with_lse(
+            qh, kb.view(kv_shape).to(dt), vb.view(kv_shape).to(dt), self.sm_scale,
+            plans.additive(c.mask, torch.float32), out=ws.take("win.o", qh.shape, dt, dev),
+            workspace=ws, max_score_elems=self.max_score_elems)
+        o, o_lse = self._unfold_heads(o, o_lse)
+        if c.keep is None:
+            return o, o_lse
+        return o.index_select(0, c.keep), o_lse.index_select(0, c.keep)
+
+    def _merge_shared(self, c: plans.WindowChunk, layer: int, q: torch.Tensor,
+                      kv_pool: KVPool, out: torch.Tensor, lse: torch.Tensor) -> None:
+        """Groups' queries against their shared prefixes, merged into their own parts."""
+        o, o_lse = self._attend_windows(c, layer, q, kv_pool)
+        dt, dev, ws = q.dtype, q.device, self._ws
+        own = torch.index_select(out, 0, c.dst, out=ws.take("shared.own", o.shape, dt, dev))
+        merged = merge_attention_states(o, o_lse, own, lse.index_select(0, c.dst),
+                                        out=ws.take("shared.merged", o.shape, torch.float32,
+                                                    dev))
         if dt != torch.float32:
-            merged = ws.take("shared.merged_lp", mine, dt, dev).copy_(merged)
-        out.index_copy_(0, g.tokens, merged)
+            merged = ws.take("shared.merged_lp", o.shape, dt, dev).copy_(merged)
+        out.index_copy_(0, c.dst, merged)

@@ -123,7 +123,8 @@ class WindowChunk:
     keep: torch.Tensor | None     # int64: the real rows of that padded layout (None: all)
     dst: torch.Tensor             # int64: the step's tokens of the real rows, in order
     rows: torch.Tensor            # int64 [b * Hkv * w_max] head-major gather rows
-    mask: Mask | None             # [b, 1, group * n_max, w_max]; None: nothing to mask
+    mask: Mask | None             # [b, 1, group * n_max, w_max] (any causal window), or
+                                  #   [b, 1, 1, w_max] (key padding only), or None
     batch: int
     n_max: int
     w_max: int
@@ -183,8 +184,7 @@ def window_chunk(t: StepTables, windows: list[Window], num_kv_heads: int,
     """Pad ``windows`` into one batch (see WindowChunk)."""
     n = np.array([len(w.tokens) for w in windows], dtype=np.int64)
     width = np.array([w.hi - w.lo for w in windows], dtype=np.int64)
-    # Query i sees window positions <= diag + i: bottom-right causal, or everything.
-    diag = np.where([w.causal for w in windows], width - n, width)
+    causal = np.array([w.causal for w in windows])
     n_max, w_max = int(n.max()), int(width.max())
     i = np.minimum(np.arange(n_max)[None, :], n[:, None] - 1)             # [b, n_max]
     j = np.arange(w_max)[None, :]
@@ -192,14 +192,17 @@ def window_chunk(t: StepTables, windows: list[Window], num_kv_heads: int,
     seqs = np.array([w.seq for w in windows])[:, None]
     lo = np.array([w.lo for w in windows])[:, None]
     slots = t.slots(seqs, lo + np.minimum(j, width[:, None] - 1))
-    allowed = ((j[:, None, :] <= diag[:, None, None] + i[:, :, None])
-               & (j[:, None, :] < width[:, None, None]))                 # [b, n_max, w_max]
     mask = None
-    if not allowed.all():
+    if causal.any():
+        # Query i sees positions <= diag + i (bottom-right causal) and < width.
+        diag = np.where(causal, width - n, width)
+        allowed = ((j[:, None, :] <= diag[:, None, None] + i[:, :, None])
+                   & (j[:, None, :] < width[:, None, None]))             # [b, n_max, w_max]
         # Rows of the folded query layout are (g, i): repeat each window's mask per group.
-        folded = np.broadcast_to(allowed[:, None, None], (len(windows), 1, group) +
-                                 allowed.shape[1:])
+        folded = np.repeat(allowed[:, None], group, axis=1)
         mask = Mask(t.tensor(folded.reshape(len(windows), 1, group * n_max, w_max)))
+    elif (width < w_max).any():                                         # key padding only
+        mask = Mask(t.tensor((j < width[:, None])[:, None, None, :]))
     real = np.arange(n_max)[None, :] < n[:, None]
     return WindowChunk(
         tokens=t.tensor(tokens.reshape(-1)),
@@ -223,7 +226,8 @@ def window_chunks(t: StepTables, windows: list[Window], num_kv_heads: int, group
         i, count = order[pos], pos - start + 1
         n_max, real = max(n_max, n[i]), real + n[i] * width[i]
         # Sorted by width, so window i sets the chunk's padded width.
-        if count * width[i] * num_kv_heads > max_rows or count * n_max * width[i] > max_waste * real:
+        padded = count * n_max * width[i]
+        if count * width[i] * num_kv_heads > max_rows or padded > max_waste * real:
             chunks.append(order[start:pos])
             start, n_max, real = pos, n[i], n[i] * width[i]
     chunks.append(order[start:])
