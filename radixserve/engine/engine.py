@@ -93,7 +93,7 @@ class Engine:
         for request_id in list(self.scheduler.requests):
             self.scheduler.abort(request_id)
         self._wake.set()
-        while self.scheduler.has_work():
+        while self.scheduler.has_work() and not self._task.done():
             await asyncio.sleep(0.01)
         self._task.cancel()
         try:
@@ -179,7 +179,12 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            plan = self.scheduler.schedule()
+            try:
+                plan = self.scheduler.schedule()
+            except Exception as exc:  # a scheduler bug must not leave requests hanging
+                log.exception("scheduling step %d failed", self.scheduler.step)
+                self.scheduler.fail_all(exc)
+                continue
             if not plan.batch:
                 # Nothing fits right now (all waiting, memory short): let aborts arrive.
                 await asyncio.sleep(0.001)
@@ -189,8 +194,12 @@ class Engine:
             except Exception as exc:  # a failed step fails its requests, not the engine
                 log.exception("step %d failed", self.scheduler.step)
                 self.scheduler.fail(plan, exc)
-            else:
+                continue
+            try:
                 self.scheduler.complete(plan, result)
+            except Exception as exc:
+                log.exception("completing step %d failed", self.scheduler.step)
+                self.scheduler.fail_all(exc)
 
     # ---- introspection ------------------------------------------------------------
 

@@ -267,10 +267,17 @@ class Scheduler:
 
     def fail(self, plan: StepPlan, error: BaseException) -> None:
         """A step raised: its sequences fail, their pages (maybe half-written) are freed."""
+        self._fail_sequences(plan.seqs, error)
+
+    def fail_all(self, error: BaseException) -> None:
+        """The scheduler itself raised: fail every live sequence rather than hang them."""
+        self._fail_sequences(self.running + self.waiting, error)
+
+    def _fail_sequences(self, seqs: list[Sequence], error: BaseException) -> None:
         now = time.monotonic()
         message = f"{type(error).__name__}: {error}"
-        for seq in plan.seqs:
-            if seq.status is not SeqStatus.RUNNING:
+        for seq in seqs:
+            if seq.status is SeqStatus.FINISHED:
                 continue
             self._retire(seq, "error", keep=False)
             out = self._output(seq, [], "", now)

@@ -179,3 +179,28 @@ def test_invalid_params_allocate_nothing(model_fp32):
         assert not engine.scheduler.has_work()
 
     run(engine, scenario)
+
+
+def test_scheduler_error_fails_live_requests_and_engine_keeps_serving(model_fp32, monkeypatch):
+    engine = make_engine(model_fp32)
+    real = engine.scheduler.complete
+    calls = {"n": 0}
+
+    def broken(plan, result):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            real(plan, result)          # half done, then a bug surfaces
+            raise KeyError("injected scheduler bug")
+        return real(plan, result)
+
+    monkeypatch.setattr(engine.scheduler, "complete", broken)
+
+    async def scenario(engine):
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        first = await collect(engine.generate(chat_ids(engine, QUESTIONS[9]), params))
+        second = await collect(engine.generate(chat_ids(engine, QUESTIONS[10]), params))
+        return first, second
+
+    first, second = run(engine, scenario)
+    assert first.final.finish_reason == "error" and "injected scheduler bug" in first.final.error
+    assert second.final.finish_reason == "length" and len(second.token_ids[0]) == 8
