@@ -26,14 +26,6 @@ log = logging.getLogger(__name__)
 CPU_KV_BUDGET_BYTES = 4 << 30       # default pool on CPU when --kv-cache-tokens is unset
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was requested but torch sees no CUDA device")
-    return torch.device(name)
-
-
 def cuda_free_bytes(device: torch.device) -> int:
     """Free memory on a CUDA device, after handing torch's cached blocks back: blocks the
     caching allocator holds but does not use (weight loading leaves some) would otherwise

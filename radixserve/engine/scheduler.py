@@ -137,10 +137,10 @@ class Scheduler:
             sum(min(DECODE_RESERVE_TOKENS, s.params.max_tokens - s.num_generated)
                 for s in self.running))
         admitted: set[int] = set()
-        for seq in candidates:
+        for seq, cached in candidates:
             if budget <= 0 or len(self.running) >= self.config.max_running:
                 break
-            if self._shares_prefix_in_flight(seq):
+            if self._shares_prefix_in_flight(seq, cached):
                 continue
             try:
                 hit = self.memory.admit(seq)
@@ -172,17 +172,22 @@ class Scheduler:
         if admitted:
             self.waiting = [s for s in self.waiting if id(s) not in admitted]
 
-    def _ordered_waiting(self) -> list[Sequence]:
+    def _ordered_waiting(self) -> list[tuple[Sequence, int | None]]:
+        """Waiting sequences in admission order, with their cached prefix when it was
+        looked up for the ordering (lpm), so admission need not look it up again."""
         if self.config.policy == "fcfs" or len(self.waiting) > LPM_QUEUE_LIMIT:
-            return sorted(self.waiting, key=lambda s: (s.request.arrival_time, s.index))
+            ordered = sorted(self.waiting, key=lambda s: (s.request.arrival_time, s.index))
+            return [(s, None) for s in ordered]
         step = self.step
+        scored = []
+        for s in self.waiting:
+            cached = self.memory.cached_prefix_len(s)
+            aged = cached + AGING_TOKENS_PER_STEP * (step - s.request.arrival_step)
+            scored.append(((-aged, s.request.arrival_time, s.index), s, cached))
+        scored.sort(key=lambda item: item[0])
+        return [(s, cached) for _, s, cached in scored]
 
-        def score(s: Sequence) -> tuple:
-            aged = self.memory.cached_prefix_len(s) + AGING_TOKENS_PER_STEP * (step - s.request.arrival_step)
-            return (-aged, s.request.arrival_time, s.index)
-        return sorted(self.waiting, key=score)
-
-    def _shares_prefix_in_flight(self, seq: Sequence) -> bool:
+    def _shares_prefix_in_flight(self, seq: Sequence, cached: int | None) -> bool:
         """True when a running sequence is computing the very prefix `seq` would compute.
 
         Deferring `seq` lets it hit those pages once they are inserted (after each chunk),
@@ -190,7 +195,7 @@ class Scheduler:
         """
         if not self.memory.use_cache:
             return False
-        start = self.memory.cached_prefix_len(seq)
+        start = self.memory.cached_prefix_len(seq) if cached is None else cached
         probe = seq.token_ids[start: start + SHARED_PREFIX_PROBE]
         if len(probe) < 2:
             return False
