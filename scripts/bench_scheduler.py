@@ -45,7 +45,7 @@ def build(running: int, page_size: int, prompt_len: int, shared: int):
     rng = random.Random(0)
     prefix = [rng.randrange(1000) for _ in range(shared)]
     params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True,
-                            stop=["zzzz"])
+                            stop=["STOP"])   # never produced: the stand-in emits a-z
     sink = []
     for r in range(running):
         prompt = prefix + [rng.randrange(1000) for _ in range(prompt_len - shared)]
