@@ -92,14 +92,21 @@ _hash_decoder = msgspec.json.Decoder(_HashRecord)
 _text_decoder = msgspec.json.Decoder(_TextRecord)
 
 
-def parse_hash_line(raw: bytes, block_size: int) -> HashRequest | str:
-    """Decode and check one hash-id record; returns the reason as a str when it is bad."""
+def _decode(decoder: msgspec.json.Decoder, raw: bytes, kind: str):
+    """The decoded record, or why it could not be decoded (a str)."""
     try:
-        rec = _hash_decoder.decode(raw)
+        return decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        return f"bad hash-id record: {exc}"
+        return f"bad {kind} record: {exc}"
     except msgspec.DecodeError as exc:
         return f"invalid JSON: {exc}"
+
+
+def parse_hash_line(raw: bytes, block_size: int) -> HashRequest | str:
+    """Decode and check one hash-id record; returns the reason as a str when it is bad."""
+    rec = _decode(_hash_decoder, raw, "hash-id")
+    if isinstance(rec, str):
+        return rec
     if rec.input_length < 1:
         return f"input_length must be >= 1, got {rec.input_length}"
     if rec.output_length < 0:
@@ -118,12 +125,9 @@ def parse_hash_line(raw: bytes, block_size: int) -> HashRequest | str:
 
 def parse_text_line(raw: bytes) -> TextRequest | str:
     """Decode and check one text record; returns the reason as a str when it is bad."""
-    try:
-        rec = _text_decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        return f"bad text record: {exc}"
-    except msgspec.DecodeError as exc:
-        return f"invalid JSON: {exc}"
+    rec = _decode(_text_decoder, raw, "text")
+    if isinstance(rec, str):
+        return rec
     given = [name for name in ("prompt", "messages", "input_ids")
              if getattr(rec, name) is not None]
     if len(given) != 1:

@@ -29,6 +29,21 @@ def run(engine, scenario):
     return asyncio.run(main())
 
 
+def failing_on_call(real, n: int, error: Exception, after: bool = False):
+    """`real`, except that its n-th call raises `error` (after doing its work if `after`)."""
+    calls = {"n": 0}
+
+    def wrapper(*args):
+        calls["n"] += 1
+        if calls["n"] != n:
+            return real(*args)
+        if after:
+            real(*args)
+        raise error
+
+    return wrapper
+
+
 def test_abort_while_waiting(model_fp32):
     engine = make_engine(model_fp32, max_running_requests=1)
 
@@ -98,16 +113,8 @@ def test_abort_mid_decode_and_consumer_going_away(model_fp32):
 
 def test_forward_error_fails_step_and_engine_keeps_serving(model_fp32, monkeypatch):
     engine = make_engine(model_fp32)
-    real = engine.runner.execute
-    calls = {"n": 0}
-
-    def flaky(batch):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("injected failure")
-        return real(batch)
-
-    monkeypatch.setattr(engine.runner, "execute", flaky)
+    monkeypatch.setattr(engine.runner, "execute",
+                        failing_on_call(engine.runner.execute, 3, RuntimeError("injected failure")))
 
     async def scenario(engine):
         params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -183,17 +190,10 @@ def test_invalid_params_allocate_nothing(model_fp32):
 
 def test_scheduler_error_fails_live_requests_and_engine_keeps_serving(model_fp32, monkeypatch):
     engine = make_engine(model_fp32)
-    real = engine.scheduler.complete
-    calls = {"n": 0}
-
-    def broken(plan, result):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            real(plan, result)          # half done, then a bug surfaces
-            raise KeyError("injected scheduler bug")
-        return real(plan, result)
-
-    monkeypatch.setattr(engine.scheduler, "complete", broken)
+    # The second step completes, then a bug surfaces (half-done bookkeeping).
+    monkeypatch.setattr(engine.scheduler, "complete",
+                        failing_on_call(engine.scheduler.complete, 2,
+                                        KeyError("injected scheduler bug"), after=True))
 
     async def scenario(engine):
         params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
