@@ -18,6 +18,7 @@ from radixserve.attention.metadata import build_metadata
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import RadixCache
+from radixserve.cache.token_keys import new_token_array
 from radixserve.engine.outputs import EngineStats
 from radixserve.engine.request import Request, Sequence
 from radixserve.engine.sampler import SampleResult
@@ -51,7 +52,8 @@ def build(running: int, page_size: int, prompt_len: int, shared: int):
         prompt = prefix + [rng.randrange(1000) for _ in range(prompt_len - shared)]
         req = Request(f"r{r}", prompt, params, None, emit=sink.append)
         stream = TextStream(params, OneCharDetokenizer(), frozenset({2}))
-        req.sequences = [Sequence(req, 0, list(prompt), stream, None, page_size=page_size)]
+        req.sequences = [Sequence(req, 0, new_token_array(prompt), stream, None,
+                                   page_size=page_size)]
         sched.add(req)
     return sched, sink, rng
 

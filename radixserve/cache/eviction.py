@@ -11,7 +11,7 @@ ordered by `(policy.key(node), node.id)` and evicts from the small end, so:
 - the key may read only the node's fields: `id`, `last_access` (the cache's logical clock:
   an int bumped once per match/insert/evict, never wall time), `hit_count` (match_prefix
   calls that used the node), `num_tokens`, `depth` (tokens from the namespace root to the
-  end of the edge), `key` (the edge's token ids), `namespace` -- plus the policy's own state;
+  end of the edge), `key` (the edge's token ids, packed: see token_keys.py), `namespace` -- plus the policy's own state;
 - the cache computes the key when a leaf becomes evictable (created, unlocked, or its last
   child evicted) and recomputes it when the leaf is accessed (match/insert), split or
   trimmed. Between those events the key must not change (`check_invariants` recomputes it),
@@ -91,7 +91,7 @@ class GDSFPolicy(LFUPolicy):
         self.attention_tokens = attention_tokens
 
     def key(self, node: TreeNode) -> Any:
-        n = len(node.key)
+        n = node.num_tokens
         mean_position = node.depth - (n + 1) / 2
         cost_per_token = 1.0 + mean_position / self.attention_tokens
         return (math.log2((1 + node.hit_count) * cost_per_token)

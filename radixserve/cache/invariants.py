@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .token_keys import ITEM_BYTES
+
 if TYPE_CHECKING:
     from .radix_cache import RadixCache
 
@@ -36,9 +38,10 @@ def check_tree(cache: RadixCache) -> None:
             for ck, child in node.children.items():
                 assert child.parent is node, f"{child} has parent {child.parent}, not {node}"
                 assert child.namespace == ns, f"{child} in namespace {ns!r}"
-                k = len(child.key)
+                k = child.num_tokens
+                assert len(child.key) % ITEM_BYTES == 0, f"{child}: key of {len(child.key)} bytes"
                 assert k > 0 and k == len(child.pages) * ps, f"{child}: {len(child.pages)} pages"
-                assert ck == cache._child_key(child.key), f"{child} filed under {ck!r}"
+                assert ck == cache.child_key(child.key), f"{child} filed under {ck!r}"
                 assert child.depth == node.depth + k, f"{child} depth vs parent {node.depth}"
                 assert child.pages.dtype == np.int32, f"{child} pages {child.pages.dtype}"
                 assert child.lock_ref >= 0, f"{child} negative lock_ref"
@@ -48,16 +51,16 @@ def check_tree(cache: RadixCache) -> None:
                 by_first = {t: sorted(c.id for c in cs) for t, cs in (node.cow_index or {}).items()}
                 want: dict[int, list[int]] = {}
                 for c in node.children.values():
-                    want.setdefault(c.key[0], []).append(c.id)
+                    want.setdefault(c.key[:ITEM_BYTES], []).append(c.id)
                 assert by_first == {t: sorted(v) for t, v in want.items()}, f"{node} cow_index"
             if not node.depth:
                 continue
             assert node.lock_ref >= locks_below, f"{node}: lock_ref < sum over children"
             nodes += 1
-            cached += len(node.key)
+            cached += node.num_tokens
             pages.append(node.pages)
             if node.lock_ref == 0:
-                unlocked += len(node.key)
+                unlocked += node.num_tokens
                 if not node.children:
                     candidates[node.id] = node
                     want_key = (cache.policy.key(node), node.id)
@@ -65,12 +68,13 @@ def check_tree(cache: RadixCache) -> None:
                         f"{node}: stale eviction key {node.evict_key} != {want_key}"
                     continue
             assert node.evict_key is None, f"{node} not evictable but keyed {node.evict_key}"
-    in_set = {n.id: n for n in cache._evictable}
+    in_set = {n.id: n for n in cache.iter_evictable()}
     assert len(in_set) == len(cache._evictable), "a node is in the evictable set twice"
+    assert all(e[:2] == e[2].evict_key for e in cache._evictable), "evictable entry != node key"
     assert in_set.keys() == candidates.keys(), (
         f"evictable set != unlocked leaves: extra {sorted(in_set.keys() - candidates.keys())}, "
         f"missing {sorted(candidates.keys() - in_set.keys())}")
-    keys = [n.evict_key for n in cache._evictable]
+    keys = [n.evict_key for n in cache.iter_evictable()]
     assert keys == sorted(keys), "evictable set out of order"
     assert cached == cache.cached_tokens, f"cached_tokens {cache.cached_tokens} != {cached}"
     assert unlocked == cache.evictable_tokens, \

@@ -41,23 +41,25 @@ compute from `m.matched_tokens` on. The copy is private and is adopted by a late
 like any other new page (or freed as a duplicate if an equal page got there first).
 vLLM and SGLang drop such a partial hit (up to page_size - 1 tokens per request).
 
-Keys are compared with C-speed list-slice equality, never token by token in Python; a
-mismatch inside an edge is located by bisection on slice equality. Insert skips the token
-comparison of an edge when the caller passes exactly the tree's page ids for it: a page
-holds the KV of one token sequence, so equal page ids at the same position prove equal
-tokens (the caller got them from match_prefix on the same tokens).
+Keys are token ids packed as int64 bytes (token_keys.py): an edge is tested against a
+request's tokens with `key.startswith(edge, offset)` (memcmp, no slicing), and a mismatch
+inside an edge is located by bisection on the same test. Positions inside the loops are
+byte offsets. Insert skips the token comparison of an edge when the caller passes exactly
+the tree's page ids for it: a page holds the KV of one token sequence, so equal page ids at
+the same position prove equal tokens (the caller got them from match_prefix on the same
+tokens).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
-from typing import Hashable, Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
-from sortedcontainers import SortedKeyList
+from sortedcontainers import SortedList
 
 from .eviction import EvictionPolicy, make_policy
+from .token_keys import ITEM_BYTES, TokenIds, count, pack
 from .tree_node import TreeNode
 
 __all__ = ["CacheLockedError", "InsertResult", "MatchResult", "RadixCache", "EMPTY_PAGES"]
@@ -65,6 +67,7 @@ __all__ = ["CacheLockedError", "InsertResult", "MatchResult", "RadixCache", "EMP
 EMPTY_PAGES = np.empty(0, dtype=np.int32)
 EMPTY_PAGES.flags.writeable = False
 _INT32 = np.dtype(np.int32)
+_ITEM = ITEM_BYTES
 
 
 class CacheLockedError(RuntimeError):
@@ -105,25 +108,18 @@ class InsertResult:
         return own[own != self.pages]
 
 
-def _as_list(tokens: Sequence[int]) -> list[int]:
-    if type(tokens) is list:
-        return tokens
-    if isinstance(tokens, np.ndarray):
-        return tokens.tolist()
-    return list(tokens)
-
-
-def _common_prefix(tokens: list[int], pos: int, key: list[int], n: int) -> int:
-    """Length of the common prefix of tokens[pos:pos+n] and key[:n], by slice bisection."""
-    lo, hi = 0, n
-    while hi - lo > 16:
-        mid = (lo + hi) >> 1
-        if tokens[pos + lo:pos + mid] == key[lo:mid]:
+def _common_tokens(key: bytes, pos: int, edge: bytes, n: int) -> int:
+    """Tokens shared by key[pos:] (a byte offset) and the first n tokens of edge, by bisection."""
+    view = memoryview(edge)
+    if key.startswith(view[:n * _ITEM], pos):
+        return n
+    lo, hi = 0, n - 1               # the answer lies in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if key.startswith(view[:mid * _ITEM], pos):
             lo = mid
         else:
             hi = mid - 1
-    while lo < hi and tokens[pos + lo] == key[lo]:
-        lo += 1
     return lo
 
 
@@ -138,11 +134,12 @@ class RadixCache:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
+        self._page_bytes = page_size * _ITEM      # a child's dict key: its first page
         self.policy = make_policy(policy)
         self._ns_roots: dict[str | None, TreeNode] = {}
-        # Unlocked leaves, ordered by (policy key, id); the key is stored on the node so the
-        # list can find a node again after its fields change (remove, re-key, add).
-        self._evictable: SortedKeyList = SortedKeyList(key=attrgetter("evict_key"))
+        # Unlocked leaves as (policy key, id, node), smallest first; `node.evict_key` holds
+        # the first two while the node is in the set (ids are unique: nodes never compare).
+        self._evictable = SortedList()
         self._next_id = 1
         self._clock = 0
         self._cached = 0
@@ -152,7 +149,7 @@ class RadixCache:
         self._hit_tokens = 0
         self._evicted_tokens = 0
         # Handle for a match in a namespace that holds nothing: locking it is a no-op.
-        self._empty_root = TreeNode(0, [], EMPTY_PAGES, None, 0, None)
+        self._empty_root = TreeNode(0, b"", EMPTY_PAGES, None, 0, None)
 
     # ------------------------------------------------------------------ counters (O(1))
     @property
@@ -192,12 +189,11 @@ class RadixCache:
         return self._clock
 
     # ------------------------------------------------------------------ match
-    def match_prefix(self, tokens: Sequence[int], namespace: str | None = None,
+    def match_prefix(self, tokens: TokenIds, namespace: str | None = None,
                      max_tokens: int | None = None) -> MatchResult:
         """Longest cached prefix of `tokens` (at most `max_tokens`), splitting the edge it ends in."""
-        if type(tokens) is not list:
-            tokens = _as_list(tokens)
-        limit = len(tokens)
+        key = pack(tokens)
+        limit = len(key) // _ITEM
         if max_tokens is not None and max_tokens < limit:
             limit = max(max_tokens, 0)
         self._clock += 1
@@ -206,33 +202,35 @@ class RadixCache:
         if node is None or limit == 0:
             return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
         ps = self.page_size
-        full_limit = limit - limit % ps
+        pb = self._page_bytes
+        limit_b = limit * _ITEM
+        full_b = limit_b - limit_b % pb         # bytes of whole pages within the limit
         pos = 0
         parts: list[np.ndarray] = []
         cow_node: TreeNode | None = None
         cow_tokens = 0
-        while pos < full_limit:
-            child = node.children.get(tokens[pos] if ps == 1 else tuple(tokens[pos:pos + ps]))
+        while pos < full_b:
+            child = node.children.get(key[pos:pos + pb])
             if child is None:
                 break
-            key = child.key
-            end = pos + len(key)
-            if end <= full_limit and tokens[pos:end] == key:
+            edge = child.key
+            end = pos + len(edge)
+            if end <= full_b and key.startswith(edge, pos):
                 parts.append(child.pages)
                 node = child
                 pos = end
                 continue
             # The match ends inside this edge (its first page matched, so m >= page_size).
-            m = _common_prefix(tokens, pos, key, min(len(key), limit - pos))
+            m = _common_tokens(key, pos, edge, min(len(edge), limit_b - pos) // _ITEM)
             m_full = m - m % ps
             node = self._split(child, m_full)
             parts.append(node.pages)
-            pos += m_full
+            pos += m_full * _ITEM
             if m > m_full:
                 cow_node, cow_tokens = child, m - m_full
             break
-        if ps > 1 and cow_node is None and pos < limit and node.cow_index:
-            cow_node, cow_tokens = self._best_cow(node, tokens, pos, limit)
+        if ps > 1 and cow_node is None and pos < limit_b and node.cow_index:
+            cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b)
         handle = cow_node or node
         clock = self._clock
         n = handle
@@ -242,122 +240,138 @@ class RadixCache:
             n = n.parent
         if handle.evict_key is not None:
             self._rekey(handle)
-        matched = pos + cow_tokens
+        matched = pos // _ITEM + cow_tokens
         self._hit_tokens += matched
         cow_page = int(cow_node.pages[0]) if cow_node is not None else -1
         return MatchResult(matched, _concat(parts), handle, cow_page, cow_tokens)
 
-    def peek_prefix(self, tokens: Sequence[int], namespace: str | None = None,
+    def peek_prefix(self, tokens: TokenIds, namespace: str | None = None,
                     max_tokens: int | None = None) -> int:
         """What match_prefix would return as matched_tokens, with no side effect at all.
 
         No split, no counters, no access time: for schedulers ranking waiting requests.
         """
-        tokens = _as_list(tokens)
-        limit = len(tokens)
+        key = pack(tokens)
+        limit = len(key) // _ITEM
         if max_tokens is not None and max_tokens < limit:
             limit = max(max_tokens, 0)
         node = self._ns_roots.get(namespace)
         if node is None or limit == 0:
             return 0
-        ps = self.page_size
-        full_limit = limit - limit % ps
+        pb = self._page_bytes
+        limit_b = limit * _ITEM
+        full_b = limit_b - limit_b % pb
         pos = 0
-        while pos < full_limit:
-            child = node.children.get(tokens[pos] if ps == 1 else tuple(tokens[pos:pos + ps]))
+        while pos < full_b:
+            child = node.children.get(key[pos:pos + pb])
             if child is None:
                 break
-            key = child.key
-            end = pos + len(key)
-            if end <= full_limit and tokens[pos:end] == key:
+            edge = child.key
+            end = pos + len(edge)
+            if end <= full_b and key.startswith(edge, pos):
                 node = child
                 pos = end
                 continue
             # Full pages of the edge plus the copy-on-write part of the next: pos + m.
-            return pos + _common_prefix(tokens, pos, key, min(len(key), limit - pos))
-        if ps > 1 and pos < limit and node.cow_index:
-            pos += self._best_cow(node, tokens, pos, limit)[1]
-        return pos
+            return pos // _ITEM + _common_tokens(key, pos, edge,
+                                                 min(len(edge), limit_b - pos) // _ITEM)
+        if pb > _ITEM and pos < limit_b and node.cow_index:
+            return pos // _ITEM + self._best_cow(node, key, pos, limit_b)[1]
+        return pos // _ITEM
 
-    def _best_cow(self, node: TreeNode, tokens: list[int], pos: int,
-                  limit: int) -> tuple[TreeNode | None, int]:
-        """The child whose first page shares the most tokens with tokens[pos:limit]."""
+    def _best_cow(self, node: TreeNode, key: bytes, pos: int,
+                  limit_b: int) -> tuple[TreeNode | None, int]:
+        """The child whose first page shares the most tokens with key[pos:limit_b]."""
         best, best_len = None, 0
-        cap = min(self.page_size, limit - pos)
-        for child in node.cow_index.get(tokens[pos], ()):
-            n = _common_prefix(tokens, pos, child.key, cap)
+        cap = min(self.page_size, (limit_b - pos) // _ITEM)
+        for child in node.cow_index.get(key[pos:pos + _ITEM], ()):
+            n = _common_tokens(key, pos, child.key, cap)
             if n > best_len or (n == best_len and best is not None and child.id < best.id):
                 best, best_len = child, n
         return best, best_len
 
     # ------------------------------------------------------------------ insert
-    def insert(self, tokens: Sequence[int], pages: np.ndarray,
-               namespace: str | None = None) -> InsertResult:
-        """Add `tokens` held by `pages` (whole pages); the tree adopts the pages it lacked."""
-        if type(tokens) is not list:
-            tokens = _as_list(tokens)
+    def insert(self, tokens: TokenIds, pages: np.ndarray, namespace: str | None = None,
+               start: TreeNode | None = None) -> InsertResult:
+        """Add `tokens` held by `pages` (whole pages); the tree adopts the pages it lacked.
+
+        `start` (optional): a node the caller locked and whose pages it holds at the same
+        positions in `pages` (its lock handle from an earlier match or insert of these
+        tokens). The walk then begins there instead of comparing the prefix again. It is
+        ignored (the walk starts at the root) unless the caller's page at the node's last
+        position is the node's last page -- equal page ids prove equal tokens.
+        """
         pages = np.asarray(pages)
         if pages.dtype != _INT32:
             pages = pages.astype(np.int32)
         ps = self.page_size
-        n = len(tokens)
+        pb = self._page_bytes
+        n = count(tokens)
         if pages.ndim != 1 or n != len(pages) * ps:
-            raise ValueError(f"insert needs whole pages: {n} tokens, {pages.shape} pages "
-                             f"of {ps} tokens")
+            raise ValueError(f"insert needs whole pages: {n} tokens, {pages.shape} "
+                             f"pages of {ps} tokens")
         self._clock += 1
-        node = self._ns_roots.get(namespace)
-        if node is None:
-            if n == 0:
-                return InsertResult(0, EMPTY_PAGES, self._empty_root)
-            node = self._ns_roots[namespace] = self._new_node([], EMPTY_PAGES, None, 0, namespace)
+        if start is not None and self._holds_prefix(start, pages, namespace):
+            node = start
+        else:
+            node = self._ns_roots.get(namespace)
+            if node is None:
+                if n == 0:
+                    return InsertResult(0, EMPTY_PAGES, self._empty_root)
+                node = self._ns_roots[namespace] = self._new_node(b"", EMPTY_PAGES, None, 0,
+                                                                  namespace)
+        base = node.depth                   # tokens known to be in the tree
+        key = pack(tokens, base)            # the rest, packed; positions below are offsets in it
+        nb = len(key)
+        first_page = base // ps
         pos = 0
-        parts: list[np.ndarray] = []
+        parts: list[np.ndarray] = [pages[:first_page]] if first_page else []
         same_pages = True               # the tree's ids so far are the caller's own
-        while pos < n:
-            child = node.children.get(tokens[pos] if ps == 1 else tuple(tokens[pos:pos + ps]))
+        while pos < nb:
+            child = node.children.get(key[pos:pos + pb])
             if child is None:
                 break
-            key = child.key
-            end = pos + len(key)
-            if end <= n:
+            edge = child.key
+            end = pos + len(edge)
+            if end <= nb:
                 cp = child.pages
-                p0 = pos // ps
+                p0 = first_page + pos // pb
                 if pages[p0:p0 + len(cp)].tobytes() == cp.tobytes():
                     parts.append(cp)
                     node = child
                     pos = end
                     continue
-                if tokens[pos:end] == key:
+                if key.startswith(edge, pos):
                     same_pages = False
                     parts.append(cp)
                     node = child
                     pos = end
                     continue
-            m = _common_prefix(tokens, pos, key, min(len(key), n - pos))
+            m = _common_tokens(key, pos, edge, min(len(edge), nb - pos) // _ITEM)
             m -= m % ps
             node = self._split(child, m)
             same_pages = False
             parts.append(node.pages)
-            pos += m
+            pos += m * _ITEM
             break
-        cached = pos
+        cached = base + pos // _ITEM
         clock = self._clock
         t = node
         while t.depth:
             t.last_access = clock
             t = t.parent
-        if pos < n:
+        if pos < nb:
             if node.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
-                self._evictable.remove(node)
-                node.evict_key = None
-            new_pages = pages[pos // ps:].copy()
+                self._remove_evictable(node)
+            new_pages = pages[first_page + pos // pb:].copy()
             new_pages.flags.writeable = False
-            leaf = self._new_node(tokens[pos:], new_pages, node, node.depth + n - pos, namespace)
+            new_tokens = (nb - pos) // _ITEM
+            leaf = self._new_node(key[pos:], new_pages, node, node.depth + new_tokens, namespace)
             leaf.last_access = clock
             self._add_child(node, leaf)
             self._num_nodes += 1
-            self._cached += n - pos
-            self._evictable_tokens += n - pos
+            self._cached += new_tokens
+            self._evictable_tokens += new_tokens
             self._make_evictable(leaf)
             parts.append(new_pages)
             node = leaf
@@ -365,6 +379,14 @@ class RadixCache:
             self._rekey(node)
         # The tree's ids are the caller's own (the usual case): no need to concatenate.
         return InsertResult(cached, pages if same_pages else _concat(parts), node)
+
+    def _holds_prefix(self, node: TreeNode, pages: np.ndarray, namespace: str | None) -> bool:
+        """Is `node` a live, locked node whose last page the caller holds at its position?"""
+        if node.parent is None or not node.depth or node.namespace != namespace \
+                or node.lock_ref <= 0:
+            return False
+        last = node.depth // self.page_size - 1
+        return last < len(pages) and pages[last] == node.pages[-1]
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: TreeNode) -> None:
@@ -375,9 +397,8 @@ class RadixCache:
         while node.depth:
             if node.lock_ref == 0:
                 if node.evict_key is not None:
-                    self._evictable.remove(node)
-                    node.evict_key = None
-                freed_from_pool += len(node.key)
+                    self._remove_evictable(node)
+                freed_from_pool += node.num_tokens
             node.lock_ref += 1
             node = node.parent
         self._evictable_tokens -= freed_from_pool
@@ -390,7 +411,7 @@ class RadixCache:
         while node.depth:
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                released += len(node.key)
+                released += node.num_tokens
                 if not node.children:
                     self._make_evictable(node)
             node = node.parent
@@ -412,20 +433,20 @@ class RadixCache:
         freed: list[np.ndarray] = []
         remaining = num_tokens
         while remaining > 0 and evictable:
-            leaf = evictable.pop(0)
+            leaf = evictable.pop(0)[2]
             leaf.evict_key = None
             need = -(-remaining // ps)
             npages = len(leaf.pages)
             if npages <= need:
                 freed.append(leaf.pages)
-                remaining -= len(leaf.key)
+                remaining -= leaf.num_tokens
                 self._remove_leaf(leaf)
             else:
                 keep = npages - need
                 gone = need * ps
                 freed.append(leaf.pages[keep:])
                 leaf.pages = leaf.pages[:keep]
-                del leaf.key[keep * ps:]
+                leaf.key = leaf.key[:keep * self._page_bytes]
                 leaf.depth -= gone
                 self._cached -= gone
                 self._evictable_tokens -= gone
@@ -459,6 +480,10 @@ class RadixCache:
                 yield node
             stack.extend(node.children.values())
 
+    def iter_evictable(self) -> Iterator[TreeNode]:
+        """The evictable leaves in eviction order (first to go first)."""
+        return (entry[2] for entry in self._evictable)
+
     def tree_page_ids(self) -> np.ndarray:
         """Every page the tree owns (a walk: for conservation checks)."""
         return np.concatenate([EMPTY_PAGES, *(n.pages for n in self.iter_nodes())])
@@ -476,33 +501,35 @@ class RadixCache:
         return build_summary(self, top_k)
 
     # ------------------------------------------------------------------ tree surgery
-    def _child_key(self, key: list[int]) -> Hashable:
-        return key[0] if self.page_size == 1 else tuple(key[:self.page_size])
+    def child_key(self, edge: bytes) -> bytes:
+        """Where a child with this edge is filed in its parent: its first page of tokens."""
+        return edge[:self._page_bytes]
 
-    def _new_node(self, key: list[int], pages: np.ndarray, parent: TreeNode | None,
+    def _new_node(self, key: bytes, pages: np.ndarray, parent: TreeNode | None,
                   depth: int, namespace: str | None) -> TreeNode:
         node = TreeNode(self._next_id, key, pages, parent, depth, namespace)
         self._next_id += 1
         return node
 
     def _add_child(self, parent: TreeNode, child: TreeNode) -> None:
-        parent.children[self._child_key(child.key)] = child
+        parent.children[child.key[:self._page_bytes]] = child
         if self.page_size > 1:
             if parent.cow_index is None:
                 parent.cow_index = {}
-            parent.cow_index.setdefault(child.key[0], []).append(child)
+            parent.cow_index.setdefault(child.key[:_ITEM], []).append(child)
 
     def _remove_leaf(self, leaf: TreeNode) -> None:
         """Detach an evicted leaf; its parent may become an evictable leaf (or an empty root)."""
         parent = leaf.parent
-        del parent.children[self._child_key(leaf.key)]
+        del parent.children[leaf.key[:self._page_bytes]]
         if self.page_size > 1:
-            same_first = parent.cow_index[leaf.key[0]]
+            first = leaf.key[:_ITEM]
+            same_first = parent.cow_index[first]
             same_first.remove(leaf)
             if not same_first:
-                del parent.cow_index[leaf.key[0]]
+                del parent.cow_index[first]
         leaf.parent = None
-        k = len(leaf.key)
+        k = leaf.num_tokens
         self._num_nodes -= 1
         self._cached -= k
         self._evictable_tokens -= k
@@ -518,15 +545,17 @@ class RadixCache:
         ps = self.page_size
         parent = child.parent
         key = child.key
-        upper = TreeNode(self._next_id, key[:m], child.pages[:m // ps], parent,
-                         child.depth - len(key) + m, child.namespace, lock_ref=child.lock_ref,
-                         last_access=child.last_access, hit_count=child.hit_count)
+        cut = m * _ITEM
+        upper = TreeNode(self._next_id, key[:cut], child.pages[:m // ps], parent,
+                         child.depth - len(key) // _ITEM + m, child.namespace,
+                         lock_ref=child.lock_ref, last_access=child.last_access,
+                         hit_count=child.hit_count)
         self._next_id += 1
-        parent.children[self._child_key(key)] = upper
+        parent.children[key[:self._page_bytes]] = upper
         if ps > 1:
-            same_first = parent.cow_index[key[0]]
+            same_first = parent.cow_index[key[:_ITEM]]
             same_first[same_first.index(child)] = upper
-        child.key = key[m:]
+        child.key = key[cut:]
         child.pages = child.pages[m // ps:]
         child.parent = upper
         self._add_child(upper, child)
@@ -537,12 +566,16 @@ class RadixCache:
 
     def _make_evictable(self, node: TreeNode) -> None:
         node.evict_key = (self.policy.key(node), node.id)
-        self._evictable.add(node)
+        self._evictable.add((*node.evict_key, node))
+
+    def _remove_evictable(self, node: TreeNode) -> None:
+        self._evictable.remove((*node.evict_key, node))
+        node.evict_key = None
 
     def _rekey(self, node: TreeNode) -> None:
         """Re-sort an evictable leaf whose fields changed (accessed, split or trimmed)."""
         new_key = (self.policy.key(node), node.id)
         if new_key != node.evict_key:
-            self._evictable.remove(node)
+            self._remove_evictable(node)
             node.evict_key = new_key
-            self._evictable.add(node)
+            self._evictable.add((*new_key, node))

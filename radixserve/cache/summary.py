@@ -10,6 +10,8 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
+from .token_keys import ITEM_BYTES, unpack
+
 if TYPE_CHECKING:
     from .radix_cache import RadixCache
     from .tree_node import TreeNode
@@ -28,7 +30,7 @@ def _prefix_preview(node: TreeNode) -> list[int]:
         node = node.parent
     out: list[int] = []
     for n in reversed(path):
-        out.extend(n.key[:PREVIEW_TOKENS - len(out)])
+        out.extend(unpack(n.key[:(PREVIEW_TOKENS - len(out)) * ITEM_BYTES]))
         if len(out) >= PREVIEW_TOKENS:
             break
     return out
@@ -38,20 +40,20 @@ def _entry(node: TreeNode, subtree_tokens: int) -> dict:
     return {
         "namespace": node.namespace,
         "prefix_tokens": node.depth,
-        "edge_tokens": len(node.key),
+        "edge_tokens": node.num_tokens,
         "subtree_tokens": subtree_tokens,
         "hits": node.hit_count,
         "locked": node.lock_ref > 0,
         "last_access": node.last_access,
         "preview": _prefix_preview(node),
-        "edge_preview": node.key[:PREVIEW_TOKENS],
+        "edge_preview": unpack(node.key[:PREVIEW_TOKENS * ITEM_BYTES]),
     }
 
 
 def build_summary(cache: RadixCache, top_k: int = 20) -> dict:
     top_k = max(0, min(int(top_k), MAX_TOP_K))
     nodes = list(cache.iter_nodes())           # parents before children
-    subtree = {n.id: len(n.key) for n in nodes}
+    subtree = {n.id: n.num_tokens for n in nodes}
     for n in reversed(nodes):                  # children before parents
         if n.parent is not None and n.parent.depth:
             subtree[n.parent.id] += subtree[n.id]

@@ -7,6 +7,8 @@ from typing import Any, Hashable
 
 import numpy as np
 
+from .token_keys import ITEM_BYTES, unpack
+
 __all__ = ["TreeNode"]
 
 
@@ -20,7 +22,8 @@ class TreeNode:
     """
 
     id: int
-    key: list[int]                 # len(key) == len(pages) * page_size
+    key: bytes                     # packed token ids (token_keys.py), num_tokens ==
+                                   #   len(pages) * page_size
     pages: np.ndarray              # int32, read-only (callers get views of it)
     parent: TreeNode | None        # None for namespace roots and for evicted (stale) nodes
     depth: int                     # tokens from the namespace root to the end of this edge
@@ -34,11 +37,17 @@ class TreeNode:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.key)
+        return len(self.key) // ITEM_BYTES
+
+    @property
+    def tokens(self) -> list[int]:
+        """The edge's token ids (unpacked: for tests and introspection, not hot paths)."""
+        return unpack(self.key)
 
     def __repr__(self) -> str:
-        head = self.key[:4]
-        more = "..." if len(self.key) > 4 else ""
+        n = self.num_tokens
+        head = unpack(self.key[:4 * ITEM_BYTES])
+        more = "..." if n > 4 else ""
         return (f"TreeNode(id={self.id}, ns={self.namespace!r}, depth={self.depth}, "
-                f"key={head}{more} ({len(self.key)}), lock_ref={self.lock_ref}, "
+                f"key={head}{more} ({n}), lock_ref={self.lock_ref}, "
                 f"children={len(self.children)})")

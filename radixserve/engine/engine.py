@@ -19,6 +19,7 @@ import torch
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import CacheLockedError, RadixCache
+from radixserve.cache.token_keys import new_token_array
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
 from radixserve.engine.outputs import EngineStats, RequestOutput
@@ -150,8 +151,9 @@ class Engine:
             generator = torch.Generator().manual_seed(params.seed + index)
         detok = self.tokenizer.detokenizer(request.prompt_ids)
         stream = TextStream(params, detok, self.tokenizer.eos_token_ids)
-        return Sequence(request=request, index=index, token_ids=list(request.prompt_ids),
-                        text_stream=stream, generator=generator, page_size=self.page_size)
+        return Sequence(request=request, index=index,
+                        token_ids=new_token_array(request.prompt_ids), text_stream=stream,
+                        generator=generator, page_size=self.page_size)
 
     async def _stream(self, request: Request, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         remaining = len(request.sequences)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -56,12 +57,14 @@ class Sequence:
     Pages: `pages[:tree_len // page_size]` belong to the radix tree (kept alive by the lock
     on `lock_node`); the rest are this sequence's private pages. KV is computed for
     `token_ids[:num_computed]`; a step computes `token_ids[num_computed:...]`, and when it
-    reaches the end of `token_ids` the last position's logits give the next token.
+    reaches the end of `token_ids` the last position's logits give the next token. The ids
+    are an `array('q')`, the radix tree's packed key layout (cache/token_keys.py), so every
+    match and insert copies them with one memcpy instead of converting a list.
     """
 
     request: Request
     index: int
-    token_ids: list[int]
+    token_ids: array
     text_stream: "TextStream"
     generator: torch.Generator | None
     page_size: int = 1

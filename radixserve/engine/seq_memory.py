@@ -89,7 +89,7 @@ class SequenceMemory:
         if full * self.page_size <= seq.tree_len:
             return
         result = self.tree.insert(seq.token_ids[: full * self.page_size], seq.pages[:full],
-                                  seq.request.namespace)
+                                  seq.request.namespace, start=seq.lock_node)
         duplicates = seq.pages[seq.num_tree_pages: result.cached_tokens // self.page_size]
         if duplicates.size:
             self.memory.allocator.free(duplicates)

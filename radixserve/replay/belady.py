@@ -17,6 +17,7 @@ import numpy as np
 
 from radixserve.cache.eviction import EvictionPolicy
 from radixserve.cache.eviction import make_policy as cache_policy
+from radixserve.cache.token_keys import token_at
 
 from .workload import Workload
 
@@ -72,7 +73,7 @@ class NextUseIndex:
             index = cls(np.asarray(item.prompt_keys)[0::2][: math.ceil(
                 (item.prompt_len - 1) / ps)] for item in workload)
             # A block-mode edge ends with [symbol, PAGE_MARK]: its last page's symbol.
-            return index, lambda key, now: index.next_use(int(key[-2]), now)
+            return index, lambda key, now: index.next_use(token_at(key, -2), now)
         if trace.format != "hash":
             raise ValueError("the Belady optimal in token mode needs a hash-id trace; "
                              "use --mode block for text traces")
@@ -96,7 +97,7 @@ class NextUseIndex:
             # (even a copy-on-write match), so look up that token's offset in the block.
             # (When the page size does not divide the block size a page can start in the
             # previous block; this is then an approximation.)
-            block, offset = divmod(int(key[-1]), bs)
+            block, offset = divmod(token_at(key, -1), bs)
             return index.next_use(block, now, max(0, offset - ps + 1))
 
         return index, next_use
@@ -127,7 +128,7 @@ class BeladyPolicy(EvictionPolicy):
 class _TokenView:
     """A node as a token-mode policy would see it: sizes in tokens, not block-mode keys."""
 
-    __slots__ = ("id", "last_access", "hit_count", "depth", "key", "namespace")
+    __slots__ = ("id", "last_access", "hit_count", "depth", "num_tokens", "namespace")
 
     def __init__(self, node, tokens_per_key_pair: int):
         self.id = node.id
@@ -135,11 +136,7 @@ class _TokenView:
         self.hit_count = node.hit_count
         self.namespace = node.namespace
         self.depth = node.depth // 2 * tokens_per_key_pair
-        self.key = range(len(node.key) // 2 * tokens_per_key_pair)  # sized, not real ids
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.key)
+        self.num_tokens = node.num_tokens // 2 * tokens_per_key_pair
 
 
 class TokenUnitPolicy(EvictionPolicy):

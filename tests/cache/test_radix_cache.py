@@ -31,9 +31,9 @@ def test_match_inside_an_edge_splits_it():
     m = c.match_prefix([1, 2, 3, 9])
     assert (m.matched_tokens, m.pages.tolist(), m.cow_page) == (3, [10, 11, 12], -1)
     assert c.num_nodes == 2
-    assert m.node.key == [1, 2, 3] and m.node.depth == 3
+    assert m.node.tokens == [1, 2, 3] and m.node.depth == 3
     (tail,) = m.node.children.values()
-    assert tail.key == [4, 5] and tail.pages.tolist() == [13, 14] and tail.parent is m.node
+    assert tail.tokens == [4, 5] and tail.pages.tolist() == [13, 14] and tail.parent is m.node
     c.check_invariants()
     # The split is invisible to later matches.
     assert c.match_prefix([1, 2, 3, 4, 5, 6]).pages.tolist() == [10, 11, 12, 13, 14]
@@ -44,7 +44,7 @@ def test_insert_ending_inside_an_edge_splits_it_and_returns_that_node():
     c.insert([1, 2, 3, 4], pages(0, 1, 2, 3))
     r = c.insert([1, 2], pages(7, 8))
     assert r.cached_tokens == 2 and r.pages.tolist() == [0, 1]
-    assert r.node.key == [1, 2] and r.node.depth == 2
+    assert r.node.tokens == [1, 2] and r.node.depth == 2
     assert r.duplicates(pages(7, 8)).tolist() == [7, 8]
     c.check_invariants()
 
@@ -62,6 +62,55 @@ def test_insert_branching_and_duplicates():
     c.check_invariants()
 
 
+def test_insert_from_a_start_node_skips_the_known_prefix():
+    c = RadixCache()
+    c.insert([1, 2, 3], pages(0, 1, 2))
+    m = c.match_prefix([1, 2, 3, 4])
+    c.lock(m.node)
+    own = np.concatenate((m.pages, pages(7, 8)))
+    r = c.insert([1, 2, 3, 4, 5], own, start=m.node)
+    assert r.cached_tokens == 3 and r.pages is own and r.node.tokens == [4, 5]
+    assert r.node.parent is m.node and r.node.depth == 5
+    assert c.match_prefix([1, 2, 3, 4, 5, 6]).pages.tolist() == [0, 1, 2, 7, 8]
+    c.check_invariants()
+
+
+def test_a_start_node_that_does_not_hold_the_prefix_is_ignored():
+    c = RadixCache()
+    c.insert([1, 2, 3], pages(0, 1, 2))
+    other = c.insert([9, 9], pages(5, 6)).node
+    c.lock(other)
+    # `other` is locked but the caller's pages do not hold it: the walk starts at the root.
+    r = c.insert([1, 2, 3, 4], pages(10, 11, 12, 13), start=other)
+    assert r.cached_tokens == 3 and r.pages.tolist() == [0, 1, 2, 13]
+    assert r.duplicates(pages(10, 11, 12, 13)).tolist() == [10, 11, 12]
+    unlocked = c.insert([7, 7], pages(20, 21)).node          # not locked: ignored too
+    r = c.insert([1, 2, 3, 4, 5], pages(0, 1, 2, 13, 14), start=unlocked)
+    assert r.cached_tokens == 4 and r.node.tokens == [5]
+    c.check_invariants()
+
+
+def test_token_keys_accept_lists_arrays_numpy_and_packed_bytes():
+    from array import array
+
+    from radixserve.cache.token_keys import pack, token_at, unpack
+
+    ids = [5, 1 << 40, -1, 0]
+    key = pack(ids)
+    assert unpack(key) == ids and len(key) == 32
+    assert pack(array("q", ids)) == key == pack(np.array(ids)) == pack(key)
+    assert pack(ids, 2) == pack(ids[2:]) == pack(array("q", ids), 2) == pack(key, 2)
+    assert token_at(key, 1) == 1 << 40 and token_at(key, -2) == -1
+    with pytest.raises(ValueError):
+        pack(b"123")
+    with pytest.raises(TypeError):
+        pack(np.array([1.5]))
+    c = RadixCache()
+    c.insert(np.array(ids), pages(0, 1, 2, 3))
+    assert c.match_prefix(array("q", ids[:3])).matched_tokens == 3
+    assert c.peek_prefix(key) == 4
+
+
 def test_paged_split_at_page_boundary_and_copy_on_write_source():
     c = RadixCache(page_size=4)
     c.insert(list(range(12)), pages(7, 8, 9))
@@ -70,7 +119,7 @@ def test_paged_split_at_page_boundary_and_copy_on_write_source():
     assert m.matched_tokens == 6 and m.pages.tolist() == [7]
     assert (m.cow_page, m.cow_tokens) == (8, 2)
     # Split after the first page; the handle is the node that holds the copy-on-write page.
-    assert m.node.key == [4, 5, 6, 7, 8, 9, 10, 11] and m.node.parent.key == [0, 1, 2, 3]
+    assert m.node.tokens == [4, 5, 6, 7, 8, 9, 10, 11] and m.node.parent.tokens == [0, 1, 2, 3]
     c.check_invariants()
 
 

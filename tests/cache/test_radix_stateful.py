@@ -89,11 +89,11 @@ class RadixMachine(RuleBasedStateMachine):
         for pos in range(start, len(tokens)):
             self.kv[pages[pos // ps], pos % ps] = tokens[pos]
 
-    def insert_whole_pages(self, tokens, pages, namespace):
+    def insert_whole_pages(self, tokens, pages, namespace, start=None):
         """Insert the whole pages, check against the model, free duplicates and the tail."""
         ps = self.page_size
         whole = len(tokens) // ps
-        r = self.tree.insert(tokens[:whole * ps], pages[:whole], namespace)
+        r = self.tree.insert(tokens[:whole * ps], pages[:whole], namespace, start=start)
         cached, want_pages = self.model.insert(tokens[:whole * ps], pages[:whole].tolist(),
                                                namespace)
         assert r.cached_tokens == cached
@@ -107,8 +107,8 @@ class RadixMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules
     @rule(tokens=tokens_st, namespace=namespace_st, keep=st.booleans(),
-          cap_cut=st.integers(0, 3))
-    def request(self, tokens, namespace, keep, cap_cut):
+          cap_cut=st.integers(0, 3), hint=st.booleans())
+    def request(self, tokens, namespace, keep, cap_cut, hint):
         """What the engine does: match at most len-1 (or less), lock, alloc, COW, insert."""
         ps = self.page_size
         self.remember(tokens, namespace)
@@ -140,7 +140,8 @@ class RadixMachine(RuleBasedStateMachine):
                 tuple(tokens[base:base + m.cow_tokens])
             self.kv[new[0], :m.cow_tokens] = self.kv[m.cow_page, :m.cow_tokens]
         self.write_kv(pages, tokens, m.matched_tokens)
-        r = self.insert_whole_pages(tokens, pages, namespace)
+        # hint: start the insert's walk at the match's handle (ignored for a COW handle).
+        r = self.insert_whole_pages(tokens, pages, namespace, m.node if hint else None)
         event(f"request: hit {'some' if m.matched_tokens else 'none'}, "
               f"cached on insert {'some' if r.cached_tokens > m.matched_tokens else 'no more'}")
         if keep and len(r.pages):
