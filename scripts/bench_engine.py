@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from radixserve.engine.compute_thread import on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.engine import Engine
 from radixserve.engine.sampling_params import SamplingParams
@@ -107,7 +108,8 @@ def main() -> None:
         args.groups, args.per_group, args.system, args.question, args.output = 2, 2, 64, 8, 4
 
     torch.manual_seed(0)
-    loaded = load_model(args.model, dtype=args.dtype)
+    # Load on the engine's compute thread: see radixserve/engine/compute_thread.py.
+    loaded = on_compute_thread(load_model, args.model, dtype=args.dtype)
     prompts = make_prompts(args)
     n_prompt = sum(map(len, prompts))
     print(f"{len(prompts)} requests, {n_prompt} prompt tokens, {len(prompts) * args.output} "
@@ -116,7 +118,7 @@ def main() -> None:
     runs = {"cache on": asyncio.run(run_engine(loaded, prompts, args, disable_cache=False)),
             "cache off": asyncio.run(run_engine(loaded, prompts, args, disable_cache=True))}
     if not args.skip_hf:
-        runs["transformers"] = run_hf(loaded, prompts, args)
+        runs["transformers"] = on_compute_thread(run_hf, loaded, prompts, args)
 
     total_out = len(prompts) * args.output
     print(f"\n{'run':<14}{'wall s':>9}{'out tok/s':>11}{'TTFT p50 s':>12}{'TTFT p90 s':>12}"

@@ -11,7 +11,6 @@ import asyncio
 import itertools
 import logging
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Sequence as Seq
 
 import torch
@@ -20,6 +19,7 @@ from radixserve.cache.memory import PagedMemory
 from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import CacheLockedError, RadixCache
 from radixserve.cache.token_keys import new_token_array
+from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
 from radixserve.engine.outputs import EngineStats, RequestOutput
@@ -39,7 +39,7 @@ class Engine:
         self.config = config
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
-        self.runner = ModelRunner(config, loaded)
+        self.runner = on_compute_thread(ModelRunner, config, loaded)
         self.page_size = config.page_size
         self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
         self.memory = PagedMemory(PageAllocator(self.runner.num_pages), self.tree)
@@ -57,7 +57,7 @@ class Engine:
                             max_model_len=self.max_model_len),
             self.seq_memory, self._stats)
         self._ids = itertools.count()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixserve-forward")
+        self._executor = compute_executor()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -102,7 +102,6 @@ class Engine:
         except asyncio.CancelledError:
             pass
         self._task = None
-        self._executor.shutdown(wait=True)
 
     # ---- requests -----------------------------------------------------------------
 

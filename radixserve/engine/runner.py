@@ -18,6 +18,7 @@ from radixserve.attention.metadata import build_metadata
 from radixserve.cache.kv_pool import KVPool
 from radixserve.engine.batch import StepBatch
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.host_memory import keep_freed_host_memory
 from radixserve.engine.sampler import SampleResult, Sampler
 from radixserve.model import LoadedModel
 
@@ -77,6 +78,8 @@ class ModelRunner:
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
         self.page_size = config.page_size
+        if self.device.type == "cpu":
+            keep_freed_host_memory()
         num_pages = kv_pool_pages(config, mc, self.device, self.dtype)
         self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
                               mc.head_dim, self.dtype, self.device)

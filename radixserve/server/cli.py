@@ -66,9 +66,11 @@ def describe_pool(engine) -> str:
 
 async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
     from radixserve.engine.engine import Engine
+    from radixserve.engine.compute_thread import on_compute_thread
     from radixserve.model import load_model
 
-    loaded = load_model(engine_config.model, dtype=engine_config.dtype, device=engine_config.device)
+    loaded = on_compute_thread(load_model, engine_config.model,
+                               dtype=engine_config.dtype, device=engine_config.device)
     engine = Engine(engine_config, loaded)
     await engine.start()
     state = ServerState.create(engine, config)

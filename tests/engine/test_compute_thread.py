@@ -1,0 +1,65 @@
+"""The engine does its torch work on one thread: see radixserve/engine/compute_thread.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from engine_helpers import QUESTIONS, chat_ids, collect, make_engine
+from radixserve.engine.compute_thread import compute_executor, on_compute_thread
+from radixserve.engine.host_memory import keep_freed_host_memory
+from radixserve.engine.runner import ModelRunner
+from radixserve.engine.sampling_params import SamplingParams
+
+
+def test_on_compute_thread_runs_there_and_inline_when_already_there():
+    main = threading.get_ident()
+    there = on_compute_thread(threading.get_ident)
+    assert there != main
+    # Nested calls from the compute thread run inline (a submit would deadlock).
+    assert on_compute_thread(on_compute_thread, threading.get_ident) == there
+    assert compute_executor().submit(threading.get_ident).result() == there
+
+
+def test_runner_is_built_and_steps_run_on_the_compute_thread(model_fp32, monkeypatch):
+    built_on = []
+    original_init = ModelRunner.__init__
+
+    def recording_init(self, *args, **kwargs):
+        built_on.append(threading.get_ident())
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "__init__", recording_init)
+    engine = make_engine(model_fp32)
+    stepped_on = set()
+    execute = engine.runner.execute
+
+    def recording_execute(batch):
+        stepped_on.add(threading.get_ident())
+        return execute(batch)
+
+    monkeypatch.setattr(engine.runner, "execute", recording_execute)
+
+    async def scenario():
+        await engine.start()
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        got = await collect(engine.generate(chat_ids(engine, QUESTIONS[0]), params))
+        await engine.shutdown()
+        return got
+
+    got = asyncio.run(scenario())
+    assert len(got.token_ids[0]) == 4
+    compute = on_compute_thread(threading.get_ident)
+    assert built_on == [compute] and stepped_on == {compute}
+    assert compute != threading.get_ident()
+    # A second engine in the same process shares the thread (shutdown did not stop it).
+    assert make_engine(model_fp32)._executor is compute_executor()
+
+
+def test_keep_freed_host_memory_applies_on_glibc_and_is_idempotent():
+    import platform
+
+    applied = keep_freed_host_memory()
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert applied is True
+    assert keep_freed_host_memory() is applied
