@@ -2,8 +2,10 @@
 
 Per step, ``prepare`` turns the page table into gather indices once (``torch_plans``); per
 layer, ``forward`` writes the new K/V into the pool and then
-- runs one ``scaled_dot_product_attention`` per prefill span (bottom-right causal mask when
-  the span continues a cached prefix; its own K/V and ``is_causal`` when it does not), and
+- runs each prefill span's attention on its own: one ``scaled_dot_product_attention`` in fp32
+  (bottom-right causal mask when the span continues a cached prefix; its own K/V and
+  ``is_causal`` when it does not), query blocks with bf16/fp16 matmuls otherwise
+  (``causal_blocks``: CPU SDPA computes in fp32 GEMMs, ~4x below the bf16 rate), and
 - batches all single-token decodes: their K/V are gathered head-major into a padded
   ``[B, Hkv, max_kv, D]`` scratch buffer (decodes sorted by length, in cache-sized chunks)
   and attended with two batched matmuls per chunk and an fp32 softmax, the GQA group folded
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from radixserve.attention import torch_plans as plans
 from radixserve.attention.backend import AttentionBackend
 from radixserve.attention.cascade import CascadeGroup, find_cascade_groups
+from radixserve.attention.causal_blocks import causal_attention_blocked
 from radixserve.attention.metadata import AttentionMetadata
 from radixserve.attention.partial_attention import (DEFAULT_MAX_SCORE_ELEMS, attend_with_lse,
                                                     merge_attention_states, softmax_with_lse)
@@ -172,6 +175,16 @@ class TorchAttentionBackend(AttentionBackend):
     def _prefill(self, p: plans.PrefillPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, kv_pool: KVPool, out: torch.Tensor) -> None:
         hkv, d, dt = self.num_kv_heads, self.head_dim, q.dtype
+        if dt != torch.float32:
+            # bf16/fp16: matmuls at the low-precision rate (SDPA's CPU kernel runs fp32 GEMMs).
+            if p.rows is None:
+                ks, vs = k[p.start:p.end].transpose(0, 1), v[p.start:p.end].transpose(0, 1)
+            else:
+                kb, vb = self._gather(kv_pool, layer, p.rows)
+                ks, vs = kb.view(hkv, -1, d), vb.view(hkv, -1, d)
+            causal_attention_blocked(q[p.start:p.end], ks.to(dt), vs.to(dt), self.sm_scale,
+                                     out[p.start:p.end])
+            return
         qs = q[p.start:p.end].transpose(0, 1)[None]            # [1, Hq, n, D]
         if p.rows is None:
             ks = k[p.start:p.end].transpose(0, 1)[None].to(dt)  # [1, Hkv, n, D]

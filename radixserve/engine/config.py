@@ -29,6 +29,7 @@ class EngineConfig:
     max_queue_len: int = 4096            # waiting requests beyond this are refused
     seed: int = 0
     debug_invariants: bool = False       # check page conservation whenever idle
+    warmup_tokens: int | None = None     # start-up prefill; None: chunked_prefill_size; 0: off
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -58,3 +59,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queue-len", type=int, default=d.max_queue_len)
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--debug-invariants", action="store_true")
+    g.add_argument("--warmup-tokens", type=int, default=None,
+                   help="tokens of a throw-away prefill run at start-up, so the first requests "
+                        "find memory and kernels ready (default: --chunked-prefill-size; 0: off)")

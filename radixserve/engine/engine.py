@@ -79,9 +79,27 @@ class Engine:
 
     async def start(self) -> None:
         if self._task is None:
+            await self._warm_up()
             self._wake = asyncio.Event()
             self._stopping = False
             self._task = asyncio.get_running_loop().create_task(self._run_loop())
+
+    async def _warm_up(self) -> None:
+        """A throw-away prefill on the compute thread (see ModelRunner.warm_up), into pages
+        borrowed from the free list and returned right after: the pool is untouched."""
+        wanted = self.config.warmup_tokens
+        if wanted is None:
+            wanted = self.config.chunked_prefill_size
+        num_tokens = min(wanted, self.max_model_len, self.pool_tokens)
+        if num_tokens <= 0:
+            return
+        allocator = self.memory.allocator
+        pages = allocator.alloc(self.seq_memory.pages_for(num_tokens))
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.runner.warm_up, pages, num_tokens)
+        finally:
+            allocator.free(pages)
 
     async def shutdown(self, grace_s: float = 0.0) -> None:
         """Stop taking requests, let running ones finish for `grace_s`, abort the rest."""

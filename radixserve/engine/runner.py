@@ -14,12 +14,13 @@ import numpy as np
 import torch
 
 from radixserve.attention.backend import create_backend
-from radixserve.attention.metadata import build_metadata
+from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.cache.kv_pool import KVPool
 from radixserve.engine.batch import StepBatch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
 from radixserve.engine.sampler import SampleResult, Sampler
+from radixserve.engine.sampling_params import SamplingParams
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,20 @@ class ModelRunner:
 
     def copy_prefix(self, src_page: int, dst_page: int, num_tokens: int) -> None:
         self.kv_pool.copy_prefix(src_page, dst_page, num_tokens)
+
+    def warm_up(self, pages: np.ndarray, num_tokens: int) -> None:
+        """One throw-away prefill of `num_tokens` into `pages` (free pages lent by the caller).
+
+        The first real steps otherwise pay for growing the host heap to a step's high-water
+        mark (page faults: ~1 s over the first steps of scripts/bench_engine.py) and for
+        creating the matmul kernels of a full-size step. vLLM and SGLang warm up likewise.
+        """
+        span = SeqSpan(pages, 0, num_tokens)
+        batch = StepBatch(input_ids=[0] * num_tokens, positions=list(range(num_tokens)),
+                          spans=[span], sample_rows=[0],
+                          sample_params=[SamplingParams(max_tokens=1, temperature=0.0)],
+                          generators=[None])
+        self.execute(batch)
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> SampleResult:

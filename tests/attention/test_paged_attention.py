@@ -15,6 +15,8 @@ SCENARIOS = {
     "prefix_plus_suffix": [(12, 7), (31, 2), (1, 40), (16, 16)],
     "decodes_only": [(0, 1), (3, 1), (40, 1), (16, 1), (15, 1), (77, 1)],
     "mixed": [(0, 9), (21, 6), (5, 1), (64, 1), (0, 1), (33, 1)],
+    # Longer than one query block of the bf16 prefill path (causal_blocks, 128 rows).
+    "long_prefills": [(0, 300), (150, 140)],
 }
 
 

@@ -40,7 +40,7 @@ class Collected:
 
 def make_engine(loaded, **overrides) -> Engine:
     config = EngineConfig(**{"kv_cache_tokens": 16384, "chunked_prefill_size": 512,
-                             "debug_invariants": True, **overrides})
+                             "debug_invariants": True, "warmup_tokens": 0, **overrides})
     return Engine(config, loaded)
 
 

@@ -56,6 +56,33 @@ def test_runner_is_built_and_steps_run_on_the_compute_thread(model_fp32, monkeyp
     assert make_engine(model_fp32)._executor is compute_executor()
 
 
+def test_warm_up_runs_a_prefill_and_returns_every_page(model_fp32, monkeypatch):
+    engine = make_engine(model_fp32, warmup_tokens=300)
+    warmed = []
+    warm_up = engine.runner.warm_up
+
+    def recording_warm_up(pages, num_tokens):
+        warmed.append((len(pages), num_tokens, engine.memory.allocator.num_free))
+        warm_up(pages, num_tokens)
+
+    monkeypatch.setattr(engine.runner, "warm_up", recording_warm_up)
+    total = engine.memory.allocator.num_pages
+
+    async def scenario():
+        await engine.start()
+        after_start = engine.memory.allocator.num_free, engine.tree.cached_tokens
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        got = await collect(engine.generate(chat_ids(engine, QUESTIONS[1]), params))
+        await engine.shutdown()
+        return after_start, got
+
+    after_start, got = asyncio.run(scenario())
+    assert warmed == [(300, 300, total - 300)]        # page size 1: the pages were lent
+    assert after_start == (total, 0)                  # all back; nothing of it cached
+    assert len(got.token_ids[0]) == 3 and got.final.usage.cached_tokens == 0
+    engine.check_invariants()
+
+
 def test_keep_freed_host_memory_applies_on_glibc_and_is_idempotent():
     import platform
 

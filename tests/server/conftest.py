@@ -20,7 +20,7 @@ def loaded_model():
 
 def engine_config(**overrides) -> EngineConfig:
     base = dict(model=MODEL, dtype=DTYPE, device="cpu", kv_cache_tokens=KV_CACHE_TOKENS,
-                max_model_len=MAX_MODEL_LEN, max_running_requests=64)
+                max_model_len=MAX_MODEL_LEN, max_running_requests=64, warmup_tokens=64)
     base.update(overrides)
     return EngineConfig(**base)
 

@@ -1,0 +1,51 @@
+"""Causal prefill attention in query blocks, with bf16/fp16 matmuls: the CPU low-precision path.
+
+CPU SDPA runs its flash kernel with fp32 GEMMs whatever the input dtype; on a machine with
+bf16 matrix units that is ~4x below the bf16 matmul rate, so a fresh 1,088-token prompt
+spent ~14 ms per layer in attention. Here each block of `block` queries does one batched
+matmul against the keys it can see (its causal prefix only: half the work of a full
+square), masks its diagonal sub-block, takes a softmax (fp32 inside, low-precision out, as
+transformers' eager attention rounds its probabilities) and one matmul with V: ~1.5-2x
+faster than SDPA for 400-1,100-token prompts (scripts/bench_attention.py). The GQA group is
+folded into the query rows, so no K/V head is repeated.
+
+Numerics match transformers' eager bf16 attention (scores and probabilities rounded to the
+input dtype); fp32 inputs should keep using SDPA, which is exact there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["DEFAULT_BLOCK", "causal_attention_blocked"]
+
+DEFAULT_BLOCK = 128   # query rows per block: 64-256 measured within 10%; 128 the best
+
+
+def causal_attention_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                             out: torch.Tensor, block: int = DEFAULT_BLOCK) -> torch.Tensor:
+    """Bottom-right causal attention of the last n positions of a kv_len-long sequence.
+
+    q: [n, Hq, D] (token-major, the step's layout); k, v: [Hkv, kv_len, D], any strides;
+    query i sits at position kv_len - n + i and sees keys 0..kv_len - n + i. Writes `out`
+    ([n, Hq, D]) and returns it.
+    """
+    n, hq, d = q.shape
+    hkv, kv_len = k.shape[0], k.shape[1]
+    g = hq // hkv
+    offset = kv_len - n
+    # [Hkv, g, n, D]: the queries of one K/V head, scaled once (exact for D = 64, 256).
+    qh = (q * scale).view(n, hkv, g, d).permute(1, 2, 0, 3)
+    kt = k.transpose(1, 2)                                   # [Hkv, D, kv_len]
+    above = torch.ones(block, block, dtype=torch.bool, device=q.device).triu(1)
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        b = e - s
+        end = offset + e                                     # keys this block can see
+        scores = torch.bmm(qh[:, :, s:e].reshape(hkv, g * b, d), kt[:, :, :end])
+        scores.view(hkv, g, b, end)[..., offset + s:end].masked_fill_(above[:b, :b],
+                                                                      float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.bmm(probs, v[:, :end])                     # [Hkv, g * b, D]
+        out[s:e].view(b, hkv, g, d).copy_(o.view(hkv, g, b, d).permute(2, 0, 1, 3))
+    return out
