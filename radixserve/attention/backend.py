@@ -81,19 +81,20 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     device = torch.device(device)
     common = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                   sm_scale=sm_scale)
+    torch_kw = dict(common, cascade_prefills=dtype == torch.float32)
     if name == "torch":
-        return TorchAttentionBackend(**common)
+        return TorchAttentionBackend(**torch_kw)
 
     if device.type != "cuda":
         if name == "flashinfer":
             raise BackendUnavailable(f"the flashinfer backend needs a CUDA device, got "
                                      f"{device}; use --attention-backend torch")
-        return TorchAttentionBackend(**common)
+        return TorchAttentionBackend(**torch_kw)
     reason = flashinfer_unsupported_reason(num_qo_heads, num_kv_heads, head_dim, dtype)
     if reason is not None:
         msg = f"flashinfer cannot run {reason}; falling back to the torch attention backend"
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
-        return TorchAttentionBackend(**common)
+        return TorchAttentionBackend(**torch_kw)
 
     import_error = flashinfer_import_error()
     if import_error is not None:
@@ -102,7 +103,7 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
                                      "install it with: pip install flashinfer-python "
                                      "(or pip install 'radixserve[cuda]')")
         log.info("%s; using the torch attention backend", import_error)
-        return TorchAttentionBackend(**common)
+        return TorchAttentionBackend(**torch_kw)
 
     from radixserve.attention.flashinfer_backend import FlashInferBackend
     return FlashInferBackend(**common, dtype=dtype, device=device)

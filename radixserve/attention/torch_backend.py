@@ -60,6 +60,7 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  sm_scale: float | None = None,
                  max_gather_elems: int = DEFAULT_MAX_GATHER_ELEMS, cascade: bool = True,
+                 cascade_prefills: bool = True,
                  min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS,
                  max_score_elems: int = DEFAULT_MAX_SCORE_ELEMS) -> None:
         if num_qo_heads % num_kv_heads:
@@ -72,6 +73,9 @@ class TorchAttentionBackend(AttentionBackend):
         self.sm_scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
         self.max_gather_rows = max(1, max_gather_elems // head_dim)
         self.cascade = cascade                  # False: the plain per-sequence paths only
+        # False: only decodes join shared-prefix groups. For bf16/fp16 prefills the blocked
+        # per-span path is faster than the cascade one on CPU (scripts/bench_attention.py).
+        self.cascade_prefills = cascade_prefills
         self.min_shared_tokens = min_shared_tokens
         self.max_score_elems = max_score_elems
         # Gather scratch reused across layers and steps: a fresh multi-MB buffer per layer
@@ -107,8 +111,10 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _find_groups(self, t: StepTables) -> list[CascadeGroup]:
         pages = [t.pages(b) for b in range(len(t.kv_lens))]
-        return find_cascade_groups(pages, t.kv_lens - t.new_lens, t.page_size,
-                                   self.min_shared_tokens)
+        cached = t.kv_lens - t.new_lens
+        if not self.cascade_prefills:
+            cached = np.where(t.new_lens > 1, 0, cached)    # no shareable prefix: not grouped
+        return find_cascade_groups(pages, cached, t.page_size, self.min_shared_tokens)
 
     @staticmethod
     def _rest_window(t: StepTables, b: int, kv_start: int) -> Window:

@@ -162,6 +162,29 @@ def test_cascade_equals_dense(name, heads, page_size, dtype):
     assert (plain.double() - ref).abs().max().item() < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_groups_of_decodes_only_when_prefills_stay_out(dtype):
+    """cascade_prefills=False (the bf16/fp16 engine setting): prefills keep the plain path."""
+    spec = SPECS["mixed"]
+    pool = pool_for(spec, 1, 2, dtype)
+    built = build(spec, pool, 6, seed=5)
+    out, prepared = run(built, pool, (6, 2), spec.min_shared_pages, cascade_prefills=False)
+    num_prefills = prepared.meta.num_prefills
+    assert num_prefills > 0 and prepared.cascade_groups
+    assert all(m >= num_prefills for g in prepared.cascade_groups for m in g.members)
+    assert not prepared.rests
+    err = (out.double() - dense_attention(built.scenario)).abs().max().item()
+    assert err < TOL[dtype], f"max abs error {err}"
+
+
+def test_create_backend_keeps_prefills_out_of_groups_below_fp32():
+    from radixserve.attention.backend import create_backend
+
+    kw = dict(num_qo_heads=6, num_kv_heads=2, head_dim=32, device="cpu")
+    assert create_backend("torch", dtype=torch.float32, **kw).cascade_prefills
+    assert not create_backend("torch", dtype=torch.bfloat16, **kw).cascade_prefills
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_small_chunks_equal_one_pass(page_size):
     """Window chunking (gather budget) and row chunking (score budget) change nothing."""
