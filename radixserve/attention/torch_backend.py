@@ -181,26 +181,19 @@ class TorchAttentionBackend(AttentionBackend):
     def _prefill(self, p: plans.PrefillPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, kv_pool: KVPool, out: torch.Tensor) -> None:
         hkv, d, dt = self.num_kv_heads, self.head_dim, q.dtype
+        if p.rows is None:                                      # [Hkv, n, D]: its own K/V
+            ks, vs = k[p.start:p.end].transpose(0, 1), v[p.start:p.end].transpose(0, 1)
+        else:                                                   # [Hkv, kv_len, D] from pages
+            kb, vb = self._gather(kv_pool, layer, p.rows)
+            ks, vs = kb.view(hkv, -1, d), vb.view(hkv, -1, d)
+        ks, vs = ks.to(dt), vs.to(dt)
         if dt != torch.float32:
             # bf16/fp16: matmuls at the low-precision rate (SDPA's CPU kernel runs fp32 GEMMs).
-            if p.rows is None:
-                ks, vs = k[p.start:p.end].transpose(0, 1), v[p.start:p.end].transpose(0, 1)
-            else:
-                kb, vb = self._gather(kv_pool, layer, p.rows)
-                ks, vs = kb.view(hkv, -1, d), vb.view(hkv, -1, d)
-            causal_attention_blocked(q[p.start:p.end], ks.to(dt), vs.to(dt), self.sm_scale,
-                                     out[p.start:p.end])
+            causal_attention_blocked(q[p.start:p.end], ks, vs, self.sm_scale, out[p.start:p.end])
             return
-        qs = q[p.start:p.end].transpose(0, 1)[None]            # [1, Hq, n, D]
-        if p.rows is None:
-            ks = k[p.start:p.end].transpose(0, 1)[None].to(dt)  # [1, Hkv, n, D]
-            vs = v[p.start:p.end].transpose(0, 1)[None].to(dt)
-        else:
-            kb, vb = self._gather(kv_pool, layer, p.rows)
-            ks = kb.view(1, hkv, -1, d).to(dt)
-            vs = vb.view(1, hkv, -1, d).to(dt)
         o = F.scaled_dot_product_attention(
-            qs, ks, vs, attn_mask=plans.additive(p.mask, dt), is_causal=p.mask is None,
+            q[p.start:p.end].transpose(0, 1)[None], ks[None], vs[None],
+            attn_mask=plans.additive(p.mask, dt), is_causal=p.mask is None,
             scale=self.sm_scale, enable_gqa=self.group > 1)
         out[p.start:p.end] = o[0].transpose(0, 1)
 

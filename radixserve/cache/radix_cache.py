@@ -108,8 +108,9 @@ class InsertResult:
         return own[own != self.pages]
 
 
-def _common_tokens(key: bytes, pos: int, edge: bytes, n: int) -> int:
-    """Tokens shared by key[pos:] (a byte offset) and the first n tokens of edge, by bisection."""
+def _common_tokens(key: bytes, pos: int, edge: bytes, end_b: int) -> int:
+    """Tokens shared by key[pos:end_b] (byte offsets) and the start of edge, by bisection."""
+    n = min(len(edge), end_b - pos) // _ITEM
     view = memoryview(edge)
     if key.startswith(view[:n * _ITEM], pos):
         return n
@@ -121,6 +122,15 @@ def _common_tokens(key: bytes, pos: int, edge: bytes, n: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def _key_and_limit(tokens: TokenIds, max_tokens: int | None) -> tuple[bytes, int]:
+    """The packed key and how many of its tokens a match may use."""
+    key = pack(tokens)
+    limit = len(key) // _ITEM
+    if max_tokens is not None and max_tokens < limit:
+        limit = max(max_tokens, 0)
+    return key, limit
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
@@ -192,43 +202,26 @@ class RadixCache:
     def match_prefix(self, tokens: TokenIds, namespace: str | None = None,
                      max_tokens: int | None = None) -> MatchResult:
         """Longest cached prefix of `tokens` (at most `max_tokens`), splitting the edge it ends in."""
-        key = pack(tokens)
-        limit = len(key) // _ITEM
-        if max_tokens is not None and max_tokens < limit:
-            limit = max(max_tokens, 0)
+        key, limit = _key_and_limit(tokens, max_tokens)
         self._clock += 1
         self._query_tokens += limit
         node = self._ns_roots.get(namespace)
         if node is None or limit == 0:
             return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
         ps = self.page_size
-        pb = self._page_bytes
         limit_b = limit * _ITEM
-        full_b = limit_b - limit_b % pb         # bytes of whole pages within the limit
-        pos = 0
-        parts: list[np.ndarray] = []
+        node, pos, parts, partial = self._descend(node, key, limit_b - limit_b % self._page_bytes)
         cow_node: TreeNode | None = None
         cow_tokens = 0
-        while pos < full_b:
-            child = node.children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            edge = child.key
-            end = pos + len(edge)
-            if end <= full_b and key.startswith(edge, pos):
-                parts.append(child.pages)
-                node = child
-                pos = end
-                continue
+        if partial is not None:
             # The match ends inside this edge (its first page matched, so m >= page_size).
-            m = _common_tokens(key, pos, edge, min(len(edge), limit_b - pos) // _ITEM)
+            m = _common_tokens(key, pos, partial.key, limit_b)
             m_full = m - m % ps
-            node = self._split(child, m_full)
+            node = self._split(partial, m_full)
             parts.append(node.pages)
             pos += m_full * _ITEM
             if m > m_full:
-                cow_node, cow_tokens = child, m - m_full
-            break
+                cow_node, cow_tokens = partial, m - m_full
         if ps > 1 and cow_node is None and pos < limit_b and node.cow_index:
             cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b)
         handle = cow_node or node
@@ -251,41 +244,50 @@ class RadixCache:
 
         No split, no counters, no access time: for schedulers ranking waiting requests.
         """
-        key = pack(tokens)
-        limit = len(key) // _ITEM
-        if max_tokens is not None and max_tokens < limit:
-            limit = max(max_tokens, 0)
+        key, limit = _key_and_limit(tokens, max_tokens)
         node = self._ns_roots.get(namespace)
         if node is None or limit == 0:
             return 0
-        pb = self._page_bytes
         limit_b = limit * _ITEM
-        full_b = limit_b - limit_b % pb
+        node, pos, _, partial = self._descend(node, key, limit_b - limit_b % self._page_bytes)
+        if partial is not None:
+            # Full pages of the edge plus the copy-on-write part of the next: pos + m.
+            return pos // _ITEM + _common_tokens(key, pos, partial.key, limit_b)
+        if self.page_size > 1 and pos < limit_b and node.cow_index:
+            return pos // _ITEM + self._best_cow(node, key, pos, limit_b)[1]
+        return pos // _ITEM
+
+    def _descend(self, node: TreeNode, key: bytes,
+                 full_b: int) -> tuple[TreeNode, int, list[np.ndarray], TreeNode | None]:
+        """Follow the edges key[:full_b] matches whole, from `node`; no side effects.
+
+        Returns the last node reached, the byte offset in `key` after it, the pages of the
+        edges passed, and the child whose edge matched only in part (at least its first
+        page), or None.
+        """
+        pb = self._page_bytes
         pos = 0
+        parts: list[np.ndarray] = []
         while pos < full_b:
             child = node.children.get(key[pos:pos + pb])
             if child is None:
-                break
+                return node, pos, parts, None
             edge = child.key
             end = pos + len(edge)
-            if end <= full_b and key.startswith(edge, pos):
-                node = child
-                pos = end
-                continue
-            # Full pages of the edge plus the copy-on-write part of the next: pos + m.
-            return pos // _ITEM + _common_tokens(key, pos, edge,
-                                                 min(len(edge), limit_b - pos) // _ITEM)
-        if pb > _ITEM and pos < limit_b and node.cow_index:
-            return pos // _ITEM + self._best_cow(node, key, pos, limit_b)[1]
-        return pos // _ITEM
+            if end > full_b or not key.startswith(edge, pos):
+                return node, pos, parts, child
+            parts.append(child.pages)
+            node = child
+            pos = end
+        return node, pos, parts, None
 
     def _best_cow(self, node: TreeNode, key: bytes, pos: int,
                   limit_b: int) -> tuple[TreeNode | None, int]:
         """The child whose first page shares the most tokens with key[pos:limit_b]."""
         best, best_len = None, 0
-        cap = min(self.page_size, (limit_b - pos) // _ITEM)
+        end_b = min(limit_b, pos + self._page_bytes)       # within the first page only
         for child in node.cow_index.get(key[pos:pos + _ITEM], ()):
-            n = _common_tokens(key, pos, child.key, cap)
+            n = _common_tokens(key, pos, child.key, end_b)
             if n > best_len or (n == best_len and best is not None and child.id < best.id):
                 best, best_len = child, n
         return best, best_len
@@ -347,7 +349,7 @@ class RadixCache:
                     node = child
                     pos = end
                     continue
-            m = _common_tokens(key, pos, edge, min(len(edge), nb - pos) // _ITEM)
+            m = _common_tokens(key, pos, edge, nb)
             m -= m % ps
             node = self._split(child, m)
             same_pages = False

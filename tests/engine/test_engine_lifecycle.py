@@ -111,18 +111,22 @@ def test_abort_mid_decode_and_consumer_going_away(model_fp32):
     assert engine.stats().requests_finished.get("abort") == 2
 
 
+def one_after_another(*questions):
+    """A scenario: 8 greedy tokens for each question, each request after the previous one."""
+
+    async def scenario(engine):
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        return [await collect(engine.generate(chat_ids(engine, q), params)) for q in questions]
+
+    return scenario
+
+
 def test_forward_error_fails_step_and_engine_keeps_serving(model_fp32, monkeypatch):
     engine = make_engine(model_fp32)
     monkeypatch.setattr(engine.runner, "execute",
                         failing_on_call(engine.runner.execute, 3, RuntimeError("injected failure")))
 
-    async def scenario(engine):
-        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-        first = await collect(engine.generate(chat_ids(engine, QUESTIONS[5]), params))
-        second = await collect(engine.generate(chat_ids(engine, QUESTIONS[6]), params))
-        return first, second
-
-    first, second = run(engine, scenario)
+    first, second = run(engine, one_after_another(QUESTIONS[5], QUESTIONS[6]))
     assert first.final.finish_reason == "error" and "injected failure" in first.final.error
     assert second.final.finish_reason == "length" and len(second.token_ids[0]) == 8
 
@@ -195,12 +199,6 @@ def test_scheduler_error_fails_live_requests_and_engine_keeps_serving(model_fp32
                         failing_on_call(engine.scheduler.complete, 2,
                                         KeyError("injected scheduler bug"), after=True))
 
-    async def scenario(engine):
-        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-        first = await collect(engine.generate(chat_ids(engine, QUESTIONS[9]), params))
-        second = await collect(engine.generate(chat_ids(engine, QUESTIONS[10]), params))
-        return first, second
-
-    first, second = run(engine, scenario)
+    first, second = run(engine, one_after_another(QUESTIONS[9], QUESTIONS[10]))
     assert first.final.finish_reason == "error" and "injected scheduler bug" in first.final.error
     assert second.final.finish_reason == "length" and len(second.token_ids[0]) == 8
