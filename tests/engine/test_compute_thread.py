@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from engine_helpers import QUESTIONS, chat_ids, collect, make_engine
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.host_memory import keep_freed_host_memory
@@ -80,6 +82,19 @@ def test_warm_up_runs_a_prefill_and_returns_every_page(model_fp32, monkeypatch):
     assert warmed == [(300, 300, total - 300)]        # page size 1: the pages were lent
     assert after_start == (total, 0)                  # all back; nothing of it cached
     assert len(got.token_ids[0]) == 3 and got.final.usage.cached_tokens == 0
+    engine.check_invariants()
+
+
+def test_a_failing_warm_up_returns_its_pages(model_fp32, monkeypatch):
+    engine = make_engine(model_fp32, warmup_tokens=64)
+
+    def broken(pages, num_tokens):
+        raise RuntimeError("injected warm-up failure")
+
+    monkeypatch.setattr(engine.runner, "warm_up", broken)
+    with pytest.raises(RuntimeError, match="injected warm-up failure"):
+        asyncio.run(engine.start())
+    assert engine.memory.allocator.num_free == engine.memory.allocator.num_pages
     engine.check_invariants()
 
 
