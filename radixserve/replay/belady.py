@@ -157,6 +157,6 @@ def make_policy(name: str, workload: Workload) -> EvictionPolicy:
     if name == "belady":
         return BeladyPolicy(*NextUseIndex.for_workload(workload))
     policy = cache_policy(name)
-    if workload.space.mode == "block":
+    if workload.space.mode == "block" and not getattr(policy, "unit_free", False):
         return TokenUnitPolicy(policy, workload.space.page_size)
     return policy
