@@ -63,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     from .traces import TraceError
 
     try:
+        if args.plot:
+            from .plot import check_plot_path
+
+            check_plot_path(args.plot)
         capacities = parse_capacities(args.capacity_tokens)
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         options = SweepOptions(
@@ -74,20 +78,27 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress and not args.json, check_every=args.check_every)
         report = run_sweep(options, warn=lambda msg: print(msg, file=sys.stderr))
     except (TraceError, ValueError, OSError) as exc:
-        print(f"radixserve replay: error: {exc}", file=sys.stderr)
-        return 2
-    if args.plot:
-        from .plot import plot_curve
-
-        plot_curve(report, args.plot)
+        return _fail(exc)
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=1)
         print()
     else:
         print(format_table(report))
-        if args.plot:
+    if args.plot:     # after the report: a plot that fails loses nothing
+        from .plot import plot_curve
+
+        try:
+            plot_curve(report, args.plot)
+        except (OSError, ValueError) as exc:
+            return _fail(f"the report is above, but the plot failed: {exc}")
+        if not args.json:
             print(f"curve written to {args.plot}")
     return 0
+
+
+def _fail(reason) -> int:
+    print(f"radixserve replay: error: {reason}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,21 @@ from pathlib import Path
 from .report import OPTIMAL, ReplayReport, human_tokens
 
 
+def check_plot_path(path: str | Path) -> None:
+    """Refuse, before any replay runs, a plot file that cannot be written: ValueError."""
+    path = Path(path)
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"--plot {path}: the folder {folder} does not exist")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in kinds:
+        raise ValueError(f"--plot {path}: unsupported file type {path.suffix or '(none)'!r}; "
+                         f"use one of {', '.join('.' + k for k in sorted(kinds))}")
+
+
 def plot_curve(report: ReplayReport, path: str | Path) -> None:
     """Write the hit-rate curve of a sweep to ``path`` (format from its suffix)."""
     import matplotlib  # lazy: only --plot pays for it

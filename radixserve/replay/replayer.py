@@ -23,7 +23,7 @@ from radixserve.cache.memory import PagedMemory
 from radixserve.cache.page_allocator import OutOfPages, PageAllocator
 from radixserve.cache.radix_cache import RadixCache
 
-from .belady import make_policy
+from .belady import PageAtATimeMemory, make_policy
 from .workload import ReplayItem, Workload
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -101,14 +101,17 @@ class _Run:
         space = workload.space
         self.space = space
         self.config = config
-        self.policy = make_policy(config.policy, workload)
         if config.capacity_tokens is None:
             num_pages = workload.page_demand()
         else:
             num_pages = config.capacity_tokens // space.page_size
+        self.policy = make_policy(config.policy, workload, num_pages)
         self.alloc = PageAllocator(num_pages)
         self.cache = RadixCache(page_size=space.tree_page_size, policy=self.policy)
-        self.mem = PagedMemory(self.alloc, self.cache)
+        memory = (PageAtATimeMemory
+                  if getattr(self.policy, "evicts_pages_one_at_a_time", False)
+                  else PagedMemory)
+        self.mem = memory(self.alloc, self.cache)
         self.inflight: deque[_InFlight] = deque()
 
     def admit(self, item: ReplayItem) -> int | None:

@@ -54,12 +54,20 @@ def run_sweep(opts: SweepOptions, warn: Callable[[str], None] = lambda _: None
               ) -> ReplayReport:
     """Replay every (capacity, policy) point plus the unbounded ceiling."""
     check_policies(opts.policies)
+    if opts.page_size is not None and opts.page_size < 1:
+        raise ValueError(f"--page-size must be >= 1, got {opts.page_size}")
+    if opts.limit is not None and opts.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {opts.limit}")
     trace = read_trace(opts.trace, opts.format, opts.block_size, opts.on_error, opts.limit)
     for err in trace.skipped[:20]:
         warn(f"skipped {err}")
     if len(trace.skipped) > 20:
         warn(f"... and {len(trace.skipped) - 20} more malformed lines skipped")
     page_size = opts.page_size or (trace.block_size if trace.format == "hash" else 1)
+    for cap in opts.capacities:
+        if cap is not None and cap < page_size:
+            raise ValueError(f"capacity {cap} tokens is less than one page ({page_size} "
+                             "tokens): nothing could be cached")
     mode = resolve_mode(trace.format, opts.mode, page_size, trace.block_size)
     tokenizer = TextTokenizer(opts.model) if trace.format == "text" else None
     workload = Workload(trace, mode, page_size, opts.include_outputs, tokenizer)
