@@ -25,12 +25,17 @@ Classes (what a live server knows when the leaf is keyed)
   evicted, by a fingerprint of their end (namespace, depth, last tokens), so a request that
   brings evicted content back counts as its second use. 1, 2, or 3 and more;
 - for content used once: whether it hangs under a cached prefix (a conversation's next
-  turn, a question after a shared document) or starts at the root (new traffic).
+  turn, a question after a shared document) or starts at the root (new traffic), and its
+  size in tokens (in powers of 4: on the Mooncake trace a new one-block prompt is almost
+  never reused, a new 50-block document two times in three).
 
 Online learning, without feedback
 ---------------------------------
 A leaf's wait for its next use (from its creation or its last hit) is a *trial* of its
-class; its next hit is a success. If the odds were learned from every leaf, a class judged
+class; its next hit is a success. A node used only as the inner node of longer prefixes,
+which is a leaf again because they were evicted (a finished conversation's history), was
+not itself what the traffic came back for: its trial is withdrawn, not a success (it is
+keyed then with an older `last_access` than the newest the policy has seen). If the odds were learned from every leaf, a class judged
 poor would be evicted early, rarely hit, and judged poorer still. So, as in set dueling
 (DIP, DRRIP), one leaf in `explore` (by node id) is an *explorer*: keyed class-blind, with
 the mean odds of all classes, and only explorers' trials teach the odds. p(class) =
@@ -68,8 +73,11 @@ __all__ = ["AdaptivePolicy", "CLASS_NAMES"]
 
 _FP_BYTES = 64             # fingerprint: the sequence's last 8 token ids, with its depth
 
-NEW_ROOT, NEW_BRANCH, SEEN_TWICE, SEEN_OFTEN = range(4)
-CLASS_NAMES = ("new at root", "new under a prefix", "used twice", "used 3+ times")
+SEEN_TWICE, SEEN_OFTEN = 0, 1
+_SIZE_BUCKETS = 9          # new content by size: < 4 tokens, < 16, < 64, ..., >= 4**8 = 64Ki
+CLASS_NAMES = ("used twice", "used 3+ times") + tuple(
+    f"new {where}, {'<' if b < _SIZE_BUCKETS - 1 else '>='} {4 ** (b + 1 if b < _SIZE_BUCKETS - 1 else b)} tokens"
+    for b in range(_SIZE_BUCKETS) for where in ("at root", "under a prefix"))
 _NUM_CLASSES = len(CLASS_NAMES)
 _MAX_ODDS = 0.999
 _NOT_ADMITTED = 1e15       # subtracted from the key of a leaf that is not admitted
@@ -94,7 +102,7 @@ class AdaptivePolicy(EvictionPolicy):
     """Per-class reuse odds, learned online, stretch or shrink LRU's lifetime."""
 
     name = "adaptive"
-    unit_free = True       # orders leaves the same in any size unit (replay block mode)
+    tokens_per_key = 1.0   # the replay's block mode sets it: a tree key there is not a token
 
     def __init__(self, window: int = 1024, explore: int = 8, admission: bool = True,
                  admission_threshold: float = 0.05, ghost_factor: int = 4):
@@ -118,6 +126,7 @@ class AdaptivePolicy(EvictionPolicy):
         self._memo: dict[int, _Entry] = {}
         self._memo_swept = 0          # memo size after the last sweep
         self._ghost: OrderedDict[tuple, int] = OrderedDict()   # fingerprint -> uses
+        self._now = 0                 # the newest last_access keyed so far
 
     # ------------------------------------------------------------------ learned state
     def odds(self, cls: int) -> float:
@@ -151,7 +160,12 @@ class AdaptivePolicy(EvictionPolicy):
             self.successes[c] *= decay
         self.trials[cls] += 1.0
 
-    def _success(self, entry: _Entry, now: int) -> None:
+    def _close_trial(self, entry: _Entry, now: int, fresh: bool) -> None:
+        """A success when the leaf itself was hit; withdrawn when it was used as an inner
+        node of longer prefixes and is a leaf again only because they were evicted."""
+        if not fresh:
+            self.trials[entry.cls] = max(self.trials[entry.cls] - 1.0, 0.0)
+            return
         self.successes[entry.cls] += 1.0
         decay = 1.0 - 1.0 / self.window
         self._gap_sum = self._gap_sum * decay + (now - entry.trial_start)
@@ -159,6 +173,9 @@ class AdaptivePolicy(EvictionPolicy):
 
     # ------------------------------------------------------------------ the key
     def key(self, node: TreeNode) -> Any:
+        fresh = node.last_access >= self._now     # keyed at the moment of its last use
+        if node.last_access > self._now:
+            self._now = node.last_access
         entry = self._memo.get(node.id)
         if entry is not None and entry.node is node and entry.last_access == node.last_access \
                 and entry.hit_count == node.hit_count and entry.num_tokens == node.num_tokens:
@@ -166,11 +183,11 @@ class AdaptivePolicy(EvictionPolicy):
         fp = _fingerprint(node)
         if entry is None or entry.node is not node:
             entry = self._first_sighting(node, fp)
-        elif node.hit_count > entry.hit_count:    # reused since it was keyed
+        elif node.hit_count > entry.hit_count:    # used since it was keyed
             if entry.explorer:
-                self._success(entry, node.last_access)
+                self._close_trial(entry, node.last_access, fresh)
             entry.uses += node.hit_count - entry.hit_count
-            entry.cls = _classify(node, entry.uses)
+            entry.cls = _classify(node, entry.uses, entry.num_tokens * self.tokens_per_key)
             entry.trial_start = node.last_access
             if entry.explorer:
                 self._open_trial(entry.cls)
@@ -185,7 +202,7 @@ class AdaptivePolicy(EvictionPolicy):
         """A fresh leaf (used once, or more if the ghost table knows its content), or an
         inner node that has just become a leaf."""
         uses = max(self._ghost.pop(fp, 0), node.hit_count) + 1
-        cls = _classify(node, uses)
+        cls = _classify(node, uses, node.num_tokens * self.tokens_per_key)
         explorer = (node.id * 2654435761) % self.explore == 0     # a fixed spread of ids
         if explorer:
             self._open_trial(cls)
@@ -198,7 +215,7 @@ class AdaptivePolicy(EvictionPolicy):
     def _score(self, node: TreeNode, entry: _Entry) -> float:
         p = self.mean_odds() if entry.explorer else self.odds(entry.cls)
         bonus = math.log(p / (1.0 - p))
-        if entry.cls >= SEEN_TWICE:
+        if entry.cls <= SEEN_OFTEN:
             bonus = max(bonus, 0.0)               # reused content: never before LRU would
         key = node.last_access + self.horizon * bonus
         if self.admission and not entry.explorer and p < self.admission_threshold:
@@ -233,9 +250,11 @@ def _fingerprint(node: TreeNode) -> tuple:
     return node.namespace, node.depth, tail
 
 
-def _classify(node: TreeNode, uses: int) -> int:
+def _classify(node: TreeNode, uses: int, tokens: float) -> int:
+    """The leaf's class; `tokens`: its edge's size in tokens (for new content only)."""
     if uses >= 3:
         return SEEN_OFTEN
     if uses == 2:
         return SEEN_TWICE
-    return NEW_BRANCH if node.depth > node.num_tokens else NEW_ROOT
+    bucket = min(int(math.log2(max(tokens, 1))) // 2, _SIZE_BUCKETS - 1)
+    return 2 + 2 * bucket + (node.depth > node.num_tokens)
