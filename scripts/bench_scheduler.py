@@ -1,8 +1,8 @@
 """The scheduler's own CPU time per step, with a stand-in model whose forward costs nothing.
 
 Measures Scheduler.schedule() + Scheduler.complete() (admission, page reservation, batch
-assembly, sampling bookkeeping, stop checks, streaming) and, separately, the page-table
-metadata the runner builds, at 1, 64 and 256 running decodes.
+assembly, sampling bookkeeping) plus the output processor (stop checks, streaming) and,
+separately, the page-table metadata the runner builds, at 1, 64 and 256 running decodes.
 
     python scripts/bench_scheduler.py [--steps 200] [--quick]
 """
@@ -19,20 +19,27 @@ from radixserve.cache.memory import PagedMemory
 from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.cache.token_keys import new_token_array
+from radixserve.engine.batch import SampleResult
+from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.outputs import EngineStats
-from radixserve.engine.request import Request, Sequence
-from radixserve.engine.sampler import SampleResult
+from radixserve.engine.request import Request, SeqState
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import Scheduler, SchedulerConfig
 from radixserve.engine.seq_memory import SequenceMemory
-from radixserve.engine.text_stream import TextStream
 
 
 class OneCharDetokenizer:
-    """Stands in for the tokenizer: each token is one character."""
+    """Stands in for the tokenizer's detokenizer: each token is one character."""
 
     def push(self, token_id: int) -> str:
         return chr(97 + token_id % 26)
+
+
+class OneCharTokenizer:
+    eos_token_ids = frozenset({2})
+
+    def detokenizer(self, prompt_ids=()) -> OneCharDetokenizer:
+        return OneCharDetokenizer()
 
 
 def build(running: int, page_size: int, prompt_len: int, shared: int):
@@ -42,7 +49,8 @@ def build(running: int, page_size: int, prompt_len: int, shared: int):
                             use_cache=True, copy_prefix=lambda *a: None)
     stats = EngineStats()
     sched = Scheduler(SchedulerConfig(page_size=page_size, max_running=running,
-                                      token_budget=8192, max_model_len=1 << 20), memory, stats)
+                                      token_budget=8192), memory, stats)
+    outputs = OutputProcessor(OneCharTokenizer(), stats, max_model_len=1 << 20)
     rng = random.Random(0)
     prefix = [rng.randrange(1000) for _ in range(shared)]
     params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True,
@@ -51,11 +59,10 @@ def build(running: int, page_size: int, prompt_len: int, shared: int):
     for r in range(running):
         prompt = prefix + [rng.randrange(1000) for _ in range(prompt_len - shared)]
         req = Request(f"r{r}", prompt, params, None, emit=sink.append)
-        stream = TextStream(params, OneCharDetokenizer(), frozenset({2}))
-        req.sequences = [Sequence(req, 0, new_token_array(prompt), stream, None,
-                                   page_size=page_size)]
+        req.sequences = [SeqState(req, 0, new_token_array(prompt), None, page_size=page_size)]
+        outputs.add(req)
         sched.add(req)
-    return sched, sink, rng
+    return sched, outputs, sink, rng
 
 
 def fake_forward(plan, rng) -> SampleResult:
@@ -63,11 +70,17 @@ def fake_forward(plan, rng) -> SampleResult:
     return SampleResult(token_ids=[rng.randrange(3, 1000) for _ in range(n)], logprobs=[None] * n)
 
 
+def complete(sched: Scheduler, outputs: OutputProcessor, plan, result) -> None:
+    """What Engine._complete does after a step."""
+    update = sched.complete(plan, result)
+    sched.finish(outputs.on_tokens(update.sampled, time.monotonic()))
+
+
 def measure(running: int, steps: int, page_size: int) -> dict:
-    sched, sink, rng = build(running, page_size, prompt_len=256, shared=128)
+    sched, outputs, sink, rng = build(running, page_size, prompt_len=256, shared=128)
     while any(s.in_prefill for s in sched.running) or sched.waiting:   # reach steady decode
         plan = sched.schedule()
-        sched.complete(plan, fake_forward(plan, rng))
+        complete(sched, outputs, plan, fake_forward(plan, rng))
     sched_times, meta_times = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -75,7 +88,7 @@ def measure(running: int, steps: int, page_size: int) -> dict:
         t1 = time.perf_counter()
         result = fake_forward(plan, rng)
         t2 = time.perf_counter()
-        sched.complete(plan, result)
+        complete(sched, outputs, plan, result)
         t3 = time.perf_counter()
         build_metadata(plan.batch.spans, page_size, "cpu")
         t4 = time.perf_counter()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 import uuid
-from typing import AsyncIterator, Sequence as Seq
+from collections.abc import AsyncIterator, Sequence
 
 import torch
 
@@ -19,16 +20,18 @@ from radixserve.cache.memory import PagedMemory
 from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import CacheLockedError, RadixCache
 from radixserve.cache.token_keys import new_token_array
+from radixserve.engine.batch import SampleResult
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
+from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.outputs import EngineStats, RequestOutput
-from radixserve.engine.request import Request, Sequence
+from radixserve.engine.request import Request, SeqState
 from radixserve.engine.runner import ModelRunner
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
+from radixserve.engine.scheduler import (DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig,
+                                        StepPlan)
 from radixserve.engine.seq_memory import SequenceMemory
-from radixserve.engine.text_stream import TextStream
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -53,9 +56,9 @@ class Engine:
             SchedulerConfig(page_size=config.page_size,
                             max_running=config.max_running_requests,
                             token_budget=config.chunked_prefill_size,
-                            policy=config.schedule_policy,
-                            max_model_len=self.max_model_len),
+                            policy=config.schedule_policy),
             self.seq_memory, self._stats)
+        self.outputs = OutputProcessor(self.tokenizer, self._stats, self.max_model_len)
         self._ids = itertools.count()
         self._executor = compute_executor()
         self._wake: asyncio.Event | None = None
@@ -123,7 +126,7 @@ class Engine:
 
     # ---- requests -----------------------------------------------------------------
 
-    def generate(self, prompt_ids: Seq[int], params: SamplingParams,
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  namespace: str | None = None,
                  request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Queue a request and return its stream of outputs.
@@ -141,11 +144,12 @@ class Engine:
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         request = Request(request_id, prompt, params, namespace, emit=queue.put_nowait)
         request.sequences = [self._new_sequence(request, i) for i in range(params.n)]
+        self.outputs.add(request)
         self.scheduler.add(request)
         self._wake.set()
         return self._stream(request, queue)
 
-    def _validate(self, prompt_ids: Seq[int], params: SamplingParams) -> list[int]:
+    def _validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         vocab = self.tokenizer.vocab_size
         params.validate(vocab)
         prompt = [int(t) for t in prompt_ids]
@@ -161,15 +165,13 @@ class Engine:
                 f"exceeds the maximum context length ({self.max_model_len} tokens)")
         return prompt
 
-    def _new_sequence(self, request: Request, index: int) -> Sequence:
+    def _new_sequence(self, request: Request, index: int) -> SeqState:
         params = request.params
         generator = None
         if params.seed is not None:
             generator = torch.Generator().manual_seed(params.seed + index)
-        detok = self.tokenizer.detokenizer(request.prompt_ids)
-        stream = TextStream(params, detok, self.tokenizer.eos_token_ids)
-        return Sequence(request=request, index=index,
-                        token_ids=new_token_array(request.prompt_ids), text_stream=stream,
+        return SeqState(request=request, index=index,
+                        token_ids=new_token_array(request.prompt_ids),
                         generator=generator, page_size=self.page_size)
 
     async def _stream(self, request: Request, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
@@ -200,9 +202,10 @@ class Engine:
                 continue
             try:
                 plan = self.scheduler.schedule()
+                self.outputs.finish(plan.aborted, "abort", time.monotonic())
             except Exception as exc:  # a scheduler bug must not leave requests hanging
                 log.exception("scheduling step %d failed", self.scheduler.step)
-                self.scheduler.fail_all(exc)
+                self._fail_all(exc)
                 continue
             if not plan.batch:
                 # Nothing fits right now (all waiting, memory short): let aborts arrive.
@@ -212,13 +215,24 @@ class Engine:
                 result = await loop.run_in_executor(self._executor, self.runner.execute, plan.batch)
             except Exception as exc:  # a failed step fails its requests, not the engine
                 log.exception("step %d failed", self.scheduler.step)
-                self.scheduler.fail(plan, exc)
+                self.outputs.finish(self.scheduler.fail(plan), "error", time.monotonic(), exc)
                 continue
             try:
-                self.scheduler.complete(plan, result)
+                self._complete(plan, result)
             except Exception as exc:
                 log.exception("completing step %d failed", self.scheduler.step)
-                self.scheduler.fail_all(exc)
+                self._fail_all(exc)
+
+    def _complete(self, plan: StepPlan, result: SampleResult) -> None:
+        """Apply a step's result: scheduler state first, then the outputs, whose stop checks
+        say which sequences the scheduler retires."""
+        update = self.scheduler.complete(plan, result)
+        now = time.monotonic()
+        self.outputs.finish(update.aborted, "abort", now)
+        self.scheduler.finish(self.outputs.on_tokens(update.sampled, now))
+
+    def _fail_all(self, error: BaseException) -> None:
+        self.outputs.finish(self.scheduler.fail_all(), "error", time.monotonic(), error)
 
     # ---- introspection ------------------------------------------------------------
 

@@ -16,10 +16,10 @@ import torch
 from radixserve.attention.backend import create_backend
 from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.cache.kv_pool import KVPool
-from radixserve.engine.batch import StepBatch
+from radixserve.engine.batch import SampleResult, StepBatch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
-from radixserve.engine.sampler import SampleResult, Sampler
+from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.model import LoadedModel
 
