@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
@@ -19,18 +18,16 @@ import torch
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import CacheLockedError, RadixCache
-from radixserve.cache.token_keys import new_token_array
-from radixserve.engine.batch import SampleResult
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.core import EngineCore
 from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
 from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.outputs import EngineStats, RequestOutput
-from radixserve.engine.request import Request, SeqState
+from radixserve.engine.request import Request, new_request
 from radixserve.engine.runner import ModelRunner
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.engine.scheduler import (DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig,
-                                        StepPlan)
+from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
 from radixserve.engine.seq_memory import SequenceMemory
 from radixserve.model import LoadedModel
 
@@ -59,6 +56,7 @@ class Engine:
                             policy=config.schedule_policy),
             self.seq_memory, self._stats)
         self.outputs = OutputProcessor(self.tokenizer, self._stats, self.max_model_len)
+        self.core = EngineCore(self.scheduler, self.outputs)
         self._ids = itertools.count()
         self._executor = compute_executor()
         self._wake: asyncio.Event | None = None
@@ -142,10 +140,9 @@ class Engine:
         if request_id in self.scheduler.requests:
             raise InvalidRequest("request_id", f"request id {request_id!r} is already running")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        request = Request(request_id, prompt, params, namespace, emit=queue.put_nowait)
-        request.sequences = [self._new_sequence(request, i) for i in range(params.n)]
-        self.outputs.add(request)
-        self.scheduler.add(request)
+        request = new_request(request_id, prompt, params, namespace, queue.put_nowait,
+                              self.page_size, self._generators(params))
+        self.core.add(request)
         self._wake.set()
         return self._stream(request, queue)
 
@@ -165,14 +162,10 @@ class Engine:
                 f"exceeds the maximum context length ({self.max_model_len} tokens)")
         return prompt
 
-    def _new_sequence(self, request: Request, index: int) -> SeqState:
-        params = request.params
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator().manual_seed(params.seed + index)
-        return SeqState(request=request, index=index,
-                        token_ids=new_token_array(request.prompt_ids),
-                        generator=generator, page_size=self.page_size)
+    def _generators(self, params: SamplingParams) -> list[torch.Generator | None]:
+        if params.seed is None:
+            return [None] * params.n
+        return [torch.Generator().manual_seed(params.seed + i) for i in range(params.n)]
 
     async def _stream(self, request: Request, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         remaining = len(request.sequences)
@@ -201,11 +194,10 @@ class Engine:
                 await self._wake.wait()
                 continue
             try:
-                plan = self.scheduler.schedule()
-                self.outputs.finish(plan.aborted, "abort", time.monotonic())
+                plan = self.core.schedule()
             except Exception as exc:  # a scheduler bug must not leave requests hanging
                 log.exception("scheduling step %d failed", self.scheduler.step)
-                self._fail_all(exc)
+                self.core.fail_all(exc)
                 continue
             if not plan.batch:
                 # Nothing fits right now (all waiting, memory short): let aborts arrive.
@@ -215,24 +207,13 @@ class Engine:
                 result = await loop.run_in_executor(self._executor, self.runner.execute, plan.batch)
             except Exception as exc:  # a failed step fails its requests, not the engine
                 log.exception("step %d failed", self.scheduler.step)
-                self.outputs.finish(self.scheduler.fail(plan), "error", time.monotonic(), exc)
+                self.core.fail_step(plan, exc)
                 continue
             try:
-                self._complete(plan, result)
+                self.core.complete(plan, result)
             except Exception as exc:
                 log.exception("completing step %d failed", self.scheduler.step)
-                self._fail_all(exc)
-
-    def _complete(self, plan: StepPlan, result: SampleResult) -> None:
-        """Apply a step's result: scheduler state first, then the outputs, whose stop checks
-        say which sequences the scheduler retires."""
-        update = self.scheduler.complete(plan, result)
-        now = time.monotonic()
-        self.outputs.finish(update.aborted, "abort", now)
-        self.scheduler.finish(self.outputs.on_tokens(update.sampled, now))
-
-    def _fail_all(self, error: BaseException) -> None:
-        self.outputs.finish(self.scheduler.fail_all(), "error", time.monotonic(), error)
+                self.core.fail_all(exc)
 
     # ---- introspection ------------------------------------------------------------
 

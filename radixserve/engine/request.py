@@ -12,10 +12,12 @@ import enum
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from radixserve.cache.token_keys import new_token_array
 from radixserve.cache.tree_node import TreeNode
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.sampling_params import SamplingParams
@@ -102,3 +104,17 @@ class SeqState:
     @property
     def private_pages(self) -> np.ndarray:
         return self.pages[self.num_tree_pages:]
+
+
+def new_request(request_id: str, prompt_ids: list[int], params: SamplingParams,
+                namespace: str | None, emit: Callable[[RequestOutput], None], page_size: int,
+                generators: "Sequence[torch.Generator | None] | None" = None,
+                arrival_time: float | None = None) -> Request:
+    """A request with its `params.n` samples (sample i samples with generators[i])."""
+    request = Request(request_id, prompt_ids, params, namespace, emit)
+    if arrival_time is not None:
+        request.arrival_time = arrival_time
+    gens = generators if generators is not None else [None] * params.n
+    request.sequences = [SeqState(request, i, new_token_array(prompt_ids), gen,
+                                  page_size=page_size) for i, gen in enumerate(gens)]
+    return request

@@ -49,6 +49,7 @@ class StepPlan:
     new_lens: list[int] = field(default_factory=list)
     samples: list[bool] = field(default_factory=list)
     aborted: list[SeqState] = field(default_factory=list)  # retired before the step
+    deferred: list[SeqState] = field(default_factory=list)  # held back: prefix in flight
 
 
 class Scheduler:
@@ -112,10 +113,10 @@ class Scheduler:
             work.append((seq, want))
             i += 1
 
-        self._admit(budget, work)
+        deferred = self._admit(budget, work)
         # Multi-token spans first, single-token ones after (the layout attention expects).
         work.sort(key=lambda item: item[1] == 1)
-        plan = StepPlan(batch=StepBatch(), aborted=aborted)
+        plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred)
         for seq, n in work:
             self._add_span(plan, seq, n)
         self.schedule_seconds += time.perf_counter() - started
@@ -133,9 +134,12 @@ class Scheduler:
                 if victim is seq:
                     return False
 
-    def _admit(self, budget: int, work: list[tuple[SeqState, int]]) -> None:
+    def _admit(self, budget: int, work: list[tuple[SeqState, int]]) -> list[SeqState]:
+        """Admit waiting sequences in policy order until budget, running cap or memory
+        stops it; return those held back because a running one computes their prefix."""
+        deferred: list[SeqState] = []
         if not self.waiting or budget <= 0:
-            return
+            return deferred
         candidates = self._ordered_waiting()
         reserve_pages = self.memory.pages_for(
             sum(min(DECODE_RESERVE_TOKENS, s.params.max_tokens - s.num_generated)
@@ -145,6 +149,7 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.config.max_running:
                 break
             if self._shares_prefix_in_flight(seq, cached):
+                deferred.append(seq)
                 continue
             try:
                 hit = self.memory.admit(seq)
@@ -175,6 +180,7 @@ class Scheduler:
             work.append((seq, chunk))
         if admitted:
             self.waiting = [s for s in self.waiting if id(s) not in admitted]
+        return deferred
 
     def _ordered_waiting(self) -> list[tuple[SeqState, int | None]]:
         """Waiting sequences in admission order, with their cached prefix when it was
