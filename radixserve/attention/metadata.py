@@ -41,6 +41,10 @@ class AttentionMetadata:
     def num_decodes(self) -> int:
         return self.batch_size - self.num_prefills
 
+    def last_token_rows(self) -> torch.Tensor:
+        """int64 [B]: each sequence's last new token in the step's flat token order."""
+        return self.qo_indptr[1:].to(torch.int64) - 1
+
 
 def _cpu_tensor(a: np.ndarray, pin: bool) -> torch.Tensor:
     t = torch.from_numpy(np.ascontiguousarray(a))
