@@ -28,6 +28,7 @@ from radixserve.engine.request import Request, new_request
 from radixserve.engine.runner import ModelRunner
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
+from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
 from radixserve.model import LoadedModel
 
@@ -58,6 +59,7 @@ class Engine:
         self.outputs = OutputProcessor(self.tokenizer, self._stats, self.max_model_len)
         self.core = EngineCore(self.scheduler, self.outputs)
         self._ids = itertools.count()
+        self._seeds = SampleSeeds(config.seed)
         self._executor = compute_executor()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -163,9 +165,8 @@ class Engine:
         return prompt
 
     def _generators(self, params: SamplingParams) -> list[torch.Generator | None]:
-        if params.seed is None:
-            return [None] * params.n
-        return [torch.Generator().manual_seed(params.seed + i) for i in range(params.n)]
+        return [None if seed is None else torch.Generator().manual_seed(seed)
+                for seed in self._seeds.for_request(params)]
 
     async def _stream(self, request: Request, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         remaining = len(request.sequences)
