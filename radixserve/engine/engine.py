@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
@@ -21,7 +22,8 @@ from radixserve.cache.radix_cache import CacheLockedError, RadixCache
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
-from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
+from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
+                                      QueueFull)
 from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.outputs import EngineStats, RequestOutput
 from radixserve.engine.request import Request, new_request
@@ -64,6 +66,7 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._failure: str | None = None
 
     def _max_model_len(self) -> int:
         model_len = self.loaded.config.max_position_embeddings
@@ -133,11 +136,15 @@ class Engine:
 
         Raises InvalidRequest / QueueFull / EngineStopped here, before anything is queued.
         """
+        if self._failure is not None:
+            raise EngineUnhealthy(f"the engine stopped after an internal error: {self._failure}")
         if self._stopping or self._task is None:
             raise EngineStopped("the engine is not running")
         prompt = self._validate(prompt_ids, params)
-        if len(self.scheduler.waiting) >= self.config.max_queue_len:
-            raise QueueFull(f"{len(self.scheduler.waiting)} requests are waiting")
+        waiting = self.scheduler.num_waiting_requests
+        if waiting >= self.config.max_queue_len:
+            raise QueueFull(f"{waiting} requests are waiting "
+                            f"(the queue holds {self.config.max_queue_len})")
         request_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if request_id in self.scheduler.requests:
             raise InvalidRequest("request_id", f"request id {request_id!r} is already running")
@@ -186,6 +193,42 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------
 
     async def _run_loop(self) -> None:
+        """Step until cancelled. Anything that escapes a step's own error handling (a
+        failed invariant check, a bug in failing a step) stops the engine loudly."""
+        try:
+            await self._steps()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail_engine(exc)
+
+    def _fail_engine(self, error: Exception) -> None:
+        """Log, mark the engine unhealthy, and end every live request with an error."""
+        log.critical("engine stopped: %s: %s", type(error).__name__, error, exc_info=error)
+        self._failure = f"{type(error).__name__}: {error}"
+        try:
+            self.core.fail_all(error)
+        except Exception:
+            log.exception("could not release the live requests' pages")
+        # Whatever failing them left open still gets its final event.
+        seqs = [s for r in self.scheduler.requests.values() for s in r.sequences]
+        self.outputs.finish(seqs, "error", time.monotonic(), error)
+
+    @property
+    def error(self) -> str | None:
+        """Why the engine cannot serve (None while it can): an internal failure stopped it,
+        or its loop ended while it was not shutting down. /health reports this."""
+        if self._failure is not None:
+            return self._failure
+        if self._task is not None and self._task.done() and not self._stopping:
+            return "the engine loop is not running"
+        return None
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None
+
+    async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self.scheduler.has_work():

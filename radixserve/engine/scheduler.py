@@ -84,6 +84,11 @@ class Scheduler:
     def num_live(self) -> int:
         return len(self.requests)
 
+    @property
+    def num_waiting_requests(self) -> int:
+        """Requests with a sample waiting (the queue cap counts requests, not samples)."""
+        return len({id(s.request) for s in self.waiting})
+
     # ---- building a step ----------------------------------------------------------
 
     def schedule(self) -> StepPlan:
