@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from radixserve.engine.null_model import NullRunner, null_core
@@ -106,13 +107,18 @@ class Bench:
         self.check()
         return record
 
-    def run(self, max_steps: int = 10_000) -> None:
-        """Step until nothing is left (fails if that takes more than max_steps)."""
+    def drain(self, max_steps: int = 10_000) -> Iterator[StepRecord]:
+        """Step until nothing is left, yielding each step's record (fails if that takes
+        more than max_steps)."""
         for _ in range(max_steps):
             if not self.scheduler.has_work():
                 return
-            self.step()
+            yield self.step()
         raise AssertionError(f"still busy after {max_steps} steps")
+
+    def run(self, max_steps: int = 10_000) -> None:
+        for _ in self.drain(max_steps):
+            pass
 
     def check(self) -> None:
         """Page conservation; no lock held and no output state left once idle."""

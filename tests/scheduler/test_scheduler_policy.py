@@ -143,8 +143,7 @@ def test_running_cap_limits_admission():
     bench = Bench(max_running=2)
     for _ in range(5):
         bench.submit(random_prompt(rng, 8), max_tokens=3)
-    while bench.scheduler.has_work():
-        bench.step()
+    for _ in bench.drain():
         assert len(bench.scheduler.running) <= 2
 
 
@@ -160,8 +159,7 @@ def test_preemption_takes_the_least_advanced_sequence():
         for _ in range(3):
             bench.step()
     victims = []
-    while bench.scheduler.has_work():
-        record = bench.step()
+    for record in bench.drain():
         for victim in record.preempted:
             victims.append(victim.request.request_id)
             others = [s for s in record.running_before if s not in record.preempted]
@@ -213,7 +211,6 @@ def test_decodes_run_even_when_the_budget_is_smaller_than_the_running_set():
     bench = Bench(token_budget=4)
     for _ in range(8):
         bench.submit(random_prompt(rng, 4), max_tokens=10)
-    while bench.scheduler.has_work():
-        record = bench.step()
+    for record in bench.drain():
         decoding = [s for s in record.running_before if record.remaining_before[s] == 1]
         assert all(record.new_lens(s) == [1] for s in decoding)
