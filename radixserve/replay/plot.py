@@ -59,3 +59,41 @@ def plot_curve(report: ReplayReport, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_cluster(report, path: str | Path) -> None:
+    """Token hit rate against replicas, one line per router, and the single replica holding
+    the same total capacity (dashed); one panel per (capacity per replica, policy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
+
+    panels = list(dict.fromkeys((p.capacity_tokens, p.policy) for p in report.points))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), dpi=120,
+                             squeeze=False)
+    for ax, (cap, policy) in zip(axes[0], panels):
+        points = [p for p in report.points if (p.capacity_tokens, p.policy) == (cap, policy)]
+        routers = list(dict.fromkeys(p.router for p in points))
+        for router in routers:
+            xs, ys = zip(*sorted((p.replicas, p.token_hit_rate) for p in points
+                                 if p.router == router))
+            ax.plot(xs, ys, marker="o", markersize=4, label=router)
+        ns = sorted({p.replicas for p in points})
+        ax.plot(ns, [report.single[n * cap, policy].token_hit_rate for n in ns], "k--",
+                marker="s", markersize=4, label="one replica, same total capacity")
+        if len(ns) > 1 and max(ns) > 8 * min(ns):
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_ylim(0, 1.0)
+        ax.set_xlabel("replicas")
+        ax.set_ylabel("cluster token hit rate")
+        ax.set_title(f"{human_tokens(cap)} tokens per replica, {policy.upper()}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{Path(report.trace).name}: {report.requests:,d} requests", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -173,6 +173,13 @@ class _Run:
             self.alloc.free(flight.private)
         flight.private = _EMPTY
 
+    def serve(self, item: ReplayItem) -> int | None:
+        """One request as the replay runs it: complete the oldest requests in flight down to
+        concurrency - 1, then admit it. Its hit tokens, or None when it cannot fit."""
+        while len(self.inflight) >= self.config.concurrency:
+            self.complete(self.inflight.popleft())
+        return self.admit(item)
+
     def drain(self) -> None:
         while self.inflight:
             self.complete(self.inflight.popleft())
@@ -195,9 +202,7 @@ def replay(workload: Workload, config: ReplayConfig,
     for i, item in enumerate(workload):
         if set_now is not None:
             set_now(i)
-        while len(run.inflight) >= config.concurrency:
-            run.complete(run.inflight.popleft())
-        hit = run.admit(item)
+        hit = run.serve(item)
         if i >= warmup:
             stats.measured_requests += 1
             stats.query_tokens += item.prompt_len
