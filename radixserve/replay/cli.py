@@ -79,6 +79,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="cache-aware router: weight of the prefill a cached prefix "
                          "saves against queued seconds (default 4; 1 = least estimated TTFT)")
     cluster.add_argument("--seed", type=int, default=0, help="seed of the random routers")
+    tiers = parser.add_argument_group(
+        "tier simulation", "host memory and disk below the cache: evicted pages are demoted, "
+        "a hit there is loaded instead of recomputed")
+    tiers.add_argument("--host-capacity-tokens", default=None,
+                       help="host-memory tier size (suffixes as --capacity-tokens)")
+    tiers.add_argument("--disk-capacity-tokens", default=None,
+                       help="disk tier size (suffixes as --capacity-tokens)")
+    tiers.add_argument("--kv-bytes-per-token", type=int, default=131072,
+                       help="KV bytes per token, for the bytes moved (default 131072: "
+                       "Llama-3-8B in fp16)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,6 +133,9 @@ def _simulate(args: argparse.Namespace, options):
     """Run what the flags ask for: (report, its table function, its plot function)."""
     warn = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     if args.replicas is not None:
+        if args.host_capacity_tokens is not None or args.disk_capacity_tokens is not None:
+            raise ValueError("simulate either a cluster (--replicas) or tiers "
+                             "(--host/--disk-capacity-tokens), not both at once")
         from . import plot
         from .cluster import ServiceModel
         from .cluster_report import format_cluster_table
@@ -137,6 +150,19 @@ def _simulate(args: argparse.Namespace, options):
             cache_weight=args.cache_weight, seed=args.seed)
         return (run_cluster_sweep(options, cluster, warn), format_cluster_table,
                 lambda r, path: plot.plot_cluster(r, path))
+    if args.host_capacity_tokens is not None or args.disk_capacity_tokens is not None:
+        from . import plot
+        from .report import parse_capacity
+        from .tier_sweep import format_tier_table, run_tier_sweep
+        from .tiers import TierConfig
+
+        sizes = [parse_capacity(v) if v is not None else 0
+                 for v in (args.host_capacity_tokens, args.disk_capacity_tokens)]
+        if None in sizes:
+            raise ValueError("tier capacities must be finite")
+        tiers = TierConfig(sizes[0], sizes[1], args.kv_bytes_per_token)
+        return (run_tier_sweep(options, tiers, warn), format_tier_table,
+                lambda r, path: plot.plot_tiers(r, path))
     from . import plot
     from .report import format_table
     from .sweep import run_sweep

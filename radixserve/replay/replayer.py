@@ -97,7 +97,8 @@ class _InFlight:
 class _Run:
     """State of one replay: a fresh cache, allocator and the requests in flight."""
 
-    def __init__(self, workload: Workload, config: ReplayConfig):
+    def __init__(self, workload: Workload, config: ReplayConfig,
+                 memory: Callable[[PageAllocator, RadixCache], PagedMemory] | None = None):
         space = workload.space
         self.space = space
         self.config = config
@@ -108,9 +109,10 @@ class _Run:
         self.policy = make_policy(config.policy, workload, num_pages)
         self.alloc = PageAllocator(num_pages)
         self.cache = RadixCache(page_size=space.tree_page_size, policy=self.policy)
-        memory = (PageAtATimeMemory
-                  if getattr(self.policy, "evicts_pages_one_at_a_time", False)
-                  else PagedMemory)
+        if memory is None:
+            memory = (PageAtATimeMemory
+                      if getattr(self.policy, "evicts_pages_one_at_a_time", False)
+                      else PagedMemory)
         self.mem = memory(self.alloc, self.cache)
         self.inflight: deque[_InFlight] = deque()
 
