@@ -76,13 +76,15 @@ def plot_cluster(report, path: str | Path) -> None:
     for ax, (cap, policy) in zip(axes[0], panels):
         points = [p for p in report.points if (p.capacity_tokens, p.policy) == (cap, policy)]
         routers = list(dict.fromkeys(p.router for p in points))
-        for router in routers:
+        styles = ["-o", "--^", "-.v", ":s", "-D"]      # overlapping lines stay visible
+        for k, router in enumerate(routers):
             xs, ys = zip(*sorted((p.replicas, p.token_hit_rate) for p in points
                                  if p.router == router))
-            ax.plot(xs, ys, marker="o", markersize=4, label=router)
+            ax.plot(xs, ys, styles[k % len(styles)], markersize=5, alpha=0.85,
+                    label=router)
         ns = sorted({p.replicas for p in points})
-        ax.plot(ns, [report.single[n * cap, policy].token_hit_rate for n in ns], "k--",
-                marker="s", markersize=4, label="one replica, same total capacity")
+        ax.plot(ns, [report.single[n * cap, policy].token_hit_rate for n in ns], "k:",
+                linewidth=2.5, label="one replica, same total capacity")
         if len(ns) > 1 and max(ns) > 8 * min(ns):
             ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
