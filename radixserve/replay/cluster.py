@@ -20,7 +20,7 @@ import numpy as np
 
 from radixserve.routing import RouteRequest, make_router
 
-from .replayer import ReplayConfig, _Run
+from .replayer import HitCounts, ReplayConfig, _Run
 from .workload import Workload
 
 
@@ -63,7 +63,7 @@ class ClusterConfig:
 
 
 @dataclass(slots=True)
-class ClusterStats:
+class ClusterStats(HitCounts):
     """What one (replicas, router, capacity, policy) simulation measured."""
 
     replicas: int
@@ -83,15 +83,6 @@ class ClusterStats:
     ttft_p50: float = 0.0
     ttft_p99: float = 0.0
     seconds: float = 0.0
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-
-    @property
-    def prefill_tokens(self) -> int:
-        """Prompt tokens the cluster computed (not served from a cache)."""
-        return self.query_tokens - self.hit_tokens
 
     @property
     def load_spread(self) -> float:
@@ -225,23 +216,12 @@ def simulate_cluster(workload: Workload, config: ClusterConfig,
         counts[r] += 1
         busy[r] += seconds
         if i >= warmup:
-            stats.measured_requests += 1
-            stats.query_tokens += item.prompt_len
-            if hit is None:
-                stats.unfit_requests += 1
-            elif hit:
-                stats.hit_tokens += hit
-                stats.hit_requests += 1
+            stats.count(item.prompt_len, hit)
             waits.append(begin - now)
             ttfts.append(begin - now + computed * service.prefill_seconds_per_token)
-        if config.check_every and (i + 1) % config.check_every == 0:
-            cluster.runs[r].check()
-        if progress is not None:
-            progress(1)
+        cluster.runs[r].after_request(i, progress)
     for run in cluster.runs:
-        run.drain()
-        if config.check_every:
-            run.check()
+        run.finish()
     stats.requests = len(workload)
     stats.replica_requests = counts
     stats.replica_busy_seconds = busy

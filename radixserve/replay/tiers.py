@@ -207,13 +207,8 @@ def simulate_tiers(workload: Workload, config: ReplayConfig, tiers: TierConfig,
                 stats.hit_tokens["gpu"] += hit
                 for _, level, tokens in lower:
                     stats.hit_tokens[hierarchy.tiers[level][0]] += tokens
-        if config.check_every and (i + 1) % config.check_every == 0:
-            run.check()
-        if progress is not None:
-            progress(1)
-    run.drain()
-    if config.check_every:
-        run.check()
+        run.after_request(i, progress)
+    run.finish()
     stats.requests = len(workload)
     stats.seconds = time.perf_counter() - start
     return stats
