@@ -137,19 +137,13 @@ class BeladyPolicy(EvictionPolicy):
 
 
 class PageAtATimeMemory(PagedMemory):
-    """PagedMemory that evicts one page per ranking, for the Belady optimal (and tiers).
+    """PagedMemory that evicts one page per ranking, for the Belady optimal.
 
     ``RadixCache.evict(n)`` takes whole leaves in policy order, so a leaf whose last page is
     needed last also loses head pages that other leaves' pages outrank. Asking it for one
     page at a time trims the best leaf by its last page and re-ranks it by the page now
-    last, so every evicted page is the farthest-next-use page of the moment. (For LRU, LFU
-    and GDSF this changes nothing: trimming never raises a leaf's rank.) ``on_evict(leaf)``,
-    if given, sees each leaf just before its last page goes (the tier simulation demotes it).
+    last, so every evicted page is the farthest-next-use page of the moment.
     """
-
-    def __init__(self, allocator, tree, on_evict: Callable[[object], None] | None = None):
-        super().__init__(allocator, tree)
-        self.on_evict = on_evict
 
     def alloc(self, n: int) -> np.ndarray:
         free = self.allocator.num_free
@@ -160,8 +154,6 @@ class PageAtATimeMemory(PagedMemory):
         if short > evictable:
             raise OutOfPages(n, free + evictable)
         for _ in range(short):
-            if self.on_evict is not None:
-                self.on_evict(next(self.tree.iter_evictable()))
             self.allocator.free(self.tree.evict(self.page_size))
         return self.allocator.alloc(n)
 

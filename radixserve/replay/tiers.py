@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixserve.cache.token_keys import token_at
+from radixserve.cache.memory import PagedMemory
 
 from .belady import PageAtATimeMemory
 from .cluster import route_requests
@@ -26,6 +26,52 @@ from .replayer import ReplayConfig, _Run
 from .workload import Workload
 
 TIERS = ("host", "disk")
+
+
+class _Demoting:
+    """Memory that reports each page its allocations evict (block mode: by page symbol).
+
+    Before an allocation that must evict, it notes the pages of the nodes that can lose
+    pages: the first `short` evictable leaves in policy order and their unlocked ancestors
+    (at most `short` leaves lose a page, and a node only becomes evictable once its
+    children are gone). Afterwards a node that left the tree lost all its pages, a trimmed
+    one its tail. The eviction itself is the base memory's, unchanged.
+    """
+
+    on_demote: Callable[[int], None]
+
+    def alloc(self, n: int):
+        short = n - self.allocator.num_free
+        watched = self._watch(short) if short > 0 else []
+        pages = super().alloc(n)
+        for node, symbols in watched:
+            kept = 0 if node.parent is None else len(node.pages)
+            for symbol in symbols[kept:]:
+                self.on_demote(symbol)
+        return pages
+
+    def _watch(self, short: int) -> list:
+        seen: dict[int, tuple] = {}
+        for k, leaf in enumerate(self.tree.iter_evictable()):
+            if k == short:
+                break
+            node = leaf
+            while node.depth and node.lock_ref == 0 and node.id not in seen:
+                seen[node.id] = (node, node.tokens[0::2])   # [symbol, MARK] per page
+                node = node.parent
+        return list(seen.values())
+
+
+class DemotingMemory(_Demoting, PagedMemory):
+    def __init__(self, allocator, tree, on_demote: Callable[[int], None]):
+        super().__init__(allocator, tree)
+        self.on_demote = on_demote
+
+
+class DemotingPageAtATimeMemory(_Demoting, PageAtATimeMemory):
+    def __init__(self, allocator, tree, on_demote: Callable[[int], None]):
+        super().__init__(allocator, tree)
+        self.on_demote = on_demote
 
 
 class LRUPages:
@@ -167,11 +213,12 @@ def simulate_tiers(workload: Workload, config: ReplayConfig, tiers: TierConfig,
                       tiers.disk_capacity_tokens)
     hierarchy = _Hierarchy(tiers, space.page_size, stats)
 
-    def demote_leaf_tail(leaf) -> None:
-        hierarchy.demote(token_at(leaf.key, -2))   # block-mode page: [symbol, MARK]
+    def memory(alloc, cache):
+        page_at_a_time = getattr(cache.policy, "evicts_pages_one_at_a_time", False)
+        kind = DemotingPageAtATimeMemory if page_at_a_time else DemotingMemory
+        return kind(alloc, cache, hierarchy.demote)
 
-    run = _Run(workload, config,
-               memory=lambda alloc, cache: PageAtATimeMemory(alloc, cache, demote_leaf_tail))
+    run = _Run(workload, config, memory=memory)
     set_now = getattr(run.policy, "set_now", None)
     ps, pair = space.page_size, space.tree_page_size
     warmup = int(config.warmup_fraction * len(workload))

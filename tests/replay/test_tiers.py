@@ -47,6 +47,15 @@ def test_a_cycle_through_host_and_disk_by_hand(tmp_path):
     assert got.bytes_out == {"host": 6 * page, "disk": 2 * page}
 
 
+@pytest.mark.parametrize("policy", ["lfu", "gdsf", "belady"])
+def test_the_first_tier_is_the_plain_replay_for_every_policy(slice400, policy):
+    config = ReplayConfig(150_000, policy, check_every=100)
+    plain = replay(slice400, config)
+    tiered = simulate_tiers(slice400, config, TierConfig(200_000, 400_000))
+    assert tiered.hit_tokens["gpu"] == plain.hit_tokens
+    assert tiered.total_hit_tokens > plain.hit_tokens
+
+
 def test_the_first_tier_is_the_plain_replay_and_tiers_add_hits(slice400):
     config = ReplayConfig(300_000, "lru", check_every=100)
     plain = replay(slice400, config)
