@@ -104,7 +104,8 @@ class ClusterStats(HitCounts):
             "requests": self.requests, "measured_requests": self.measured_requests,
             "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens,
             "token_hit_rate": self.token_hit_rate, "prefill_tokens": self.prefill_tokens,
-            "hit_requests": self.hit_requests, "unfit_requests": self.unfit_requests,
+            "hit_requests": self.hit_requests, "request_hit_rate": self.request_hit_rate,
+            "unfit_requests": self.unfit_requests,
             "load_spread": self.load_spread, "request_spread": self.request_spread,
             "replica_requests": self.replica_requests,
             "replica_busy_seconds": self.replica_busy_seconds,
@@ -140,6 +141,8 @@ class _Replicas:
         return [b - now if b > now else 0.0 for b in self.busy_until]
 
     def cached_tokens(self, request: RouteRequest) -> list[int]:
+        """Each replica's hit tokens for the request being routed (`self.item`, whose page
+        keys `request` carries), read from its cache without touching it."""
         item, space = self.item, self.space
         L = item.prompt_len
         limit = space.max_match_keys(L)
