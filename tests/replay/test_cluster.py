@@ -149,3 +149,14 @@ def test_cli_cluster_json_and_plot(tmp_path, capsys):
     assert "--replicas must be >= 1" in capsys.readouterr().err
     assert replay_main([str(path), "--block-size", "4", "--replicas", "2"]) == 2
     assert "finite --capacity-tokens" in capsys.readouterr().err
+
+
+def test_shared_trace_four_replicas_cache_aware_keeps_the_single_replica_hits(real_trace):
+    # The claim of docs/replay.md: 4 x 1M tokens with cache-aware routing keep at least 95%
+    # of the hits of one replica holding 4M, and beat power of two and round-robin.
+    work = Workload(read_trace(real_trace), "block", 512)
+    single = replay(work, ReplayConfig(4_000_000)).hit_tokens
+    hits = {router: simulate_cluster(work, ClusterConfig(4, router, 1_000_000)).hit_tokens
+            for router in ("cache-aware", "pow2", "round-robin")}
+    assert hits["cache-aware"] >= 0.95 * single
+    assert hits["cache-aware"] > 2 * max(hits["pow2"], hits["round-robin"])
