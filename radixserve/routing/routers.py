@@ -14,6 +14,7 @@ equal keys mean equal prefixes and a prefix match is a walk over the keys.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from abc import ABC, abstractmethod
 from bisect import bisect_right
@@ -129,15 +130,17 @@ class PrefixAffinityRouter(Router):
     """Ray Serve LLM's PrefixCacheAffinityRouter, on page keys: the router's own prefix view.
 
     The router remembers which pages it sent where (per replica, least recently routed
-    pages forgotten beyond `capacity_pages`), not what the replicas hold. When queues are
-    balanced (longest - shortest <= `imbalance`), a request goes to the replica whose routed
-    history shares its longest prefix, if that covers at least `match_threshold` of the
-    prompt (two choices among equals); otherwise, or when imbalanced, power of two choices.
+    pages forgotten beyond `capacity_pages`), not what the replicas hold. As in Ray: while
+    queues are balanced (longest - shortest <= `imbalance`, unbounded by default) a request
+    goes to the replica(s) whose routed history shares its longest prefix when that covers
+    at least `match_threshold` of the prompt, and otherwise to the replica(s) with the
+    smallest history (the least used cache); ties, an empty history and imbalanced queues
+    go to power of two choices.
     """
 
     name = "prefix-affinity"
 
-    def __init__(self, num_replicas: int, capacity_pages: int, imbalance: int = 8,
+    def __init__(self, num_replicas: int, capacity_pages: int, imbalance: float = math.inf,
                  match_threshold: float = 0.1, seed: int = 0):
         super().__init__(num_replicas)
         self.capacity_pages = max(1, capacity_pages)
@@ -163,11 +166,13 @@ class PrefixAffinityRouter(Router):
 
     def choose(self, request, view):
         queued = view.queued_requests()
-        if max(queued) - min(queued) <= self.imbalance:
+        if self._holders and max(queued) - min(queued) <= self.imbalance:
             best, depth = self.longest_match(request)
-            pages = max(1, len(request.page_keys))
-            if best and depth / pages >= self.match_threshold:
+            if best and depth / max(1, len(request.page_keys)) >= self.match_threshold:
                 return self._pow2.pick(best, queued)
+            sizes = [len(h) for h in self._history]
+            least = min(sizes)
+            return self._pow2.pick([r for r, n in enumerate(sizes) if n == least], queued)
         return self._pow2.pick(range(self.num_replicas), queued)
 
     def routed(self, request, replica):
