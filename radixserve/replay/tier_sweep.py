@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from .replayer import ReplayConfig
 from .report import human_tokens
 from .sweep import SweepOptions, prepare, progress_bar
-from .tiers import TierConfig, TierStats, simulate_tiers, tier_levels
+from .tiers import TierConfig, TierStats, simulate_tiers
 
 
 @dataclass(slots=True)
@@ -78,5 +78,3 @@ def run_tier_sweep(opts: SweepOptions, tiers: TierConfig,
             bar.close()
     return report
 
-
-__all__ = ["TierReport", "format_tier_table", "run_tier_sweep", "tier_levels"]
