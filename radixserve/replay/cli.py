@@ -51,8 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="tokenizer for text traces (a short name, HF dir or .gguf)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--plot", metavar="PNG", default=None,
-                        help="draw hit rate against capacity per policy to this file")
+    parser.add_argument("--plot", metavar="FILE", default=None,
+                        help="draw the report to this file (.png, .svg, .pdf, ...): hit rate "
+                        "against capacity per policy; against replicas per router with "
+                        "--replicas; stacked by tier with tier capacities")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--check-every", type=int, default=0, metavar="N",
                         help="debug: check tree invariants and page conservation every "
@@ -69,24 +71,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="comma list of: cache-aware, prefix-affinity, pow2, "
                          "round-robin, consistent-hash; or all (default)")
     cluster.add_argument("--prefill-seconds-per-token", type=float, default=5e-5,
+                         metavar="SECONDS",
                          help="service model: seconds per computed prompt token "
                          "(default 5e-5: 20k tokens/s; measure with scripts/bench_model.py)")
     cluster.add_argument("--decode-seconds-per-token", type=float, default=1e-3,
+                         metavar="SECONDS",
                          help="service model: seconds per output token (default 1e-3)")
     cluster.add_argument("--time-unit", choices=("ms", "s"), default="ms",
                          help="unit of the trace's timestamps (default ms, as Mooncake)")
-    cluster.add_argument("--cache-weight", type=float, default=4.0,
+    cluster.add_argument("--cache-weight", type=float, default=4.0, metavar="W",
                          help="cache-aware router: weight of the prefill a cached prefix "
                          "saves against queued seconds (default 4; 1 = least estimated TTFT)")
     cluster.add_argument("--seed", type=int, default=0, help="seed of the random routers")
     tiers = parser.add_argument_group(
         "tier simulation", "host memory and disk below the cache: evicted pages are demoted, "
         "a hit there is loaded instead of recomputed")
-    tiers.add_argument("--host-capacity-tokens", default=None,
+    tiers.add_argument("--host-capacity-tokens", default=None, metavar="TOKENS",
                        help="host-memory tier size (suffixes as --capacity-tokens)")
-    tiers.add_argument("--disk-capacity-tokens", default=None,
+    tiers.add_argument("--disk-capacity-tokens", default=None, metavar="TOKENS",
                        help="disk tier size (suffixes as --capacity-tokens)")
-    tiers.add_argument("--kv-bytes-per-token", type=int, default=131072,
+    tiers.add_argument("--kv-bytes-per-token", type=int, default=131072, metavar="BYTES",
                        help="KV bytes per token, for the bytes moved (default 131072: "
                        "Llama-3-8B in fp16)")
 
