@@ -263,8 +263,8 @@ class Engine:
 
     def stats(self) -> EngineStats:
         s = self._stats
-        s.running = len(self.scheduler.running)
-        s.waiting = len(self.scheduler.waiting)
+        s.running = self.scheduler.num_running_requests    # requests, as the metrics say
+        s.waiting = self.scheduler.num_waiting_requests
         s.pages_free = self.memory.allocator.num_free
         s.pages_cached = self.tree.cached_tokens // self.page_size
         s.pages_locked = self.tree.locked_tokens // self.page_size

@@ -89,6 +89,11 @@ class Scheduler:
         """Requests with a sample waiting (the queue cap counts requests, not samples)."""
         return len({id(s.request) for s in self.waiting})
 
+    @property
+    def num_running_requests(self) -> int:
+        """Requests with a sample running."""
+        return len({id(s.request) for s in self.running})
+
     # ---- building a step ----------------------------------------------------------
 
     def schedule(self) -> StepPlan:

@@ -100,7 +100,9 @@ def test_parallel_samples_wait_for_the_first_to_compute_the_prompt():
     bench = Bench(token_budget=512)
     prompt = random_prompt(rng, 50)
     bench.submit(prompt, n=3, request_id="p")
+    assert bench.scheduler.num_waiting_requests == 1            # requests, not samples
     assert [s.index for s in bench.step().admitted] == [0]
+    assert bench.scheduler.num_running_requests == bench.scheduler.num_waiting_requests == 1
     assert sorted(s.index for s in bench.step().admitted) == [1, 2]
     bench.run()
     assert [bench.final("p", i).usage.cached_tokens for i in range(3)] == [0, 49, 49]
