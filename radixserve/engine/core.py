@@ -22,23 +22,29 @@ class EngineCore:
     def __init__(self, scheduler: Scheduler, outputs: OutputProcessor):
         self.scheduler = scheduler
         self.outputs = outputs
+        self.bookkeeping_seconds = 0.0      # in schedule() and complete(), all steps
+
 
     def add(self, request: Request) -> None:
         self.outputs.add(request)
         self.scheduler.add(request)
 
     def schedule(self) -> StepPlan:
+        started = time.perf_counter()
         plan = self.scheduler.schedule()
         self.outputs.finish(plan.aborted, "abort", time.monotonic())
+        self.bookkeeping_seconds += time.perf_counter() - started
         return plan
 
     def complete(self, plan: StepPlan, result: SampleResult) -> None:
         """Apply a step's result: scheduler state first, then the outputs, whose stop checks
         say which samples the scheduler retires."""
+        started = time.perf_counter()
         update = self.scheduler.complete(plan, result)
         now = time.monotonic()
         self.outputs.finish(update.aborted, "abort", now)
         self.scheduler.finish(self.outputs.on_tokens(update.sampled, now))
+        self.bookkeeping_seconds += time.perf_counter() - started
 
     def fail_step(self, plan: StepPlan, error: BaseException) -> None:
         """The forward pass raised: its samples end with "error"."""

@@ -13,7 +13,6 @@ KV goes into the tree, so its recompute later hits.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -61,7 +60,6 @@ class Scheduler:
         self.running: list[SeqState] = []
         self.requests: dict[str, Request] = {}
         self.step = 0
-        self.schedule_seconds = 0.0
 
     # ---- intake -------------------------------------------------------------------
 
@@ -97,7 +95,6 @@ class Scheduler:
     # ---- building a step ----------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        started = time.perf_counter()
         self.step += 1
         aborted = self._retire_aborted()
         budget = self.config.token_budget
@@ -129,7 +126,6 @@ class Scheduler:
         plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred)
         for seq, n in work:
             self._add_span(plan, seq, n)
-        self.schedule_seconds += time.perf_counter() - started
         return plan
 
     def _reserve_or_preempt(self, seq: SeqState, want: int) -> bool:
@@ -249,7 +245,6 @@ class Scheduler:
     def complete(self, plan: StepPlan, result: SampleResult) -> StepUpdate:
         """Advance every sequence of the step: count its computed tokens, insert computed
         pages into the tree, append sampled tokens. Aborted sequences are retired."""
-        started = time.perf_counter()
         update = StepUpdate()
         row = 0
         for seq, n, samples in zip(plan.seqs, plan.new_lens, plan.samples):
@@ -272,7 +267,6 @@ class Scheduler:
             seq.num_generated += 1
             update.sampled.append(SampledToken(seq, token, logprob))
         self.stats.steps += 1
-        self.schedule_seconds += time.perf_counter() - started
         return update
 
     def finish(self, seqs: Iterable[SeqState]) -> None:
