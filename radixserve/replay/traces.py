@@ -178,6 +178,33 @@ def dense_hash_ids(requests: list[HashRequest]) -> list[HashRequest]:
     return out
 
 
+def tile_trace(trace: Trace, copies: int) -> Trace:
+    """The trace `copies` times over, one copy after another: a bigger trace of the same kind.
+
+    Each copy gets hash ids of its own (offset past the previous copy's), so copies share
+    nothing, and timestamps shifted by the trace's span plus one mean gap between requests.
+    """
+    if copies < 1:
+        raise ValueError(f"--tile must be >= 1, got {copies}")
+    if copies == 1:
+        return trace
+    if trace.format != "hash":
+        raise ValueError("--tile needs a hash-id trace")
+    reqs = trace.requests
+    id_step = 1 + max(max(r.hash_ids) for r in reqs)
+    stamps = [r.timestamp for r in reqs]
+    timed = all(t is not None for t in stamps)
+    span = max(stamps) - min(stamps) if timed else 0.0
+    shift = span + (span / (len(reqs) - 1) if len(reqs) > 1 else 1.0)
+    out = []
+    for c in range(copies):
+        for r in reqs:
+            out.append(dataclasses.replace(
+                r, hash_ids=tuple(h + c * id_step for h in r.hash_ids),
+                timestamp=r.timestamp + c * shift if timed else None))
+    return dataclasses.replace(trace, requests=out)
+
+
 def _looks_like_hash_trace(raw: bytes) -> bool | None:
     try:
         obj = msgspec.json.decode(raw)

@@ -91,6 +91,8 @@ import sys
 from radixserve.cli import main
 assert main(["replay", {str(cycle_trace)!r}, "--block-size", "4", "--capacity-tokens",
              "12", "--no-progress"]) == 0
+assert main(["replay", {str(cycle_trace)!r}, "--block-size", "4", "--capacity-tokens",
+             "12", "--no-progress", "--replicas", "1,2", "--router", "all"]) == 0
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "radixserve.model"))
 assert not heavy, heavy
 assert "radixserve.model" not in sys.modules

@@ -145,3 +145,23 @@ def test_what_cannot_be_represented_is_refused_with_its_line(tmp_path):
     with pytest.raises(TraceError) as info:
         read_trace(write_jsonl(tmp_path / "t.jsonl", lines), "text")
     assert info.value.line == 1 and "output_length" in info.value.reason
+
+
+def test_tile_repeats_the_trace_with_its_own_ids_and_later_times(tmp_path):
+    from radixserve.replay.replayer import ReplayConfig, replay
+    from radixserve.replay.traces import tile_trace
+    from radixserve.replay.workload import Workload
+
+    records = [rec([1, 2], 8, timestamp=0), rec([1, 3], 8, timestamp=10),
+               rec([1, 2], 8, timestamp=30)]
+    trace = read_trace(write_jsonl(tmp_path / "t.jsonl", records), block_size=4)
+    tiled = tile_trace(trace, 3)
+    assert len(tiled.requests) == 9
+    assert [r.timestamp for r in tiled.requests] == [0, 10, 30, 45, 55, 75, 90, 100, 120]
+    ids = [set(h for r in tiled.requests[3 * c: 3 * c + 3] for h in r.hash_ids)
+           for c in range(3)]
+    assert not (ids[0] & ids[1]) and not (ids[1] & ids[2])
+    one = replay(Workload(trace, "block", 4), ReplayConfig(None)).hit_tokens
+    assert replay(Workload(tiled, "block", 4), ReplayConfig(None)).hit_tokens == 3 * one > 0
+    with pytest.raises(ValueError, match="--tile"):
+        tile_trace(trace, 0)
