@@ -225,3 +225,37 @@ def test_use_as_an_inner_node_is_not_a_success():
     assert not head.children and policy.class_of(head) == OFTEN
     assert policy.successes[twice] == 0.0                       # withdrawn, not a success
     tree.check_invariants()
+
+
+def test_engine_serves_multi_turn_chats_with_it():
+    """The engine's real scheduler and memory (null model, no torch) over a pool too small
+    for every conversation: all turns finish, pages are conserved after every step (the
+    bench checks), and later turns hit the cache."""
+    import random
+
+    sys.path.insert(0, str(REPO / "tests" / "scheduler"))
+    from sched_harness import Bench, random_prompt
+
+    bench = Bench(page_size=4, num_pages=160, token_budget=256)
+    tree = bench.memory.tree
+    assert tree.num_nodes == 0
+    tree.policy = AdaptivePolicy(explore=2)      # what --eviction-policy adaptive builds
+    rng = random.Random(0)
+    system = random_prompt(rng, 40)
+    histories = [list(system) for _ in range(6)]
+    cached = 0
+    for _ in range(5):
+        ids = []
+        for history in histories:
+            history += random_prompt(rng, 20)
+            ids.append(bench.submit(history, max_tokens=8).request_id)
+        bench.run()
+        for rid, history in zip(ids, histories):
+            final = bench.final(rid)
+            cached += final.usage.cached_tokens
+            history += [t for out in bench.outputs[rid] for t in out.token_ids]
+    assert tree.evicted_tokens > 0                       # the pool was too small
+    assert cached > 0
+    assert sum(tree.policy.trials) > 0 and tree.policy.horizon > 1.0   # it learned
+    tree.check_invariants()
+    assert tree.locked_tokens == 0
