@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from radixserve.attention.metadata import AttentionMetadata
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 log = logging.getLogger(__name__)
 

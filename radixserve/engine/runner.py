@@ -15,7 +15,7 @@ import torch
 
 from radixserve.attention.backend import create_backend
 from radixserve.attention.metadata import SeqSpan, build_metadata
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 from radixserve.engine.batch import StepBatch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
