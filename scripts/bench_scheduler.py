@@ -38,8 +38,7 @@ class OneCharDetokenizer:
 def build(running: int, page_size: int, prompt_len: int, shared: int):
     pages = (running * (prompt_len + 4096)) // page_size + 1024
     tree = RadixCache(page_size=page_size)
-    memory = SequenceMemory(PagedMemory(PageAllocator(pages), tree), tree, page_size,
-                            use_cache=True, copy_prefix=lambda *a: None)
+    memory = SequenceMemory(PagedMemory(PageAllocator(pages), tree), use_cache=True)
     stats = EngineStats()
     sched = Scheduler(SchedulerConfig(page_size=page_size, max_running=running,
                                       token_budget=8192, max_model_len=1 << 20), memory, stats)

@@ -24,6 +24,15 @@ class PagedMemory:
         self.page_size = tree.page_size
 
     @property
+    def num_pages(self) -> int:
+        return self.allocator.num_pages
+
+    @property
+    def num_free(self) -> int:
+        """Pages on the free list (not counting evictable tree pages)."""
+        return self.allocator.num_free
+
+    @property
     def evicted_tokens(self) -> int:
         """Tokens evicted from the tree so far (for the evicted-tokens metric)."""
         return self.tree.evicted_tokens

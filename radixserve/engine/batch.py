@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixserve.attention.metadata import SeqSpan
+from radixserve.cache.prefix_lease import CopyOrder
 from radixserve.engine.sampling_params import SamplingParams
 
 
@@ -21,6 +22,7 @@ class StepBatch:
     sample_rows: list[int] = field(default_factory=list)    # span index -> needs a token
     sample_params: list[SamplingParams] = field(default_factory=list)
     generators: list[torch.Generator | None] = field(default_factory=list)
+    copies: list[CopyOrder] = field(default_factory=list)   # copy-on-write, before the forward
 
     @property
     def num_tokens(self) -> int:

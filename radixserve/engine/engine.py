@@ -43,9 +43,7 @@ class Engine:
         self.page_size = config.page_size
         self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
         self.memory = PagedMemory(PageAllocator(self.runner.num_pages), self.tree)
-        self.seq_memory = SequenceMemory(self.memory, self.tree, config.page_size,
-                                         use_cache=not config.disable_radix_cache,
-                                         copy_prefix=self.runner.copy_prefix)
+        self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache)
         self.pool_tokens = self.runner.num_pages * config.page_size
         self.max_model_len = self._max_model_len()
         self._stats = EngineStats(pages_total=self.runner.num_pages, page_size=config.page_size)

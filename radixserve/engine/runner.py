@@ -93,9 +93,6 @@ class ModelRunner:
     def num_pages(self) -> int:
         return self.kv_pool.num_pages
 
-    def copy_prefix(self, src_page: int, dst_page: int, num_tokens: int) -> None:
-        self.kv_pool.copy_prefix(src_page, dst_page, num_tokens)
-
     def warm_up(self, pages: np.ndarray, num_tokens: int) -> None:
         """One throw-away prefill of `num_tokens` into `pages` (free pages lent by the caller).
 
@@ -117,6 +114,8 @@ class ModelRunner:
         guard = (torch.cuda.device(self.device) if self.device.type == "cuda"
                  else contextlib.nullcontext())
         with guard:
+            for order in batch.copies:      # copy-on-write pages this step computes into
+                self.kv_pool.copy_prefix(order.src_page, order.dst_page, order.num_tokens)
             meta = build_metadata(batch.spans, self.page_size, self.device)
             prepared = self.backend.prepare(meta)
             input_ids = to_device(batch.input_ids, self.device)

@@ -450,12 +450,14 @@ def test_summary_is_bounded_and_json_serializable():
     assert len(c.summary(top_k=10**9)["top_by_size"]) <= 1000
 
 
-def test_cache_package_imports_neither_torch_nor_kv_pool():
+def test_cache_and_replay_packages_import_no_torch():
     """The replay tool uses radixserve.cache on machines without a model (or torch)."""
     import subprocess
     import sys
 
-    code = ("import sys, radixserve.cache; "
-            "bad = [m for m in sys.modules if m == 'torch' or m.endswith('kv_pool')]; "
+    code = ("import sys, radixserve.cache, radixserve.cache.prefix_lease, radixserve.replay, "
+            "radixserve.replay.replayer, radixserve.replay.cli; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.') "
+            "or m.endswith('kv_pool')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
