@@ -16,7 +16,6 @@ import time
 
 from radixserve.attention.metadata import build_metadata
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.cache.token_keys import new_token_array
 from radixserve.engine.outputs import EngineStats
@@ -38,7 +37,7 @@ class OneCharDetokenizer:
 def build(running: int, page_size: int, prompt_len: int, shared: int):
     pages = (running * (prompt_len + 4096)) // page_size + 1024
     tree = RadixCache(page_size=page_size)
-    memory = SequenceMemory(PagedMemory(PageAllocator(pages), tree), use_cache=True)
+    memory = SequenceMemory(PagedMemory(pages, tree), use_cache=True)
     stats = EngineStats()
     sched = Scheduler(SchedulerConfig(page_size=page_size, max_running=running,
                                       token_budget=8192, max_model_len=1 << 20), memory, stats)

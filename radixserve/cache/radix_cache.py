@@ -16,18 +16,9 @@ Exactly one of:
 
 Shared use of tree pages is expressed by locks, never by copies or reference counts on the
 pages themselves: `lock(node)` adds one to `lock_ref` on node..root, and only leaves with
-`lock_ref == 0` are evictable. A request's life (what the engine and the replay tool do):
-
-    m = match_prefix(prompt, ns, max_tokens=len(prompt) - 1)  # m.pages: tree-owned, shared
-    lock(m.node)                      # nothing in m.pages, nor m.cow_page, can be evicted now
-    new = memory.alloc(k)             # private; may evict other, unlocked leaves
-    ...                               # copy-on-write (below), then compute KV into `new`
-    own = concat(m.pages, new)
-    r = insert(seq[:n * page_size], own[:n], ns)   # n whole pages; the tree adopts new ones
-    free(r.duplicates(own[:n]))       # ours where the tree already had a page: back to free
-    lock(r.node); unlock(m.node)      # the lock moves to the longer prefix
-    ...                               # own[n:] (a partial last page) stays private
-    unlock(r.node); free(own[n:])     # request done: private pages freed, tree pages stay
+`lock_ref == 0` are evictable. A request's life -- match, lock, allocate, copy-on-write,
+insert, free duplicates, re-lock, release -- is written once, in `PrefixLease`
+(prefix_lease.py), which the engine and the replay tool both use.
 
 Copy-on-write (page_size > 1)
 -----------------------------
@@ -36,8 +27,9 @@ the next tokens of the query, but the page as a whole does not. The tree never s
 partially, so the request copies those tokens' KV into a fresh private page and computes
 the rest of that page itself. Protocol: `lock(m.node)` first -- the handle is the node that
 holds `cow_page`, so the source page cannot be evicted -- then allocate the destination
-(the allocation may evict), then `KVPool.copy_prefix(cow_page, dst, cow_tokens)`, then
-compute from `m.matched_tokens` on. The copy is private and is adopted by a later insert
+(the allocation may evict), then copy (PrefixLease issues a `CopyOrder`; the engine's
+runner executes it with `KVPool.copy_prefix` on the compute thread before the step's
+forward), then compute from `m.matched_tokens` on. The copy is private and is adopted by a later insert
 like any other new page (or freed as a duplicate if an equal page got there first).
 vLLM and SGLang drop such a partial hit (up to page_size - 1 tokens per request).
 
@@ -85,18 +77,20 @@ class MatchResult:
 
 @dataclass(slots=True)
 class InsertResult:
-    cached_tokens: int      # leading tokens that were already in the tree; the caller's own
-                            #   pages for them are duplicates it must free (except those it
-                            #   got from the tree in the first place): see duplicates()
+    already_cached: int     # leading tokens that were in the tree before this insert; the
+                            #   caller's own pages for them are duplicates it must free
+                            #   (except those it got from the tree): see duplicates()
     pages: np.ndarray       # the tree's page ids for the whole inserted sequence (the
                             #   caller's own array when they are the same ids)
     node: TreeNode          # the node ending the inserted sequence
+    hint_used: bool = False  # the walk began at `start` (False: no hint, or it did not fit)
 
     def duplicates(self, own_pages: np.ndarray) -> np.ndarray:
         """The caller's pages (for the same sequence) that the tree did not adopt: free them.
 
-        Past `cached_tokens` the tree adopted the caller's own ids, so a position-wise
-        comparison over the whole sequence finds exactly the duplicates.
+        Past `already_cached` the tree adopted the caller's own ids, so a position-wise
+        comparison over the whole sequence finds exactly the duplicates. This is the one
+        place duplicates are found (PrefixLease.extend frees what it returns).
         """
         if own_pages is self.pages:
             return EMPTY_PAGES
@@ -106,6 +100,17 @@ class InsertResult:
         if own.tobytes() == self.pages.tobytes():      # the usual case, at memcmp speed
             return EMPTY_PAGES
         return own[own != self.pages]
+
+
+@dataclass(slots=True)
+class _Walk:
+    """Where a walk down the tree stopped (see RadixCache._walk)."""
+
+    node: TreeNode              # the last node whose edge matched whole
+    pos: int                    # byte offset in the key just after that edge
+    parts: list[np.ndarray]     # the page ids of the edges passed, in order
+    partial: TreeNode | None    # the child whose edge matched only in part (or None)
+    same_pages: bool            # every edge passed was taken on the caller's own page ids
 
 
 def _common_tokens(key: bytes, pos: int, edge: bytes, end_b: int) -> int:
@@ -152,7 +157,7 @@ class RadixCache:
         self._evictable = SortedList()
         self._next_id = 1
         self._clock = 0
-        self._cached = 0
+        self._total = 0
         self._evictable_tokens = 0
         self._num_nodes = 0
         self._query_tokens = 0
@@ -163,8 +168,9 @@ class RadixCache:
 
     # ------------------------------------------------------------------ counters (O(1))
     @property
-    def cached_tokens(self) -> int:
-        return self._cached
+    def total_tokens(self) -> int:
+        """Tokens the tree holds (evictable + locked)."""
+        return self._total
 
     @property
     def evictable_tokens(self) -> int:
@@ -173,7 +179,7 @@ class RadixCache:
 
     @property
     def locked_tokens(self) -> int:
-        return self._cached - self._evictable_tokens
+        return self._total - self._evictable_tokens
 
     @property
     def num_nodes(self) -> int:
@@ -210,27 +216,23 @@ class RadixCache:
             return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
         ps = self.page_size
         limit_b = limit * _ITEM
-        node, pos, parts, partial = self._descend(node, key, limit_b - limit_b % self._page_bytes)
+        w = self._walk(node, key, 0, limit_b - limit_b % self._page_bytes)
+        node, pos, parts = w.node, w.pos, w.parts
         cow_node: TreeNode | None = None
         cow_tokens = 0
-        if partial is not None:
+        if w.partial is not None:
             # The match ends inside this edge (its first page matched, so m >= page_size).
-            m = _common_tokens(key, pos, partial.key, limit_b)
+            m = _common_tokens(key, pos, w.partial.key, limit_b)
             m_full = m - m % ps
-            node = self._split(partial, m_full)
+            node = self._split(w.partial, m_full)
             parts.append(node.pages)
             pos += m_full * _ITEM
             if m > m_full:
-                cow_node, cow_tokens = partial, m - m_full
+                cow_node, cow_tokens = w.partial, m - m_full
         if ps > 1 and cow_node is None and pos < limit_b and node.cow_index:
             cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b)
         handle = cow_node or node
-        clock = self._clock
-        n = handle
-        while n.depth:
-            n.last_access = clock
-            n.hit_count += 1
-            n = n.parent
+        self._touch(handle, hit=True)
         if handle.evict_key is not None:
             self._rekey(handle)
         matched = pos // _ITEM + cow_tokens
@@ -249,37 +251,48 @@ class RadixCache:
         if node is None or limit == 0:
             return 0
         limit_b = limit * _ITEM
-        node, pos, _, partial = self._descend(node, key, limit_b - limit_b % self._page_bytes)
-        if partial is not None:
+        w = self._walk(node, key, 0, limit_b - limit_b % self._page_bytes)
+        if w.partial is not None:
             # Full pages of the edge plus the copy-on-write part of the next: pos + m.
-            return pos // _ITEM + _common_tokens(key, pos, partial.key, limit_b)
-        if self.page_size > 1 and pos < limit_b and node.cow_index:
-            return pos // _ITEM + self._best_cow(node, key, pos, limit_b)[1]
-        return pos // _ITEM
+            return w.pos // _ITEM + _common_tokens(key, w.pos, w.partial.key, limit_b)
+        if self.page_size > 1 and w.pos < limit_b and w.node.cow_index:
+            return w.pos // _ITEM + self._best_cow(w.node, key, w.pos, limit_b)[1]
+        return w.pos // _ITEM
 
-    def _descend(self, node: TreeNode, key: bytes,
-                 full_b: int) -> tuple[TreeNode, int, list[np.ndarray], TreeNode | None]:
-        """Follow the edges key[:full_b] matches whole, from `node`; no side effects.
+    def _walk(self, node: TreeNode, key: bytes, pos: int, end_b: int,
+              pages: np.ndarray | None = None, first_page: int = 0) -> _Walk:
+        """Follow the edges that key[pos:end_b] (byte offsets) matches whole, from `node`.
 
-        Returns the last node reached, the byte offset in `key` after it, the pages of the
-        edges passed, and the child whose edge matched only in part (at least its first
-        page), or None.
+        The one edge walk of match, peek and insert; no side effects. With `pages` (the
+        caller's ids, `first_page` being the page at `pos`), an edge whose page ids equal
+        the caller's is taken without comparing tokens: a page holds the KV of one token
+        sequence, so equal ids at the same position prove equal tokens.
         """
         pb = self._page_bytes
-        pos = 0
         parts: list[np.ndarray] = []
-        while pos < full_b:
+        same = True
+        start = pos
+        while pos < end_b:
             child = node.children.get(key[pos:pos + pb])
             if child is None:
-                return node, pos, parts, None
+                break
             edge = child.key
             end = pos + len(edge)
-            if end > full_b or not key.startswith(edge, pos):
-                return node, pos, parts, child
-            parts.append(child.pages)
-            node = child
-            pos = end
-        return node, pos, parts, None
+            if end > end_b:
+                return _Walk(node, pos, parts, child, same)
+            cp = child.pages
+            if pages is not None:
+                p0 = first_page + (pos - start) // pb
+                if pages[p0:p0 + len(cp)].tobytes() == cp.tobytes():
+                    parts.append(cp)
+                    node, pos = child, end
+                    continue
+            if not key.startswith(edge, pos):
+                return _Walk(node, pos, parts, child, same)
+            same = False
+            parts.append(cp)
+            node, pos = child, end
+        return _Walk(node, pos, parts, None, same)
 
     def _best_cow(self, node: TreeNode, key: bytes, pos: int,
                   limit_b: int) -> tuple[TreeNode | None, int]:
@@ -299,88 +312,81 @@ class RadixCache:
 
         `start` (optional): a node the caller locked and whose pages it holds at the same
         positions in `pages` (its lock handle from an earlier match or insert of these
-        tokens). The walk then begins there instead of comparing the prefix again. It is
-        ignored (the walk starts at the root) unless the caller's page at the node's last
-        position is the node's last page -- equal page ids prove equal tokens.
+        tokens). The walk then begins there instead of comparing the prefix again. When
+        it does not fit (not locked, evicted, another namespace, or the caller's page at
+        the node's last position is not the node's last page) the walk starts at the root
+        and the result says so: `hint_used` is False.
         """
-        pages = np.asarray(pages)
-        if pages.dtype != _INT32:
-            pages = pages.astype(np.int32)
-        ps = self.page_size
-        pb = self._page_bytes
-        n = count(tokens)
-        if pages.ndim != 1 or n != len(pages) * ps:
-            raise ValueError(f"insert needs whole pages: {n} tokens, {pages.shape} "
-                             f"pages of {ps} tokens")
+        pages = self._check_pages(tokens, pages)
         self._clock += 1
-        if start is not None and self._holds_prefix(start, pages, namespace):
+        hint_used = start is not None and self._holds_prefix(start, pages, namespace)
+        if hint_used:
             node = start
         else:
             node = self._ns_roots.get(namespace)
             if node is None:
-                if n == 0:
+                if len(pages) == 0:
                     return InsertResult(0, EMPTY_PAGES, self._empty_root)
                 node = self._ns_roots[namespace] = self._new_node(b"", EMPTY_PAGES, None, 0,
                                                                   namespace)
         base = node.depth                   # tokens known to be in the tree
         key = pack(tokens, base)            # the rest, packed; positions below are offsets in it
-        nb = len(key)
-        first_page = base // ps
-        pos = 0
-        parts: list[np.ndarray] = [pages[:first_page]] if first_page else []
-        same_pages = True               # the tree's ids so far are the caller's own
-        while pos < nb:
-            child = node.children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            edge = child.key
-            end = pos + len(edge)
-            if end <= nb:
-                cp = child.pages
-                p0 = first_page + pos // pb
-                if pages[p0:p0 + len(cp)].tobytes() == cp.tobytes():
-                    parts.append(cp)
-                    node = child
-                    pos = end
-                    continue
-                if key.startswith(edge, pos):
-                    same_pages = False
-                    parts.append(cp)
-                    node = child
-                    pos = end
-                    continue
-            m = _common_tokens(key, pos, edge, nb)
-            m -= m % ps
-            node = self._split(child, m)
+        first_page = base // self.page_size
+        w = self._walk(node, key, 0, len(key), pages, first_page)
+        parts = [pages[:first_page], *w.parts] if first_page else w.parts
+        node, pos, same_pages = w.node, w.pos, w.same_pages
+        if w.partial is not None:           # the key leaves the tree inside this edge
+            m = _common_tokens(key, pos, w.partial.key, len(key))
+            m -= m % self.page_size
+            node = self._split(w.partial, m)
             same_pages = False
             parts.append(node.pages)
             pos += m * _ITEM
-            break
-        cached = base + pos // _ITEM
-        clock = self._clock
-        t = node
-        while t.depth:
-            t.last_access = clock
-            t = t.parent
-        if pos < nb:
-            if node.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
-                self._remove_evictable(node)
-            new_pages = pages[first_page + pos // pb:].copy()
-            new_pages.flags.writeable = False
-            new_tokens = (nb - pos) // _ITEM
-            leaf = self._new_node(key[pos:], new_pages, node, node.depth + new_tokens, namespace)
-            leaf.last_access = clock
-            self._add_child(node, leaf)
-            self._num_nodes += 1
-            self._cached += new_tokens
-            self._evictable_tokens += new_tokens
-            self._make_evictable(leaf)
-            parts.append(new_pages)
-            node = leaf
+        self._touch(node, hit=False)
+        already = base + pos // _ITEM
+        if pos < len(key):
+            node = self._add_leaf(node, key[pos:], pages[first_page + pos // self._page_bytes:])
+            parts.append(node.pages)
         elif node.evict_key is not None:
             self._rekey(node)
         # The tree's ids are the caller's own (the usual case): no need to concatenate.
-        return InsertResult(cached, pages if same_pages else _concat(parts), node)
+        return InsertResult(already, pages if same_pages else _concat(parts), node, hint_used)
+
+    def _check_pages(self, tokens: TokenIds, pages: np.ndarray) -> np.ndarray:
+        """`pages` as int32; ValueError unless they hold exactly `tokens` in whole pages."""
+        pages = np.asarray(pages)
+        if pages.dtype != _INT32:
+            pages = pages.astype(np.int32)
+        n = count(tokens)
+        if pages.ndim != 1 or n != len(pages) * self.page_size:
+            raise ValueError(f"insert needs whole pages: {n} tokens, {pages.shape} "
+                             f"pages of {self.page_size} tokens")
+        return pages
+
+    def _add_leaf(self, parent: TreeNode, key: bytes, pages: np.ndarray) -> TreeNode:
+        """A new evictable leaf under `parent` holding `key` in (a copy of) `pages`."""
+        if parent.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
+            self._remove_evictable(parent)
+        pages = pages.copy()
+        pages.flags.writeable = False
+        n = len(key) // _ITEM
+        leaf = self._new_node(key, pages, parent, parent.depth + n, parent.namespace)
+        leaf.last_access = self._clock
+        self._add_child(parent, leaf)
+        self._num_nodes += 1
+        self._total += n
+        self._evictable_tokens += n
+        self._make_evictable(leaf)
+        return leaf
+
+    def _touch(self, node: TreeNode, hit: bool) -> None:
+        """Stamp node..root with the clock (and count a hit on each when `hit`)."""
+        clock = self._clock
+        while node.depth:
+            node.last_access = clock
+            if hit:
+                node.hit_count += 1
+            node = node.parent
 
     def _holds_prefix(self, node: TreeNode, pages: np.ndarray, namespace: str | None) -> bool:
         """Is `node` a live, locked node whose last page the caller holds at its position?"""
@@ -450,7 +456,7 @@ class RadixCache:
                 leaf.pages = leaf.pages[:keep]
                 leaf.key = leaf.key[:keep * self._page_bytes]
                 leaf.depth -= gone
-                self._cached -= gone
+                self._total -= gone
                 self._evictable_tokens -= gone
                 remaining -= gone
                 self._make_evictable(leaf)
@@ -469,7 +475,7 @@ class RadixCache:
             node.evict_key = None
         self._ns_roots.clear()
         self._evictable.clear()
-        self._cached = self._evictable_tokens = self._num_nodes = 0
+        self._total = self._evictable_tokens = self._num_nodes = 0
         return pages
 
     # ------------------------------------------------------------------ introspection
@@ -533,7 +539,7 @@ class RadixCache:
         leaf.parent = None
         k = leaf.num_tokens
         self._num_nodes -= 1
-        self._cached -= k
+        self._total -= k
         self._evictable_tokens -= k
         if not parent.children:
             if parent.depth:

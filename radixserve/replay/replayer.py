@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.page_allocator import OutOfPages, PageAllocator
+from radixserve.cache.page_allocator import OutOfPages
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.radix_cache import RadixCache
 
@@ -90,7 +90,7 @@ class _InFlight:
 
 
 class _Run:
-    """State of one replay: a fresh cache, allocator and the requests in flight."""
+    """State of one replay: a fresh cache and page pool, and the requests in flight."""
 
     def __init__(self, workload: Workload, config: ReplayConfig):
         space = workload.space
@@ -101,9 +101,8 @@ class _Run:
             num_pages = workload.page_demand()
         else:
             num_pages = config.capacity_tokens // space.page_size
-        self.alloc = PageAllocator(num_pages)
         self.cache = RadixCache(page_size=space.tree_page_size, policy=self.policy)
-        self.mem = PagedMemory(self.alloc, self.cache)
+        self.mem = PagedMemory(num_pages, self.cache)
         self.inflight: deque[_InFlight] = deque()
 
     def admit(self, item: ReplayItem) -> int | None:
@@ -152,10 +151,10 @@ class _Run:
 
 def replay(workload: Workload, config: ReplayConfig,
            progress: Callable[[int], None] | None = None) -> ReplayStats:
-    """Replay the whole workload once; the cache, allocator and policy are fresh."""
+    """Replay the whole workload once; the cache, page pool and policy are fresh."""
     space = workload.space
     run = _Run(workload, config)
-    stats = ReplayStats(config.policy, config.capacity_tokens, run.alloc.num_pages,
+    stats = ReplayStats(config.policy, config.capacity_tokens, run.mem.num_pages,
                         space.mode, space.page_size, config.concurrency)
     warmup = int(config.warmup_fraction * len(workload))
     set_now = getattr(run.policy, "set_now", None)

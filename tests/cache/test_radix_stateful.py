@@ -19,8 +19,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixserve.cache import (CacheLockedError, OutOfPages, PageAllocator, PagedMemory,
-                              RadixCache)
+from radixserve.cache import CacheLockedError, OutOfPages, PagedMemory, RadixCache
 from radixserve.cache.prefix_lease import CopyOrder, PrefixLease
 
 from .radix_model import BruteForceCache
@@ -43,8 +42,7 @@ class RadixMachine(RuleBasedStateMachine):
         ps = self.page_size
         NUM_PAGES = self.num_pages
         self.tree = RadixCache(ps, self.policy)
-        self.alloc = PageAllocator(NUM_PAGES)
-        self.mem = PagedMemory(self.alloc, self.tree)
+        self.mem = PagedMemory(NUM_PAGES, self.tree)
         self.model = BruteForceCache(ps)
         self.kv = np.full((NUM_PAGES, ps), -1, dtype=np.int64)   # token id held per slot
         self.held: list[tuple] = []        # (node, protected page ids)
@@ -107,13 +105,13 @@ class RadixMachine(RuleBasedStateMachine):
         r = self.tree.insert(tokens[:whole * ps], pages[:whole], namespace, start=start)
         cached, want_pages = self.model.insert(tokens[:whole * ps], pages[:whole].tolist(),
                                                namespace)
-        assert r.cached_tokens == cached
+        assert r.already_cached == cached
         assert r.pages.tolist() == want_pages
         assert self.kv[r.pages].ravel().tolist() == list(tokens[:whole * ps])
         dup = r.duplicates(pages[:whole])
         assert sorted(dup.tolist()) == sorted(set(pages[:whole].tolist()) - set(want_pages))
-        self.alloc.free(dup)
-        self.alloc.free(pages[whole:])
+        self.mem.free(dup)
+        self.mem.free(pages[whole:])
         return r
 
     # ------------------------------------------------------------------ rules
@@ -129,13 +127,13 @@ class RadixMachine(RuleBasedStateMachine):
         self.tree.lock(m.node)
         protected = [*m.pages.tolist(), *([m.cow_page] if m.cow_tokens else [])]
         need = -(-len(tokens) // ps) - len(m.pages)
-        free_before, tree_before = self.alloc.num_free, self.tree.tree_page_ids().tolist()
+        free_before, tree_before = self.mem.num_free, self.tree.tree_page_ids().tolist()
         try:
             new = self.mem.alloc(need)
         except OutOfPages:
             event("request: out of pages")
             assert self.mem.available_pages() < need
-            assert self.alloc.num_free == free_before
+            assert self.mem.num_free == free_before
             assert self.tree.tree_page_ids().tolist() == tree_before
             self.tree.unlock(m.node)
             return
@@ -154,7 +152,7 @@ class RadixMachine(RuleBasedStateMachine):
         # hint: start the insert's walk at the match's handle (ignored for a COW handle).
         r = self.insert_whole_pages(tokens, pages, namespace, m.node if hint else None)
         event(f"request: hit {'some' if m.matched_tokens else 'none'}, "
-              f"cached on insert {'some' if r.cached_tokens > m.matched_tokens else 'no more'}")
+              f"cached on insert {'some' if r.already_cached > m.matched_tokens else 'no more'}")
         if keep and len(r.pages):
             self.tree.lock(r.node)
             self.held.append((r.node, r.pages.copy()))
@@ -291,7 +289,7 @@ class RadixMachine(RuleBasedStateMachine):
         assert len(freed) == want, "evicts exactly the pages asked for (or all there are)"
         gone = self.sync_evictions()
         assert gone == set(freed.tolist())
-        self.alloc.free(freed)
+        self.mem.free(freed)
 
     @rule(roll=st.integers(0, 7))
     def flush(self, roll):
@@ -310,7 +308,7 @@ class RadixMachine(RuleBasedStateMachine):
         event("flush: done")
         assert set(pages.tolist()) == self.model.page_set()
         self.model.clear()
-        self.alloc.free(pages)
+        self.mem.free(pages)
 
     # ------------------------------------------------------------------ after every step
     @invariant()
@@ -320,7 +318,7 @@ class RadixMachine(RuleBasedStateMachine):
         self.mem.check_conservation([lease.private_pages for lease in self.leases])
         tree_pages = set(tree.tree_page_ids().tolist())
         assert tree_pages == self.model.page_set()
-        assert tree.cached_tokens == len(tree_pages) * ps
+        assert tree.total_tokens == len(tree_pages) * ps
         locked = self.locked_pages()
         assert locked <= tree_pages, "a locked page left the tree"
         assert tree.locked_tokens >= len(locked) * ps

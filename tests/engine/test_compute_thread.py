@@ -64,15 +64,15 @@ def test_warm_up_runs_a_prefill_and_returns_every_page(model_fp32, monkeypatch):
     warm_up = engine.runner.warm_up
 
     def recording_warm_up(pages, num_tokens):
-        warmed.append((len(pages), num_tokens, engine.memory.allocator.num_free))
+        warmed.append((len(pages), num_tokens, engine.memory.num_free))
         warm_up(pages, num_tokens)
 
     monkeypatch.setattr(engine.runner, "warm_up", recording_warm_up)
-    total = engine.memory.allocator.num_pages
+    total = engine.memory.num_pages
 
     async def scenario():
         await engine.start()
-        after_start = engine.memory.allocator.num_free, engine.tree.cached_tokens
+        after_start = engine.memory.num_free, engine.tree.total_tokens
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
         got = await collect(engine.generate(chat_ids(engine, QUESTIONS[1]), params))
         await engine.shutdown()
@@ -94,7 +94,7 @@ def test_a_failing_warm_up_returns_its_pages(model_fp32, monkeypatch):
     monkeypatch.setattr(engine.runner, "warm_up", broken)
     with pytest.raises(RuntimeError, match="injected warm-up failure"):
         asyncio.run(engine.start())
-    assert engine.memory.allocator.num_free == engine.memory.allocator.num_pages
+    assert engine.memory.num_free == engine.memory.num_pages
     engine.check_invariants()
 
 
