@@ -61,13 +61,14 @@ class PagedMemory:
         evictable = self.tree.evictable_tokens // self.page_size
         if short > evictable:
             raise OutOfPages(n, free + evictable)
-        evicted = self.tree.evict(short * self.page_size)
-        if len(evicted) != short:    # evict frees exactly what whole pages need; be safe anyway
-            self._free_list.free(evicted[short:])
-            evicted = evicted[:short]
-        if free == 0:
-            return evicted if evicted.flags.writeable else evicted.copy()
-        return np.concatenate((self._free_list.alloc(free), evicted))
+        parts = self.tree.evict_pages(short * self.page_size)
+        if free:
+            parts.insert(0, self._free_list.alloc(free))
+        pages = np.concatenate(parts)       # one copy, writeable: the tree's arrays are not
+        if len(pages) != n:          # evict frees exactly what whole pages need; be safe anyway
+            self._free_list.free(pages[n:])
+            pages = pages[:n].copy()
+        return pages
 
     def free(self, pages: np.ndarray) -> None:
         """Return private pages to the free list (PageAccountingError on a double free)."""

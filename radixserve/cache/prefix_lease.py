@@ -41,7 +41,7 @@ import numpy as np
 
 from .memory import PagedMemory
 from .radix_cache import EMPTY_PAGES, MatchResult
-from .token_keys import TokenIds
+from .token_keys import TokenIds, prefix
 from .tree_node import TreeNode
 
 __all__ = ["CopyOrder", "PrefixLease"]
@@ -121,7 +121,9 @@ class PrefixLease:
             src, n = self._cow
             self._orders.append(CopyOrder(src, int(new[0]), n))
             self._cow = None
-        self.pages = np.concatenate((self.pages, new)) if len(self.pages) else new
+        pages = np.concatenate((self.pages, new)) if len(self.pages) else new
+        pages.flags.writeable = False       # never written in place: the tree may keep views
+        self.pages = pages
 
     def take_copy_orders(self) -> list[CopyOrder]:
         """The copy-on-write orders issued since the last call (the caller executes them)."""
@@ -144,13 +146,18 @@ class PrefixLease:
         if full > len(self.pages):
             raise ValueError(f"extend over {full} pages, the lease holds {len(self.pages)}")
         own = self.pages[:full]
-        result = self.tree.insert(tokens[:full * self.page_size], own, self.namespace,
+        result = self.tree.insert(prefix(tokens, full * self.page_size), own, self.namespace,
                                   start=self.node)
         duplicates = result.duplicates(own)
         if len(duplicates):
             self.memory.free(duplicates)
         rest = self.pages[full:]
-        self.pages = np.concatenate((result.pages, rest)) if len(rest) else result.pages
+        if len(rest):
+            pages = np.concatenate((result.pages, rest))
+            pages.flags.writeable = False
+            self.pages = pages
+        else:
+            self.pages = result.pages
         self.num_tree_pages = full
         self.tree.lock(result.node)
         if self.node is not None:

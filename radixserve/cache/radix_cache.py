@@ -51,7 +51,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from .eviction import EvictionPolicy, make_policy
-from .token_keys import ITEM_BYTES, TokenIds, count, pack
+from .token_keys import ITEM_BYTES, LazyKey, TokenIds, count
 from .tree_node import TreeNode
 
 __all__ = ["CacheLockedError", "InsertResult", "MatchResult", "RadixCache", "EMPTY_PAGES"]
@@ -60,6 +60,7 @@ EMPTY_PAGES = np.empty(0, dtype=np.int32)
 EMPTY_PAGES.flags.writeable = False
 _INT32 = np.dtype(np.int32)
 _ITEM = ITEM_BYTES
+_FIRST_WINDOW = 512         # tokens compared at once before the windows grow
 
 
 class CacheLockedError(RuntimeError):
@@ -110,32 +111,58 @@ class _Walk:
     pos: int                    # byte offset in the key just after that edge
     parts: list[np.ndarray]     # the page ids of the edges passed, in order
     partial: TreeNode | None    # the child whose edge matched only in part (or None)
+    partial_tokens: int         # tokens of `partial`'s edge that matched (0 when None)
     same_pages: bool            # every edge passed was taken on the caller's own page ids
 
 
-def _common_tokens(key: bytes, pos: int, edge: bytes, end_b: int) -> int:
-    """Tokens shared by key[pos:end_b] (byte offsets) and the start of edge, by bisection."""
-    n = min(len(edge), end_b - pos) // _ITEM
-    view = memoryview(edge)
-    if key.startswith(view[:n * _ITEM], pos):
-        return n
-    lo, hi = 0, n - 1               # the answer lies in [lo, hi]
-    while lo < hi:
-        mid = (lo + hi + 1) >> 1
-        if key.startswith(view[:mid * _ITEM], pos):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int) -> int:
+    """Tokens shared by the key from byte `pos` (up to byte `end_b`) and the start of the
+    node's edge.
+
+    Compares windows growing 4x from _FIRST_WINDOW tokens, so neither the key nor an edge
+    still held as the caller's ids is packed much beyond the first difference, then
+    bisects inside the window that differs.
+    """
+    n = min(edge.num_tokens, (end_b - pos) // _ITEM)
+    lo, width = 0, _FIRST_WINDOW
+    while lo < n:
+        hi = min(n, lo + width)
+        buf = key.upto(pos + hi * _ITEM)
+        at = pos + lo * _ITEM
+        view = memoryview(edge.window(lo, hi))
+        if not buf.startswith(view, at):
+            a, b = lo, hi - 1               # the answer lies in [a, b]
+            while a < b:
+                mid = (a + b + 1) >> 1
+                if buf.startswith(view[:(mid - lo) * _ITEM], at):
+                    a = mid
+                else:
+                    b = mid - 1
+            return a
+        lo = hi
+        width <<= 2
+    return n
 
 
-def _key_and_limit(tokens: TokenIds, max_tokens: int | None) -> tuple[bytes, int]:
-    """The packed key and how many of its tokens a match may use."""
-    key = pack(tokens)
-    limit = len(key) // _ITEM
+def _key_and_limit(tokens: TokenIds, max_tokens: int | None) -> tuple[LazyKey, int]:
+    """The (lazily packed) key and how many of its tokens a match may use."""
+    limit = count(tokens)
     if max_tokens is not None and max_tokens < limit:
         limit = max(max_tokens, 0)
-    return key, limit
+    return LazyKey(tokens, 0, limit), limit
+
+
+def _frozen(a: np.ndarray) -> bool:
+    """No one can write into `a`: neither it nor any array it views is writeable."""
+    while True:
+        if a.flags.writeable:
+            return False
+        base = a.base
+        if base is None or type(base) is bytes:
+            return True
+        if not isinstance(base, np.ndarray):
+            return False                # some other buffer: maybe writeable through it
+        a = base
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
@@ -216,13 +243,13 @@ class RadixCache:
             return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
         ps = self.page_size
         limit_b = limit * _ITEM
-        w = self._walk(node, key, 0, limit_b - limit_b % self._page_bytes)
+        w = self._walk(node, key, limit_b - limit_b % self._page_bytes, limit_b)
         node, pos, parts = w.node, w.pos, w.parts
         cow_node: TreeNode | None = None
         cow_tokens = 0
         if w.partial is not None:
             # The match ends inside this edge (its first page matched, so m >= page_size).
-            m = _common_tokens(key, pos, w.partial.key, limit_b)
+            m = w.partial_tokens
             m_full = m - m % ps
             node = self._split(w.partial, m_full)
             parts.append(node.pages)
@@ -251,56 +278,57 @@ class RadixCache:
         if node is None or limit == 0:
             return 0
         limit_b = limit * _ITEM
-        w = self._walk(node, key, 0, limit_b - limit_b % self._page_bytes)
+        w = self._walk(node, key, limit_b - limit_b % self._page_bytes, limit_b)
         if w.partial is not None:
             # Full pages of the edge plus the copy-on-write part of the next: pos + m.
-            return w.pos // _ITEM + _common_tokens(key, w.pos, w.partial.key, limit_b)
+            return w.pos // _ITEM + w.partial_tokens
         if self.page_size > 1 and w.pos < limit_b and w.node.cow_index:
             return w.pos // _ITEM + self._best_cow(w.node, key, w.pos, limit_b)[1]
         return w.pos // _ITEM
 
-    def _walk(self, node: TreeNode, key: bytes, pos: int, end_b: int,
+    def _walk(self, node: TreeNode, key: LazyKey, full_b: int, end_b: int,
               pages: np.ndarray | None = None, first_page: int = 0) -> _Walk:
-        """Follow the edges that key[pos:end_b] (byte offsets) matches whole, from `node`.
+        """Follow the edges that the key matches whole and that end by byte `full_b`.
 
-        The one edge walk of match, peek and insert; no side effects. With `pages` (the
-        caller's ids, `first_page` being the page at `pos`), an edge whose page ids equal
-        the caller's is taken without comparing tokens: a page holds the KV of one token
-        sequence, so equal ids at the same position prove equal tokens.
+        The one edge walk of match, peek and insert; no side effects. Tokens are compared
+        up to byte `end_b` (>= full_b), so a partly matched child comes with its matched
+        token count. With `pages` (the caller's ids, `first_page` being the page at the
+        key's start), an edge whose page ids equal the caller's is taken without comparing
+        tokens: a page holds the KV of one token sequence, so equal ids at the same
+        position prove equal tokens.
         """
         pb = self._page_bytes
         parts: list[np.ndarray] = []
         same = True
-        start = pos
-        while pos < end_b:
-            child = node.children.get(key[pos:pos + pb])
+        pos = 0
+        while pos < full_b:
+            child = node.children.get(key.upto(pos + pb)[pos:pos + pb])
             if child is None:
                 break
-            edge = child.key
-            end = pos + len(edge)
-            if end > end_b:
-                return _Walk(node, pos, parts, child, same)
             cp = child.pages
-            if pages is not None:
-                p0 = first_page + (pos - start) // pb
+            end = pos + len(cp) * pb
+            if pages is not None and end <= full_b:
+                p0 = first_page + pos // pb
                 if pages[p0:p0 + len(cp)].tobytes() == cp.tobytes():
                     parts.append(cp)
                     node, pos = child, end
                     continue
-            if not key.startswith(edge, pos):
-                return _Walk(node, pos, parts, child, same)
+            m = _common_tokens(key, pos, child, end_b)
+            if end > full_b or pos + m * _ITEM < end:
+                return _Walk(node, pos, parts, child, m, same)
+            child.pack()            # matched whole: likely shared, so compared again
             same = False
             parts.append(cp)
             node, pos = child, end
-        return _Walk(node, pos, parts, None, same)
+        return _Walk(node, pos, parts, None, 0, same)
 
-    def _best_cow(self, node: TreeNode, key: bytes, pos: int,
+    def _best_cow(self, node: TreeNode, key: LazyKey, pos: int,
                   limit_b: int) -> tuple[TreeNode | None, int]:
         """The child whose first page shares the most tokens with key[pos:limit_b]."""
         best, best_len = None, 0
         end_b = min(limit_b, pos + self._page_bytes)       # within the first page only
-        for child in node.cow_index.get(key[pos:pos + _ITEM], ()):
-            n = _common_tokens(key, pos, child.key, end_b)
+        for child in node.cow_index.get(key.upto(pos + _ITEM)[pos:pos + _ITEM], ()):
+            n = _common_tokens(key, pos, child, end_b)
             if n > best_len or (n == best_len and best is not None and child.id < best.id):
                 best, best_len = child, n
         return best, best_len
@@ -330,13 +358,15 @@ class RadixCache:
                 node = self._ns_roots[namespace] = self._new_node(b"", EMPTY_PAGES, None, 0,
                                                                   namespace)
         base = node.depth                   # tokens known to be in the tree
-        key = pack(tokens, base)            # the rest, packed; positions below are offsets in it
+        n = len(pages) * self.page_size
+        key = LazyKey(tokens, base, n - base)   # the rest; positions below are offsets in it
+        nb = (n - base) * _ITEM
         first_page = base // self.page_size
-        w = self._walk(node, key, 0, len(key), pages, first_page)
+        w = self._walk(node, key, nb, nb, pages, first_page)
         parts = [pages[:first_page], *w.parts] if first_page else w.parts
         node, pos, same_pages = w.node, w.pos, w.same_pages
         if w.partial is not None:           # the key leaves the tree inside this edge
-            m = _common_tokens(key, pos, w.partial.key, len(key))
+            m = w.partial_tokens
             m -= m % self.page_size
             node = self._split(w.partial, m)
             same_pages = False
@@ -344,8 +374,8 @@ class RadixCache:
             pos += m * _ITEM
         self._touch(node, hit=False)
         already = base + pos // _ITEM
-        if pos < len(key):
-            node = self._add_leaf(node, key[pos:], pages[first_page + pos // self._page_bytes:])
+        if pos < nb:
+            node = self._add_leaf(node, key, pos, pages[first_page + pos // self._page_bytes:])
             parts.append(node.pages)
         elif node.evict_key is not None:
             self._rekey(node)
@@ -363,14 +393,19 @@ class RadixCache:
                              f"pages of {self.page_size} tokens")
         return pages
 
-    def _add_leaf(self, parent: TreeNode, key: bytes, pages: np.ndarray) -> TreeNode:
-        """A new evictable leaf under `parent` holding `key` in (a copy of) `pages`."""
+    def _add_leaf(self, parent: TreeNode, key: LazyKey, pos: int, pages: np.ndarray) -> TreeNode:
+        """A new evictable leaf under `parent` holding the key from byte `pos` in `pages`
+        (kept as a view when the caller's array is frozen, as PrefixLease's are; else
+        copied)."""
         if parent.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
             self._remove_evictable(parent)
-        pages = pages.copy()
-        pages.flags.writeable = False
-        n = len(key) // _ITEM
-        leaf = self._new_node(key, pages, parent, parent.depth + n, parent.namespace)
+        if not _frozen(pages):
+            pages = pages.copy()
+            pages.flags.writeable = False
+        packed, pending = key.edge_from(pos)
+        n = len(pages) * self.page_size
+        leaf = self._new_node(packed, pages, parent, parent.depth + n, parent.namespace)
+        leaf._pending = pending
         leaf.last_access = self._clock
         self._add_child(parent, leaf)
         self._num_nodes += 1
@@ -433,8 +468,13 @@ class RadixCache:
         only its tail pages (its head, the more shared part, stays). Returns the freed ids;
         the caller gives them to the allocator.
         """
+        return _concat(self.evict_pages(num_tokens))
+
+    def evict_pages(self, num_tokens: int) -> list[np.ndarray]:
+        """`evict`, with the freed ids as the evicted edges' (read-only) arrays, in order:
+        a caller that concatenates them with other pages copies them once."""
         if num_tokens <= 0:
-            return EMPTY_PAGES
+            return []
         self._clock += 1
         ps = self.page_size
         evictable = self._evictable
@@ -454,14 +494,14 @@ class RadixCache:
                 gone = need * ps
                 freed.append(leaf.pages[keep:])
                 leaf.pages = leaf.pages[:keep]
-                leaf.key = leaf.key[:keep * self._page_bytes]
+                leaf.truncate(keep * ps)
                 leaf.depth -= gone
                 self._total -= gone
                 self._evictable_tokens -= gone
                 remaining -= gone
                 self._make_evictable(leaf)
         self._evicted_tokens += num_tokens - remaining
-        return _concat(freed)
+        return freed
 
     def flush(self) -> np.ndarray:
         """Drop the whole tree and return its pages; refused while any request holds a lock."""
@@ -520,18 +560,20 @@ class RadixCache:
         return node
 
     def _add_child(self, parent: TreeNode, child: TreeNode) -> None:
-        parent.children[child.key[:self._page_bytes]] = child
+        first = child.head(self.page_size)
+        parent.children[first] = child
         if self.page_size > 1:
             if parent.cow_index is None:
                 parent.cow_index = {}
-            parent.cow_index.setdefault(child.key[:_ITEM], []).append(child)
+            parent.cow_index.setdefault(first[:_ITEM], []).append(child)
 
     def _remove_leaf(self, leaf: TreeNode) -> None:
         """Detach an evicted leaf; its parent may become an evictable leaf (or an empty root)."""
         parent = leaf.parent
-        del parent.children[leaf.key[:self._page_bytes]]
+        head = leaf.head(self.page_size)
+        del parent.children[head]
         if self.page_size > 1:
-            first = leaf.key[:_ITEM]
+            first = head[:_ITEM]
             same_first = parent.cow_index[first]
             same_first.remove(leaf)
             if not same_first:
@@ -552,18 +594,18 @@ class RadixCache:
         """Cut `child`'s edge after m tokens (a page multiple); return the new upper node."""
         ps = self.page_size
         parent = child.parent
-        key = child.key
-        cut = m * _ITEM
-        upper = TreeNode(self._next_id, key[:cut], child.pages[:m // ps], parent,
-                         child.depth - len(key) // _ITEM + m, child.namespace,
-                         lock_ref=child.lock_ref, last_access=child.last_access,
-                         hit_count=child.hit_count)
+        first = child.head(ps)
+        depth = child.depth - child.num_tokens + m
+        head_key, head_pending = child.cut(m)
+        upper = TreeNode(self._next_id, head_key, child.pages[:m // ps], parent, depth,
+                         child.namespace, lock_ref=child.lock_ref,
+                         last_access=child.last_access, hit_count=child.hit_count,
+                         _pending=head_pending)
         self._next_id += 1
-        parent.children[key[:self._page_bytes]] = upper
+        parent.children[first] = upper
         if ps > 1:
-            same_first = parent.cow_index[key[:_ITEM]]
+            same_first = parent.cow_index[first[:_ITEM]]
             same_first[same_first.index(child)] = upper
-        child.key = key[cut:]
         child.pages = child.pages[m // ps:]
         child.parent = upper
         self._add_child(upper, child)
