@@ -115,16 +115,23 @@ class _Walk:
     same_pages: bool            # every edge passed was taken on the caller's own page ids
 
 
-def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int) -> int:
+def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int, edge_b: int) -> int:
     """Tokens shared by the key from byte `pos` (up to byte `end_b`) and the start of the
-    node's edge.
+    node's edge (`edge_b` bytes long).
 
     Compares windows growing 4x from _FIRST_WINDOW tokens, so neither the key nor an edge
     still held as the caller's ids is packed much beyond the first difference, then
     bisects inside the window that differs.
     """
-    n = min(edge.num_tokens, (end_b - pos) // _ITEM)
-    lo, width = 0, _FIRST_WINDOW
+    n = min(edge_b, end_b - pos) // _ITEM
+    buf, packed = key.buf, edge._key
+    if packed is not None and len(buf) >= pos + n * _ITEM:
+        # Both sides packed that far already (the usual case on short prompts): one memcmp.
+        whole = packed if n * _ITEM == len(packed) else memoryview(packed)[:n * _ITEM]
+        if buf.startswith(whole, pos):
+            return n
+    lo = 0
+    width = max(_FIRST_WINDOW, (len(buf) - pos) // _ITEM)   # what is packed costs nothing
     while lo < n:
         hi = min(n, lo + width)
         buf = key.upto(pos + hi * _ITEM)
@@ -302,7 +309,10 @@ class RadixCache:
         same = True
         pos = 0
         while pos < full_b:
-            child = node.children.get(key.upto(pos + pb)[pos:pos + pb])
+            buf = key.buf
+            if len(buf) < pos + pb:
+                buf = key.upto(pos + pb)
+            child = node.children.get(buf[pos:pos + pb])
             if child is None:
                 break
             cp = child.pages
@@ -313,10 +323,11 @@ class RadixCache:
                     parts.append(cp)
                     node, pos = child, end
                     continue
-            m = _common_tokens(key, pos, child, end_b)
+            m = _common_tokens(key, pos, child, end_b, end - pos)
             if end > full_b or pos + m * _ITEM < end:
                 return _Walk(node, pos, parts, child, m, same)
-            child.pack()            # matched whole: likely shared, so compared again
+            if child._pending is not None:
+                child.pack()        # matched whole: likely shared, so compared again
             same = False
             parts.append(cp)
             node, pos = child, end
@@ -328,7 +339,7 @@ class RadixCache:
         best, best_len = None, 0
         end_b = min(limit_b, pos + self._page_bytes)       # within the first page only
         for child in node.cow_index.get(key.upto(pos + _ITEM)[pos:pos + _ITEM], ()):
-            n = _common_tokens(key, pos, child, end_b)
+            n = _common_tokens(key, pos, child, end_b, len(child.pages) * self._page_bytes)
             if n > best_len or (n == best_len and best is not None and child.id < best.id):
                 best, best_len = child, n
         return best, best_len
@@ -399,7 +410,7 @@ class RadixCache:
         copied)."""
         if parent.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
             self._remove_evictable(parent)
-        if not _frozen(pages):
+        if pages.flags.writeable or not _frozen(pages):
             pages = pages.copy()
             pages.flags.writeable = False
         packed, pending = key.edge_from(pos)

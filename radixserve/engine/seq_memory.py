@@ -79,8 +79,9 @@ class SequenceMemory:
         lease = seq.lease
         if lease is not None:
             if keep:
-                lease.extend(seq.token_ids, seq.num_computed)
-            lease.release()
+                lease.release(seq.token_ids, seq.num_computed)
+            else:
+                lease.release()
         seq.lease = None
         seq.num_computed = 0
 

@@ -135,10 +135,11 @@ class _Run:
     def complete(self, flight: _InFlight) -> None:
         """The request finished: insert prompt + output, unlock, free what is left."""
         item = flight.item
-        if item.full_keys is not None:
+        if item.full_keys is None:
+            flight.lease.release()
+        else:
             total = (item.prompt_len + item.output_len) // self.space.page_size
-            flight.lease.extend(item.full_keys, self.space.keys_for_pages(total))
-        flight.lease.release()
+            flight.lease.release(item.full_keys, self.space.keys_for_pages(total))
 
     def drain(self) -> None:
         while self.inflight:
