@@ -206,10 +206,18 @@ def main() -> int:
                     help="an unpacked SGLang wheel (see scripts/sglang_radix_ref.py): time its "
                          "RadixCache on the same stream, interleaved with ours, and compare "
                          "with that instead of the issue's stated figures")
+    ap.add_argument("--keep-freed-memory", action="store_true",
+                    help="raise glibc's mmap/trim thresholds first, as the engine does on CPU "
+                         "(engine/host_memory.py): fresh page arrays stop page-faulting; "
+                         "applies to both sides of the comparison")
     ap.add_argument("--via-lease", action="store_true",
                     help="make the calls through PrefixLease, as the engine does")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.keep_freed_memory:
+        from radixserve.engine.host_memory import keep_freed_host_memory
+
+        keep_freed_host_memory()
     run_sglang = None
     if args.sglang_path:
         from sglang_radix_ref import load_sglang, run_sglang_stream
@@ -220,7 +228,9 @@ def main() -> int:
     page_sizes = [int(x) for x in args.page_sizes.split(",")]
     streams = args.streams.split(",")
     print(f"policy {args.policy}, token ids as {args.keys}s"
-          f"{' of fresh int objects' if args.fresh_ints else ''}, best of {repeats}")
+          f"{' of fresh int objects' if args.fresh_ints else ''}, best of {repeats}"
+          f"{', glibc keeps freed memory' if args.keep_freed_memory else ''}"
+          f"{', through PrefixLease' if args.via_lease else ''}")
     for name in streams:
         if name == "shared":
             groups, prompts, system, question, output = 64, 16, 2048, 128, 256

@@ -103,18 +103,6 @@ class InsertResult:
         return own[own != self.pages]
 
 
-@dataclass(slots=True)
-class _Walk:
-    """Where a walk down the tree stopped (see RadixCache._walk)."""
-
-    node: TreeNode              # the last node whose edge matched whole
-    pos: int                    # byte offset in the key just after that edge
-    parts: list[np.ndarray]     # the page ids of the edges passed, in order
-    partial: TreeNode | None    # the child whose edge matched only in part (or None)
-    partial_tokens: int         # tokens of `partial`'s edge that matched (0 when None)
-    same_pages: bool            # every edge passed was taken on the caller's own page ids
-
-
 def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int, edge_b: int) -> int:
     """Tokens shared by the key from byte `pos` (up to byte `end_b`) and the start of the
     node's edge (`edge_b` bytes long).
@@ -250,19 +238,18 @@ class RadixCache:
             return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
         ps = self.page_size
         limit_b = limit * _ITEM
-        w = self._walk(node, key, limit_b - limit_b % self._page_bytes, limit_b)
-        node, pos, parts = w.node, w.pos, w.parts
+        node, pos, parts, partial, m, _ = self._walk(node, key,
+                                                     limit_b - limit_b % self._page_bytes, limit_b)
         cow_node: TreeNode | None = None
         cow_tokens = 0
-        if w.partial is not None:
+        if partial is not None:
             # The match ends inside this edge (its first page matched, so m >= page_size).
-            m = w.partial_tokens
             m_full = m - m % ps
-            node = self._split(w.partial, m_full)
+            node = self._split(partial, m_full)
             parts.append(node.pages)
             pos += m_full * _ITEM
             if m > m_full:
-                cow_node, cow_tokens = w.partial, m - m_full
+                cow_node, cow_tokens = partial, m - m_full
         if ps > 1 and cow_node is None and pos < limit_b and node.cow_index:
             cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b)
         handle = cow_node or node
@@ -285,16 +272,17 @@ class RadixCache:
         if node is None or limit == 0:
             return 0
         limit_b = limit * _ITEM
-        w = self._walk(node, key, limit_b - limit_b % self._page_bytes, limit_b)
-        if w.partial is not None:
+        node, pos, _, partial, m, _ = self._walk(node, key,
+                                                 limit_b - limit_b % self._page_bytes, limit_b)
+        if partial is not None:
             # Full pages of the edge plus the copy-on-write part of the next: pos + m.
-            return w.pos // _ITEM + w.partial_tokens
-        if self.page_size > 1 and w.pos < limit_b and w.node.cow_index:
-            return w.pos // _ITEM + self._best_cow(w.node, key, w.pos, limit_b)[1]
-        return w.pos // _ITEM
+            return pos // _ITEM + m
+        if self.page_size > 1 and pos < limit_b and node.cow_index:
+            return pos // _ITEM + self._best_cow(node, key, pos, limit_b)[1]
+        return pos // _ITEM
 
     def _walk(self, node: TreeNode, key: LazyKey, full_b: int, end_b: int,
-              pages: np.ndarray | None = None, first_page: int = 0) -> _Walk:
+              pages: np.ndarray | None = None, first_page: int = 0) -> tuple:
         """Follow the edges that the key matches whole and that end by byte `full_b`.
 
         The one edge walk of match, peek and insert; no side effects. Tokens are compared
@@ -303,6 +291,12 @@ class RadixCache:
         key's start), an edge whose page ids equal the caller's is taken without comparing
         tokens: a page holds the KV of one token sequence, so equal ids at the same
         position prove equal tokens.
+
+        Returns (node, pos, parts, partial, partial_tokens, same_pages): the last node
+        whose edge matched whole, the byte offset after it, the page arrays of the edges
+        passed, the child whose edge matched only in part (or None) with its matched token
+        count, and whether every edge passed was taken on the caller's own page ids. (A
+        plain tuple: this runs on every match, peek and insert.)
         """
         pb = self._page_bytes
         parts: list[np.ndarray] = []
@@ -325,13 +319,13 @@ class RadixCache:
                     continue
             m = _common_tokens(key, pos, child, end_b, end - pos)
             if end > full_b or pos + m * _ITEM < end:
-                return _Walk(node, pos, parts, child, m, same)
+                return node, pos, parts, child, m, same
             if child._pending is not None:
                 child.pack()        # matched whole: likely shared, so compared again
             same = False
             parts.append(cp)
             node, pos = child, end
-        return _Walk(node, pos, parts, None, 0, same)
+        return node, pos, parts, None, 0, same
 
     def _best_cow(self, node: TreeNode, key: LazyKey, pos: int,
                   limit_b: int) -> tuple[TreeNode | None, int]:
@@ -373,13 +367,13 @@ class RadixCache:
         key = LazyKey(tokens, base, n - base)   # the rest; positions below are offsets in it
         nb = (n - base) * _ITEM
         first_page = base // self.page_size
-        w = self._walk(node, key, nb, nb, pages, first_page)
-        parts = [pages[:first_page], *w.parts] if first_page else w.parts
-        node, pos, same_pages = w.node, w.pos, w.same_pages
-        if w.partial is not None:           # the key leaves the tree inside this edge
-            m = w.partial_tokens
+        node, pos, parts, partial, m, same_pages = self._walk(node, key, nb, nb, pages,
+                                                              first_page)
+        if first_page:
+            parts.insert(0, pages[:first_page])
+        if partial is not None:             # the key leaves the tree inside this edge
             m -= m % self.page_size
-            node = self._split(w.partial, m)
+            node = self._split(partial, m)
             same_pages = False
             parts.append(node.pages)
             pos += m * _ITEM

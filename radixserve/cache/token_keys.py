@@ -150,7 +150,9 @@ class LazyKey:
         self.start = start
         self.num_bytes = num_tokens * ITEM_BYTES
         self.buf = b""
-        if type(tokens) is bytes:           # packed already: no copy to save
+        if type(tokens) is bytes or (self.num_bytes <= self.EAGER_BYTES
+                                     and type(tokens) is not list):
+            # Packed already (no copy to save), or short and packed by memcpy: whole, now.
             self.buf = pack_range(tokens, start, start + num_tokens)
 
     def upto(self, end_b: int) -> bytes:
