@@ -61,6 +61,7 @@ EMPTY_PAGES.flags.writeable = False
 _INT32 = np.dtype(np.int32)
 _ITEM = ITEM_BYTES
 _FIRST_WINDOW = 512         # tokens compared at once before the windows grow
+_WHOLE_EDGE = 4096          # edges up to this many tokens are compared in one window
 
 
 class CacheLockedError(RuntimeError):
@@ -119,7 +120,9 @@ def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int, edge_b: i
         if buf.startswith(whole, pos):
             return n
     lo = 0
-    width = max(_FIRST_WINDOW, (len(buf) - pos) // _ITEM)   # what is packed costs nothing
+    # What is packed costs nothing to compare; an edge up to _WHOLE_EDGE tokens is compared
+    # in one go (if it differs early, at most that much was packed in vain).
+    width = max(_FIRST_WINDOW, (len(buf) - pos) // _ITEM, n if n <= _WHOLE_EDGE else 0)
     while lo < n:
         hi = min(n, lo + width)
         buf = key.upto(pos + hi * _ITEM)
