@@ -320,11 +320,14 @@ class RadixCache:
                     parts.append(cp)
                     node, pos = child, end
                     continue
-            m = _common_tokens(key, pos, child, end_b, end - pos)
-            if end > full_b or pos + m * _ITEM < end:
-                return node, pos, parts, child, m, same
-            if child._pending is not None:
-                child.pack()        # matched whole: likely shared, so compared again
+            edge = child._key
+            if not (end <= full_b and edge is not None and len(buf) >= end
+                    and buf.startswith(edge, pos)):     # the usual hit: one memcmp
+                m = _common_tokens(key, pos, child, end_b, end - pos)
+                if end > full_b or pos + m * _ITEM < end:
+                    return node, pos, parts, child, m, same
+                if child._pending is not None:
+                    child.pack()    # matched whole: likely shared, so compared again
             same = False
             parts.append(cp)
             node, pos = child, end
