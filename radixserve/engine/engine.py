@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Sequence
 import torch
 
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import CacheLockedError, RadixCache
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
@@ -45,10 +44,8 @@ class Engine:
         self.runner = on_compute_thread(ModelRunner, config, loaded)
         self.page_size = config.page_size
         self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
-        self.memory = PagedMemory(PageAllocator(self.runner.num_pages), self.tree)
-        self.seq_memory = SequenceMemory(self.memory, self.tree, config.page_size,
-                                         use_cache=not config.disable_radix_cache,
-                                         copy_prefix=self.runner.copy_prefix)
+        self.memory = PagedMemory(self.runner.num_pages, self.tree)
+        self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache)
         self.pool_tokens = self.runner.num_pages * config.page_size
         self.max_model_len = self._max_model_len()
         self._stats = EngineStats(pages_total=self.runner.num_pages, page_size=config.page_size)
@@ -99,13 +96,12 @@ class Engine:
         num_tokens = min(wanted, self.max_model_len, self.pool_tokens)
         if num_tokens <= 0:
             return
-        allocator = self.memory.allocator
-        pages = allocator.alloc(self.seq_memory.pages_for(num_tokens))
+        pages = self.memory.alloc(self.seq_memory.pages_for(num_tokens))
         try:
             await asyncio.get_running_loop().run_in_executor(
                 self._executor, self.runner.warm_up, pages, num_tokens)
         finally:
-            allocator.free(pages)
+            self.memory.free(pages)
 
     async def shutdown(self, grace_s: float = 0.0) -> None:
         """Stop taking requests, let running ones finish for `grace_s`, abort the rest."""
@@ -265,14 +261,14 @@ class Engine:
         s = self._stats
         s.running = self.scheduler.num_running_requests    # requests, as the metrics say
         s.waiting = self.scheduler.num_waiting_requests
-        s.pages_free = self.memory.allocator.num_free
-        s.pages_cached = self.tree.cached_tokens // self.page_size
+        s.pages_free = self.memory.num_free
+        s.pages_cached = self.tree.total_tokens // self.page_size
         s.pages_locked = self.tree.locked_tokens // self.page_size
         s.pages_private = s.pages_total - s.pages_free - s.pages_cached
         s.kv_pool_bytes = self.runner.kv_pool.total_bytes
         s.evicted_tokens = self.memory.evicted_tokens
         s.cache = {
-            "cached_tokens": self.tree.cached_tokens,
+            "cached_tokens": self.tree.total_tokens,
             "evictable_tokens": self.tree.evictable_tokens,
             "locked_tokens": self.tree.locked_tokens,
             "nodes": self.tree.num_nodes,
@@ -289,10 +285,9 @@ class Engine:
         if self.scheduler.has_work():
             raise CacheBusy(f"{self.scheduler.num_live} requests are running")
         try:
-            pages = self.tree.flush()
+            self.memory.flush_cache()
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
-        self.memory.allocator.free(pages)
 
     def check_invariants(self) -> None:
         """Page conservation; with no live request, no lock may be held."""

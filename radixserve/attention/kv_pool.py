@@ -4,7 +4,8 @@ Layout per layer is ``[num_pages, page_size, num_kv_heads, head_dim]`` (flashinf
 so the same tensors feed the torch backend and flashinfer's paged kernels unchanged. The
 pool only stores data; which page belongs to whom is the allocator's and the tree's job.
 
-This module imports torch and is deliberately not imported by ``radixserve.cache``.
+This module imports torch; ``radixserve.cache`` never imports it (the cache package must
+load without torch).
 """
 
 from __future__ import annotations
