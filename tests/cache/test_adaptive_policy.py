@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from radixserve.cache import PageAllocator, PagedMemory, RadixCache, make_policy
+from radixserve.cache import PagedMemory, RadixCache, make_policy
+from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.adaptive_policy import CLASS_NAMES, AdaptivePolicy
 
 REPO = Path(__file__).parents[2]
@@ -23,18 +24,17 @@ ROOT, BRANCH = "new at root", "new under a prefix"     # + the size bucket
 
 def _cache(policy: AdaptivePolicy, num_pages: int = 64) -> tuple[RadixCache, PagedMemory]:
     tree = RadixCache(1, policy)
-    return tree, PagedMemory(PageAllocator(num_pages), tree)
+    return tree, PagedMemory(num_pages, tree)
 
 
 def _request(tree: RadixCache, mem: PagedMemory, tokens: list[int]) -> int:
     """What the engine does with one prompt; returns the matched tokens."""
-    m = tree.match_prefix(tokens, max_tokens=len(tokens) - 1)
-    tree.lock(m.node)
-    new = mem.alloc(len(tokens) - len(m.pages))
-    r = tree.insert(tokens, np.concatenate((m.pages, new)))
-    mem.free(r.duplicates(np.concatenate((m.pages, new))))
-    tree.unlock(m.node)
-    return m.matched_tokens
+    lease = PrefixLease(mem)
+    lease.acquire(tokens, max_tokens=len(tokens) - 1)
+    matched = lease.matched_tokens
+    lease.grow(len(tokens) - len(lease.pages))
+    lease.release(tokens, len(tokens))
+    return matched
 
 
 def _leaf(tree: RadixCache, last_token: int):
@@ -86,8 +86,8 @@ def test_classes_from_tree_shape_hits_and_ghosts():
     assert policy.class_of(_leaf(tree, 12)) == "new under a prefix, < 4 tokens"
     mem.free(tree.evict(1))                       # the newest turn goes ...
     assert policy.class_of(_leaf(tree, 11)) == TWICE
-    mem.free(tree.evict(tree.cached_tokens))      # ... then everything
-    assert tree.cached_tokens == 0
+    mem.free(tree.evict(tree.total_tokens))      # ... then everything
+    assert tree.total_tokens == 0
     _request(tree, mem, [1, 2, 3, 7, 8, 9, 10, 11])   # the ghost table remembers its end
     assert policy.class_of(_leaf(tree, 11)) == OFTEN
     tree.check_invariants()
