@@ -12,12 +12,11 @@ import torch
 
 from .config import ModelConfig
 from .dtype import resolve_device, resolve_dtype
-from .errors import ModelLoadError
 from .gguf_loader import load_gguf
-from .gguf_tokenizer import gguf_eos_ids, tokenizer_from_gguf
+from .gguf_tokenizer import gguf_tokenizer
 from .hf_loader import load_hf_weights, read_hf_config
 from .llama import LlamaForCausalLM
-from .registry import SHORT_NAMES, resolve_short_name
+from .registry import resolve_model_path
 from .tokenizer import Tokenizer
 
 
@@ -41,29 +40,16 @@ def load_model(model: str, dtype: str | torch.dtype = "auto",
                device: str | torch.device = "cpu") -> LoadedModel:
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    path = resolve_short_name(model)
-    if path is None:
-        path = Path(model).expanduser()
-        if not path.exists():
-            raise ModelLoadError(
-                f"model {model!r} not found: not a short name ({', '.join(SHORT_NAMES)}), "
-                f"a directory, or a .gguf file")
+    path = resolve_model_path(model)
     if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if not (path / "config.json").is_file() and len(ggufs) == 1:
-            path = ggufs[0]
-        else:
-            return _load_hf_directory(model, path, dt, dev)
-    if path.suffix.lower() != ".gguf":
-        raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model directory")
+        return _load_hf_directory(model, path, dt, dev)
     return _load_gguf_file(model, path, dt, dev)
 
 
 def _load_gguf_file(name: str, path: Path, dtype: torch.dtype,
                     device: torch.device) -> LoadedModel:
     contents = load_gguf(path, dtype)
-    hf_tok = tokenizer_from_gguf(contents.metadata, path)
-    tokenizer = Tokenizer.from_hf(hf_tok, gguf_eos_ids(contents.metadata))
+    tokenizer = gguf_tokenizer(contents.metadata, path)
     model = _build(contents.config, contents.weights, str(path), dtype, device)
     return LoadedModel(name, contents.config, model, tokenizer)
 
