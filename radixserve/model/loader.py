@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from radixserve.phase_timer import PhaseTimer
+
 from .config import ModelConfig
 from .dtype import resolve_device, resolve_dtype
 from .gguf_loader import load_gguf
@@ -18,6 +20,7 @@ from .hf_loader import load_hf_weights, read_hf_config
 from .llama import LlamaForCausalLM
 from .registry import resolve_model_path
 from .tokenizer import Tokenizer
+from .weights_cache import WeightsCache
 
 
 @dataclass
@@ -37,29 +40,43 @@ class LoadedModel:
 
 
 def load_model(model: str, dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "cpu") -> LoadedModel:
+               device: str | torch.device = "cpu", weights_cache: WeightsCache | None = None,
+               timer: PhaseTimer | None = None) -> LoadedModel:
+    """`weights_cache`: where a GGUF's dequantized weights are kept between loads (None:
+    dequantize every time). `timer` gets a lap per loading phase."""
+    timer = timer or PhaseTimer()
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     path = resolve_model_path(model)
+    timer.lap("device and dtype")
     if path.is_dir():
-        return _load_hf_directory(model, path, dt, dev)
-    return _load_gguf_file(model, path, dt, dev)
+        return _load_hf_directory(model, path, dt, dev, timer)
+    return _load_gguf_file(model, path, dt, dev, weights_cache, timer)
 
 
-def _load_gguf_file(name: str, path: Path, dtype: torch.dtype,
-                    device: torch.device) -> LoadedModel:
+def _load_gguf_file(name: str, path: Path, dtype: torch.dtype, device: torch.device,
+                    weights_cache: WeightsCache | None, timer: PhaseTimer) -> LoadedModel:
     contents = load_gguf(path, dtype)
+    timer.lap("GGUF header")
     tokenizer = gguf_tokenizer(contents.metadata, path)
-    model = _build(contents.config, contents.weights, str(path), dtype, device)
+    timer.lap("tokenizer")
+    weights = contents.weights
+    if weights_cache is not None:
+        weights, outcome = weights_cache.weights_for(path, dtype, contents.weights)
+        timer.note(f"weights cache: {outcome}")
+    model = _build(contents.config, weights, str(path), dtype, device)
+    timer.lap("weights")
     return LoadedModel(name, contents.config, model, tokenizer)
 
 
-def _load_hf_directory(name: str, directory: Path, dtype: torch.dtype,
-                       device: torch.device) -> LoadedModel:
+def _load_hf_directory(name: str, directory: Path, dtype: torch.dtype, device: torch.device,
+                       timer: PhaseTimer) -> LoadedModel:
     config = read_hf_config(directory)
     tokenizer = Tokenizer.from_directory(directory)   # before the weights: fail fast
+    timer.lap("tokenizer")
     weights = load_hf_weights(directory, config, dtype)
     model = _build(config, weights, str(directory), dtype, device)
+    timer.lap("weights")
     return LoadedModel(name, config, model, tokenizer)
 
 
