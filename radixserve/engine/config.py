@@ -30,6 +30,8 @@ class EngineConfig:
     seed: int = 0
     debug_invariants: bool = False       # check page conservation whenever idle
     warmup_tokens: int | None = None     # start-up prefill; None: chunked_prefill_size; 0: off
+    weights_cache_dir: str | None = None  # dequantized GGUF weights; None: default directory
+    no_weights_cache: bool = False       # dequantize at every start instead
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -62,3 +64,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup-tokens", type=int, default=None,
                    help="tokens of a throw-away prefill run at start-up, so the first requests "
                         "find memory and kernels ready (default: --chunked-prefill-size; 0: off)")
+    g.add_argument("--weights-cache-dir", default=None,
+                   help="where a GGUF's dequantized weights are kept between starts (default: "
+                        "$RADIXSERVE_CACHE_DIR, else ~/.cache/radixserve)")
+    g.add_argument("--no-weights-cache", action="store_true",
+                   help="dequantize GGUF weights at every start; write no cache")
