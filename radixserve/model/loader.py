@@ -60,13 +60,16 @@ def _load_gguf_file(name: str, path: Path, dtype: torch.dtype, device: torch.dev
     timer.lap("GGUF header")
     tokenizer = gguf_tokenizer(contents.metadata, path)
     timer.lap("tokenizer")
-    weights = contents.weights
-    if weights_cache is not None:
-        weights, outcome = weights_cache.weights_for(path, dtype, contents.weights)
-        timer.note(f"weights cache: {outcome}")
-    model = _build(contents.config, weights, str(path), dtype, device)
+    model = LlamaForCausalLM(contents.config, dtype=dtype, device=device)
+    entry = weights_cache.entry(path, dtype) if weights_cache is not None else None
+    if entry is not None and entry.restore(model):
+        timer.note("weights cache: hit")
+    else:
+        model.load_weights(contents.weights, str(path))     # dequantizes, tensor by tensor
+        if entry is not None:
+            timer.note(f"weights cache: {'stored' if entry.save(model) else 'not stored'}")
     timer.lap("weights")
-    return LoadedModel(name, contents.config, model, tokenizer)
+    return LoadedModel(name, contents.config, model.eval(), tokenizer)
 
 
 def _load_hf_directory(name: str, directory: Path, dtype: torch.dtype, device: torch.device,

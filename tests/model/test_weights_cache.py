@@ -26,11 +26,17 @@ def cache(tmp_path):
     return WeightsCache.at(tmp_path / "cache")
 
 
-def load(path, cache, dtype="float32"):
-    """(state dict, the cache's outcome) of one load."""
+def load_with(path, cache, dtype="float32"):
+    """(the loaded model, the cache's outcomes) of one load."""
     timer = PhaseTimer()
     loaded = load_model(str(path), dtype=dtype, weights_cache=cache, timer=timer)
     outcomes = [n.removeprefix("weights cache: ") for n in timer.notes if n.startswith("weights")]
+    return loaded, outcomes
+
+
+def load(path, cache, dtype="float32"):
+    """(state dict, the cache's outcomes) of one load."""
+    loaded, outcomes = load_with(path, cache, dtype)
     return loaded.model.state_dict(), outcomes
 
 
@@ -110,12 +116,12 @@ def test_an_entry_for_another_key_is_not_served(gguf_path, cache, tmp_path):
 
 
 def test_key_follows_the_file_content_and_the_dtype(gguf_path, cache):
-    key = cache.key(gguf_path, torch.float32)
-    assert cache.key(gguf_path, torch.float32) == key
-    assert cache.key(gguf_path, torch.bfloat16) != key
+    key = cache.entry(gguf_path, torch.float32).key
+    assert cache.entry(gguf_path, torch.float32).key == key
+    assert cache.entry(gguf_path, torch.bfloat16).key != key
     load(gguf_path, cache)
     write_gguf(gguf_path, random_hf_model(hf_config("llama"), seed=7), q8_names=Q8)
-    assert cache.key(gguf_path, torch.float32) != key
+    assert cache.entry(gguf_path, torch.float32).key != key
     reference, _ = load(gguf_path, None)
     served, outcome = load(gguf_path, cache)        # same path, new content: a miss
     assert outcome == ["stored"]
@@ -130,6 +136,44 @@ def test_an_unwritable_cache_still_loads(gguf_path, tmp_path):
     served, outcome = load(gguf_path, cache)
     assert outcome == ["not stored"]
     assert_identical(served, reference)
+
+
+def test_key_follows_the_loading_code(gguf_path, cache, monkeypatch):
+    """Editing the code that builds the parameters (here: a changed fingerprint) retires
+    old entries instead of serving parameters laid out by the old code."""
+    from radixserve.model import weights_cache
+    key = cache.entry(gguf_path, torch.float32).key
+    monkeypatch.setattr(weights_cache, "code_fingerprint", lambda: "0123456789abcdef")
+    assert cache.entry(gguf_path, torch.float32).key != key
+
+
+def test_a_hit_maps_the_entry_and_keeps_tied_embeddings_tied(tmp_path, cache):
+    path = tmp_path / "tied.gguf"
+    write_gguf(path, random_hf_model(hf_config("llama", tie_word_embeddings=True)))
+    reference, _ = load(path, None)
+    load(path, cache)
+    loaded, outcome = load_with(path, cache)
+    model = loaded.model
+    assert outcome == ["hit"]
+    assert model.lm_head.weight is model.embed_tokens.weight
+    assert_identical(model.state_dict(), reference)
+    [entry] = cache.directory.iterdir()
+    mapped = file_mappings(entry)
+    assert mapped, "the entry file is not mapped"
+    for name, p in model.named_parameters():             # no copy: views of the mapping
+        assert any(lo <= p.data_ptr() < hi for lo, hi in mapped), name
+
+
+def file_mappings(path) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of `path` (/proc/self/maps)."""
+    ranges = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(path):
+                lo, hi = fields[0].split("-")
+                ranges.append((int(lo, 16), int(hi, 16)))
+    return ranges
 
 
 def test_cache_directory_from_the_environment(monkeypatch, tmp_path):
