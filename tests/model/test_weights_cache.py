@@ -70,20 +70,27 @@ def test_second_load_is_a_hit_with_bit_identical_weights(gguf_path, cache, monke
     assert_identical(first, uncached)
 
 
+def replace_with(entry, data: bytes) -> None:
+    """Swap in new content under the same name (never rewrite a mapped file in place)."""
+    tmp = entry.with_name("damaged.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(entry)
+
+
 def corrupt_data(entry):
     data = bytearray(entry.read_bytes())
     data[-5] ^= 0x40                    # one bit of the last tensor
-    entry.write_bytes(bytes(data))
+    replace_with(entry, bytes(data))
 
 
 def truncate(entry):
-    entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+    replace_with(entry, entry.read_bytes()[: entry.stat().st_size // 2])
 
 
 def garble_header(entry):
     data = bytearray(entry.read_bytes())
     data[8:40] = b"x" * 32
-    entry.write_bytes(bytes(data))
+    replace_with(entry, bytes(data))
 
 
 @pytest.mark.parametrize("damage", [corrupt_data, truncate, garble_header])
