@@ -71,12 +71,6 @@ def describe_pool(engine) -> str:
             f"{size / 2**20:.1f} MiB ({size} bytes)")
 
 
-def weights_cache_for(engine_config: EngineConfig):
-    """The WeightsCache the flags ask for (None with --no-weights-cache)."""
-    from radixserve.model.weights_cache import WeightsCache
-    return None if engine_config.no_weights_cache else WeightsCache.at(engine_config.weights_cache_dir)
-
-
 async def start_serving(engine, config: ServerConfig, timer: PhaseTimer) -> web.AppRunner:
     """Listen first, then warm the engine up: /health answers 503 until `engine.start`
     returns (warm-up done, loop running), 200 from then on."""
@@ -93,18 +87,15 @@ async def start_serving(engine, config: ServerConfig, timer: PhaseTimer) -> web.
 
 
 async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseTimer) -> None:
-    from radixserve.engine.compute_thread import on_compute_thread
     from radixserve.engine.engine import Engine
-    from radixserve.model import load_model
+    from radixserve.engine.model_loading import load_engine_model
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     timer.lap("python and imports")
-    loaded = on_compute_thread(load_model, engine_config.model, dtype=engine_config.dtype,
-                               device=engine_config.device,
-                               weights_cache=weights_cache_for(engine_config), timer=timer)
+    loaded = load_engine_model(engine_config, timer)
     engine = Engine(engine_config, loaded)
     timer.lap("engine and KV pool")
     runner = await start_serving(engine, config, timer)
