@@ -192,5 +192,8 @@ def make_policy(name: str, workload: Workload,
         return BeladyPolicy(*NextUseIndex.for_workload(workload, capacity_pages))
     policy = cache_policy(name)
     if workload.space.mode == "block":
+        if hasattr(policy, "tokens_per_key"):    # reads sizes itself (the adaptive policy)
+            policy.tokens_per_key = workload.space.page_size / 2
+            return policy
         return TokenUnitPolicy(policy, workload.space.page_size)
     return policy
