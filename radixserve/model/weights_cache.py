@@ -76,14 +76,17 @@ class WeightsCache:
         """The entry for `source` (a GGUF) loaded in `dtype`; None for dtypes not cached."""
         if dtype not in DTYPE_NAMES:
             return None
-        key = f"{file_sha256(source)}-{DTYPE_NAMES[dtype]}-{code_fingerprint()}"
-        return CacheEntry(self.directory / f"{source.stem}-{key}.safetensors", key)
+        family = f"{source.stem}-{file_sha256(source)}-{DTYPE_NAMES[dtype]}-"
+        key = family.removeprefix(f"{source.stem}-") + code_fingerprint()
+        return CacheEntry(self.directory / f"{family}{code_fingerprint()}.safetensors", key,
+                          family)
 
 
 @dataclass(frozen=True)
 class CacheEntry:
     path: Path
     key: str
+    family: str        # file-name prefix shared by this GGUF's entries in this dtype
 
     def restore(self, model: nn.Module) -> bool:
         """Give `model` the entry's parameters (on CPU: views of its mapping, no copy).
@@ -117,7 +120,18 @@ class CacheEntry:
             log.warning("weights cache: cannot write %s (%s); the GGUF will be dequantized "
                         "at every start", self.path, e)
             return False
+        self._remove_superseded()
         return True
+
+    def _remove_superseded(self) -> None:
+        """Delete this GGUF's entries in this dtype written by other loading code: no
+        start of this code can use them (processes mapping one keep their pages)."""
+        for old in self.path.parent.glob(f"{self.family}*.safetensors"):
+            if old != self.path:
+                try:
+                    old.unlink()
+                except OSError as e:
+                    log.warning("weights cache: cannot remove %s: %s", old, e)
 
 
 def assign_parameters(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:

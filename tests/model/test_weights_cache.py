@@ -147,11 +147,19 @@ def test_an_unwritable_cache_still_loads(gguf_path, tmp_path):
 
 def test_key_follows_the_loading_code(gguf_path, cache, monkeypatch):
     """Editing the code that builds the parameters (here: a changed fingerprint) retires
-    old entries instead of serving parameters laid out by the old code."""
+    old entries instead of serving parameters laid out by the old code; writing the new
+    entry deletes the retired one, and leaves other dtypes' entries alone."""
     from radixserve.model import weights_cache
-    key = cache.entry(gguf_path, torch.float32).key
+    load(gguf_path, cache)
+    load(gguf_path, cache, "bfloat16")
+    old = cache.entry(gguf_path, torch.float32)
     monkeypatch.setattr(weights_cache, "code_fingerprint", lambda: "0123456789abcdef")
-    assert cache.entry(gguf_path, torch.float32).key != key
+    new = cache.entry(gguf_path, torch.float32)
+    assert new.key != old.key
+    _, outcome = load(gguf_path, cache)
+    assert outcome == ["stored"]
+    assert new.path.exists() and not old.path.exists()
+    assert len(entries(cache)) == 2                      # the bf16 entry stays
 
 
 def test_a_hit_maps_the_entry_and_keeps_tied_embeddings_tied(tmp_path, cache):
