@@ -31,7 +31,12 @@ class EngineConfig:
     max_queue_len: int = 4096            # waiting requests beyond this are refused
     seed: int = 0
     debug_invariants: bool = False       # check page conservation whenever idle
-    warmup_tokens: int | None = None     # start-up prefill; None: chunked_prefill_size; 0: off
+    # Start-up prefill; None: chunked_prefill_size; 0: off. Small by default: it proves the
+    # forward pass runs before /health says ready (~0.05 s); a full-size one cost ~1.8 CPU-s
+    # and saved under 0.1 s on the first request (docs/benchmarks.md, "Startup").
+    warmup_tokens: int | None = 32
+    weights_cache_dir: str | None = None  # dequantized GGUF weights; None: default directory
+    no_weights_cache: bool = False       # dequantize at every start instead
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -63,5 +68,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--debug-invariants", action="store_true")
     g.add_argument("--warmup-tokens", type=int, default=None,
-                   help="tokens of a throw-away prefill run at start-up, so the first requests "
-                        "find memory and kernels ready (default: --chunked-prefill-size; 0: off)")
+                   help=f"tokens of a throw-away prefill run at start-up, before /health says "
+                        f"ready (default: {d.warmup_tokens}; 0: off; --chunked-prefill-size "
+                        f"grows the heap to a full step's size, for benchmarks)")
+    g.add_argument("--weights-cache-dir", default=None,
+                   help="where a GGUF's dequantized weights are kept between starts (default: "
+                        "$RADIXSERVE_CACHE_DIR, else ~/.cache/radixserve)")
+    g.add_argument("--no-weights-cache", action="store_true",
+                   help="dequantize GGUF weights at every start; write no cache")

@@ -80,6 +80,12 @@ class Engine:
 
     # ---- lifecycle ----------------------------------------------------------------
 
+    @property
+    def ready(self) -> bool:
+        """True from the end of `start` (warm-up done, loop running) until `shutdown`:
+        what the server's /health reports."""
+        return self._task is not None and not self._stopping
+
     async def start(self) -> None:
         if self._task is None:
             await self._warm_up()
