@@ -44,9 +44,6 @@ class ApiError(Exception):
     def body(self) -> ErrorBody:
         return ErrorBody(ErrorInfo(self.message, self.type, self.param, self.code))
 
-    def to_json(self) -> bytes:
-        return msgspec.json.encode(self.body())
-
 
 def bad_request(param: str | None, message: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
