@@ -29,6 +29,7 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
 from radixserve.engine.seq_memory import SequenceMemory
 from radixserve.engine.text_stream import TextStream
+from radixserve.engine.validation import check_request
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -146,19 +147,8 @@ class Engine:
         return self._stream(request, queue)
 
     def _validate(self, prompt_ids: Seq[int], params: SamplingParams) -> list[int]:
-        vocab = self.tokenizer.vocab_size
-        params.validate(vocab)
         prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise InvalidRequest("prompt", "the prompt is empty")
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequest("input_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
-        if len(prompt) + params.max_tokens > self.max_model_len:
-            raise InvalidRequest(
-                "max_tokens" if len(prompt) < self.max_model_len else "prompt",
-                f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
-                f"exceeds the maximum context length ({self.max_model_len} tokens)")
+        check_request(prompt, params, self.tokenizer.vocab_size, self.max_model_len)
         return prompt
 
     def _new_sequence(self, request: Request, index: int) -> Sequence:
@@ -254,6 +244,26 @@ class Engine:
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
         self.memory.allocator.free(pages)
+
+    def flush_namespace(self, namespace: str | None) -> int:
+        """Drop one namespace's cached prefixes (and those nested under it); the pages
+        freed. Requests of other namespaces may keep running."""
+        try:
+            pages = self.tree.flush_namespace(namespace)
+        except CacheLockedError as exc:
+            raise CacheBusy(str(exc)) from exc
+        self.memory.allocator.free(pages)
+        return len(pages)
+
+    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        return self.tree.namespace_counts(namespace)
+
+    def health_error(self) -> str | None:
+        """Why the engine cannot serve, or None. (Placeholder for the server's /health:
+        the engine-health work reports a failed loop or invariant here.)"""
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            return f"the engine loop ended: {self._task.exception()!r}"
+        return None
 
     def check_invariants(self) -> None:
         """Page conservation; with no live request, no lock may be held."""
