@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from tests.server import http
 
 CHAT = "/v1/chat/completions"
+HELD = b"(client timeout: the server held the connection)"
 MSG = [{"role": "user", "content": "hi"}]
 
 
@@ -37,7 +38,7 @@ class Outcome:
             return None
 
 
-def _raw(url: str, payload: bytes, *, head: bytes = b"", trickle_s: float = 0.0,
+def _raw_with_timeout(url: str, payload: bytes, *, head: bytes = b"", trickle_s: float = 0.0,
          keep_open_s: float = 120.0, half_close: bool = False) -> tuple[int | None, bytes]:
     """Send `head` at once, then `payload` (one byte every `trickle_s` if set); the reply's
     status and body, or (None, b'') when the server closes without one."""
@@ -61,6 +62,8 @@ def _raw(url: str, payload: bytes, *, head: bytes = b"", trickle_s: float = 0.0,
         try:
             while chunk := sock.recv(65536):
                 data += chunk
+        except TimeoutError:
+            return None, HELD
         except OSError:
             pass
     if not data.startswith(b"HTTP/1.1 "):
@@ -81,15 +84,28 @@ class HostileCase:
     expect: int | None              # the status; None: closed without a reply
 
 
-def _post(path: str, body: bytes, content_type: str | None = "application/json"):
-    def run(url: str) -> tuple[int, bytes]:
-        r = http.post(url + path, body=body, content_type=content_type, timeout=120)
+def _post_with_timeout(path: str, body: bytes, content_type: str | None = "application/json",
+                       timeout_s: float = 120.0):
+    def run(url: str) -> tuple[int | None, bytes]:
+        try:
+            r = http.post(url + path, body=body, content_type=content_type, timeout=timeout_s)
+        except TimeoutError:            # held past the client's patience
+            return None, HELD
+        except OSError as exc:          # reset
+            return None, repr(exc).encode()
         return r.status, r.body
     return run
 
 
-def hostile_cases(max_model_len: int) -> list[HostileCase]:
-    """The mix of issue 20: each case's request is built once, here, not while measuring."""
+def hostile_cases(client_timeout_s: float = 120.0) -> list[HostileCase]:
+    """The mix of issue 20: each case's request is built once, here, not while measuring.
+    `client_timeout_s` only bounds how long a client waits (for servers without timeouts)."""
+    def post(path: str, body: bytes, content_type: str | None = "application/json"):
+        return _post_with_timeout(path, body, content_type, client_timeout_s)
+
+    def raw(url: str, payload: bytes, **kw) -> tuple[int | None, bytes]:
+        return _raw_with_timeout(url, payload, keep_open_s=client_timeout_s, **kw)
+
     chat = lambda **kw: json.dumps({"messages": MSG, **kw}).encode()        # noqa: E731
     big_prompt = json.dumps({"prompt": "word " * (1024 * 1024), "max_tokens": 4}).encode()
     many_messages = json.dumps({"messages": [{"role": "user", "content": "x"}] * 200_000}).encode()
@@ -100,36 +116,36 @@ def hostile_cases(max_model_len: int) -> list[HostileCase]:
     deep_generate = b'{"text": "x", "sampling_params": ' + nested(10_000, "[", "]") + b"}"
     slow = chat(max_tokens=2)
     cases = [
-        HostileCase("nested arrays (10,000 levels)", _post(CHAT, deep_field), 400),
-        HostileCase("nested objects in tools (10,000)", _post(CHAT, deep_tools), 400),
-        HostileCase("nested arrays on /generate", _post("/generate", deep_generate), 400),
-        HostileCase("5 MB prompt", _post("/v1/completions", big_prompt), 400),
-        HostileCase("200,000 messages", _post(CHAT, many_messages), 400),
-        HostileCase("invalid UTF-8", _post(CHAT, b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}'), 400),
-        HostileCase("n 1000", _post(CHAT, chat(n=1000)), 400),
-        HostileCase("max_tokens 10^9", _post(CHAT, chat(max_tokens=10**9)), 400),
-        HostileCase("logprobs 10^6", _post("/v1/completions",
+        HostileCase("nested arrays (10,000 levels)", post(CHAT, deep_field), 400),
+        HostileCase("nested objects in tools (10,000)", post(CHAT, deep_tools), 400),
+        HostileCase("nested arrays on /generate", post("/generate", deep_generate), 400),
+        HostileCase("5 MB prompt", post("/v1/completions", big_prompt), 400),
+        HostileCase("200,000 messages", post(CHAT, many_messages), 400),
+        HostileCase("invalid UTF-8", post(CHAT, b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}'), 400),
+        HostileCase("n 1000", post(CHAT, chat(n=1000)), 400),
+        HostileCase("max_tokens 10^9", post(CHAT, chat(max_tokens=10**9)), 400),
+        HostileCase("logprobs 10^6", post("/v1/completions",
                                            json.dumps({"prompt": "x", "logprobs": 10**6}).encode()), 400),
-        HostileCase("top_logprobs 10^6", _post(CHAT, chat(logprobs=True, top_logprobs=10**6)), 400),
-        HostileCase("10,000 stop strings", _post(CHAT, chat(stop=[f"s{i}" for i in range(10_000)])), 400),
-        HostileCase("17 stop strings of 450 KB", _post(CHAT, chat(stop=["y" * 450_000] * 17)), 400),
-        HostileCase("1 MB stop string", _post(CHAT, chat(stop="z" * 1_000_000)), 400),
-        HostileCase("text/plain body", _post(CHAT, chat(), "text/plain"), 415),
-        HostileCase("form-encoded body", _post(CHAT, b"messages=hi", "application/x-www-form-urlencoded"), 415),
-        HostileCase("no content type", _post(CHAT, chat(), None), 415),
+        HostileCase("top_logprobs 10^6", post(CHAT, chat(logprobs=True, top_logprobs=10**6)), 400),
+        HostileCase("10,000 stop strings", post(CHAT, chat(stop=[f"s{i}" for i in range(10_000)])), 400),
+        HostileCase("17 stop strings of 450 KB", post(CHAT, chat(stop=["y" * 450_000] * 17)), 400),
+        HostileCase("1 MB stop string", post(CHAT, chat(stop="z" * 1_000_000)), 400),
+        HostileCase("text/plain body", post(CHAT, chat(), "text/plain"), 415),
+        HostileCase("form-encoded body", post(CHAT, b"messages=hi", "application/x-www-form-urlencoded"), 415),
+        HostileCase("no content type", post(CHAT, chat(), None), 415),
         HostileCase("slow body (1 byte / 100 ms)",
-                    lambda url: _raw(url, slow, head=_post_head(CHAT, len(slow)), trickle_s=0.1),
+                    lambda url: raw(url, slow, head=_post_head(CHAT, len(slow)), trickle_s=0.1),
                     408),
         HostileCase("slow headers (1 byte / 100 ms)",
-                    lambda url: _raw(url, _post_head(CHAT, len(slow)) + slow, trickle_s=0.1),
+                    lambda url: raw(url, _post_head(CHAT, len(slow)) + slow, trickle_s=0.1),
                     None),
         HostileCase("incomplete body, then silence",
-                    lambda url: _raw(url, _post_head(CHAT, 1000) + b'{"messages": ['), 408),
+                    lambda url: raw(url, _post_head(CHAT, 1000) + b'{"messages": ['), 408),
         HostileCase("incomplete body, then half-close",
-                    lambda url: _raw(url, _post_head(CHAT, 1000) + b'{"messages": [',
+                    lambda url: raw(url, _post_head(CHAT, 1000) + b'{"messages": [',
                                      half_close=True), None),
         HostileCase("incomplete headers, then silence",
-                    lambda url: _raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"), None),
+                    lambda url: raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"), None),
     ]
     return cases
 

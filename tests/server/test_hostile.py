@@ -15,7 +15,7 @@ import pytest
 
 from radixserve.server.state import ServerConfig
 from tests.server import http
-from tests.server.conftest import MAX_MODEL_LEN, make_engine
+from tests.server.conftest import make_engine
 from tests.server.hostile import (Probe, hostile_cases, open_idle_connections, rss_bytes,
                                   run_case)
 from tests.server.live import LiveServer
@@ -49,7 +49,7 @@ def pool_conserved(server) -> None:
 
 def test_hostile_mix_is_refused_while_a_probe_streams(server, caplog):
     caplog.set_level(logging.WARNING)
-    cases = hostile_cases(MAX_MODEL_LEN)            # built before measuring anything
+    cases = hostile_cases()                         # built before measuring anything
     probe = Probe(server.url).start()
     try:
         assert probe.streamed.wait(300)             # one whole stream: the baseline
