@@ -97,7 +97,7 @@ def test_bad_request_gets_documented_error(server, name, method, path, body, hea
 def test_health_needs_no_key_and_flush_is_409_while_busy(server):
     assert http.get(server.url + "/health").status == 200
     with http.SSEStream(server.url + "/v1/completions", headers=AUTH,
-                        json={"prompt": "Tell me a story", "max_tokens": 200, "ignore_eos": True,
+                        json={"prompt": "Tell me a story", "max_tokens": 1900, "ignore_eos": True,
                               "stream": True}) as s:
         events = s.events()
         next(events)

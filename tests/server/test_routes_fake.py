@@ -128,15 +128,15 @@ def test_queue_full_is_503_with_retry_after():
 
 
 def test_flush_refused_while_running():
-    engine = FakeEngine(delay_s=0.02)
+    engine = FakeEngine()
+    engine.gate = asyncio.Event()       # the request stays live until the test opens the gate
     with LiveServer(engine) as server:
         with http.SSEStream(server.url + "/v1/completions",
                             {"prompt": "x", "max_tokens": 30, "stream": True}) as s:
-            events = s.events()
-            next(events)
             r = http.post(server.url + "/cache/flush")
             assert r.status == 409 and r.json()["error"]["type"] == "conflict_error"
-            assert list(events)[-1] == "[DONE]"
+            server.call(engine.gate.set)
+            assert list(s.events())[-1] == "[DONE]"
         server.wait_idle()
         r = http.post(server.url + "/cache/flush")
         assert r.status == 200 and r.json()["flushed"] is True
