@@ -166,8 +166,14 @@ class FakeEngine:
             self.live[request_id].aborted = True
 
     def stats(self) -> EngineStats:
-        self._stats.running = len(self.live)
-        return self._stats
+        """Pages as a page-size-1 engine would count them: one per remembered prompt token
+        (the fake's cache, capped at the pool), the rest free; nothing private when idle."""
+        s = self._stats
+        s.running = len(self.live)
+        s.pages_cached = min(s.pages_total, sum(len(p) for ps in self.seen.values() for p in ps))
+        s.pages_private = 0
+        s.pages_free = s.pages_total - s.pages_cached
+        return s
 
     def flush_cache(self) -> None:
         if self.live:

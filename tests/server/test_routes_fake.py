@@ -200,7 +200,10 @@ def test_metrics_count_and_time(fake):
         assert ("radixserve_kv_pages", (("state", state),)) in samples
     assert ("radixserve_running_requests", ()) in samples
     stats = http.get(fake.url + "/cache/stats").json()
-    assert stats["prefix_cache"]["hit_tokens"] == 6 and stats["pool"]["tokens_total"] == 1024
+    pool = stats["pool"]
+    assert stats["prefix_cache"]["hit_tokens"] == 6 and pool["tokens_total"] == 1024
+    assert pool["pages_cached"] == 12                   # the fake caches its three prompts
+    assert pool["pages_free"] + pool["pages_cached"] + pool["pages_private"] == pool["pages_total"]
 
 
 def test_stream_headers_go_out_at_once_with_keepalive_while_queued():
