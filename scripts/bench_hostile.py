@@ -2,7 +2,9 @@
 side by side: an unrelated probe stream's chunk gaps while the mix arrives, and the
 server's RSS over a run of refused 5 MB prompts.
 
-    python scripts/bench_hostile.py --checkout before=/tmp/base --checkout after=.
+    git worktree add /tmp/base a3700ee      # the code before issue 20
+    python scripts/bench_hostile.py --checkout before=/tmp/base --checkout after=. \
+        --extra "after=--header-timeout-s 2 --body-timeout-s 2"
 
 Each checkout's server runs from its own directory (its `radixserve/` wins on sys.path),
 with flags both old and new servers know. Clients wait at most --client-timeout-s, so a
@@ -32,10 +34,10 @@ from tests.server import http  # noqa: E402
 BIG_PROMPT = {"prompt": "word " * (1024 * 1024), "max_tokens": 4}     # 5 MB of text
 
 
-def start(checkout: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+def start(checkout: Path, extra: list[str], args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0",
            "--model", args.model, "--dtype", args.dtype, "--device", "cpu",
-           "--kv-cache-tokens", "8192", "--max-model-len", "2048"]
+           "--kv-cache-tokens", "8192", "--max-model-len", "2048", *extra]
     proc = subprocess.Popen(cmd, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
                                             "PYTHONPATH": str(checkout)})
@@ -54,8 +56,8 @@ def gap_summary(gaps: list[float]) -> str:
             f"p99 {q[98] * 1000:.0f} ms, longest {max(gaps) * 1000:.0f} ms")
 
 
-def measure(name: str, checkout: Path, args: argparse.Namespace) -> dict:
-    proc, url = start(checkout, args)
+def measure(name: str, checkout: Path, extra: list[str], args: argparse.Namespace) -> dict:
+    proc, url = start(checkout, extra, args)
     try:
         warm = Probe(url).start()
         warm.streamed.wait(300)
@@ -116,11 +118,14 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--big-prompts", type=int, default=10)
     ap.add_argument("--client-timeout-s", type=float, default=20.0)
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=ARGS",
+                    help="more server flags for one checkout (flags the other may not know)")
     args = ap.parse_args()
+    extras = {name: value.split() for name, _, value in (e.partition("=") for e in args.extra)}
     results = []
     for spec in args.checkout:
         name, _, directory = spec.partition("=")
-        results.append(measure(name, Path(directory).resolve(), args))
+        results.append(measure(name, Path(directory).resolve(), extras.get(name, []), args))
         print(f"{name}: done", file=sys.stderr, flush=True)
     report(results)
     return 0
