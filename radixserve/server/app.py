@@ -22,6 +22,9 @@ from radixserve.server.errors import ApiError, api_error_from
 from radixserve.server.state import (CALLER, STATE, Caller, ServerConfig, ServerState,
                                      error_response)
 
+__all__ = ["ServerConfig", "ServerState", "RunningServer", "build_app", "start_server",
+           "bound_address", "drain_and_stop", "ROUTE_MODULES"]
+
 log = logging.getLogger("radixserve.server")
 
 PUBLIC_PATHS = frozenset({"/health"})

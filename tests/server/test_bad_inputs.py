@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from radixserve.server.app import ServerConfig
+from radixserve.server.state import ServerConfig
 from radixserve.server.auth import AuthConfig
 from tests.server import http
 from tests.server.conftest import MAX_MODEL_LEN, MODEL, make_engine

@@ -11,7 +11,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixserve.server.app import ServerConfig
+from radixserve.server.state import ServerConfig
 from radixserve.server.auth import AuthConfig
 from tests.server import http
 from tests.server.fake_engine import FakeEngine
