@@ -28,6 +28,7 @@ __all__ = ["ServerConfig", "ServerState", "RunningServer", "build_app", "start_s
 log = logging.getLogger("radixserve.server")
 
 PUBLIC_PATHS = frozenset({"/health"})
+LINGER_S = 1.0
 # Route modules, each with add_routes(app). Another module (e.g. a UI) appends itself here.
 ROUTE_MODULES = [openai_api, native_api]
 
@@ -132,8 +133,12 @@ class RunningServer:
 async def start_server(state: ServerState, host: str, port: int) -> RunningServer:
     """Serve `state` on host:port (port 0: any free port; see `bound_address`)."""
     config = state.config
+    # lingering: after answering a request whose body was not read (408, 413), aiohttp reads
+    # and drops the rest for a while so the client gets the answer instead of a reset; its
+    # default of 10 s would let a slow client hold the connection that much longer.
     runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=0.5,
                            keepalive_timeout=config.header_timeout_s,
+                           lingering_time=min(LINGER_S, config.header_timeout_s),
                            access_log=logging.getLogger("aiohttp.access")
                            if config.access_log else None)
     await runner.setup()
