@@ -14,19 +14,19 @@ from radixserve.server.state import STATE, ServerState, caller, json_response
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    req = await read_json(request, P.ChatCompletionRequest)
-    prepared = await prepare_chat(req, state.prompts, caller(request).key_namespace)
-    renderer = Renderer("chat", state.info.name, prepared, state.engine.tokenizer,
-                        req.include_usage)
-    return await respond(request, state, renderer, req.stream)
+    return await serve(request, "chat", P.ChatCompletionRequest, prepare_chat)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    return await serve(request, "completion", P.CompletionRequest, prepare_completion)
+
+
+async def serve(request: web.Request, kind: str, request_type: type, prepare) -> web.StreamResponse:
+    """Decode, prepare (tokenize off the loop) and run one chat or completions request."""
     state = request.app[STATE]
-    req = await read_json(request, P.CompletionRequest)
-    prepared = await prepare_completion(req, state.prompts, caller(request).key_namespace)
-    renderer = Renderer("completion", state.info.name, prepared, state.engine.tokenizer,
+    req = await read_json(request, request_type)
+    prepared = await prepare(req, state.prompts, caller(request).key_namespace)
+    renderer = Renderer(kind, state.info.name, prepared, state.engine.tokenizer,
                         req.include_usage)
     return await respond(request, state, renderer, req.stream)
 
