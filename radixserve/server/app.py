@@ -164,8 +164,7 @@ async def drain_and_stop(server: RunningServer, grace_s: float) -> None:
     abort_at = deadline - min(1.0, grace_s / 4)
     if not await _wait_idle(state, abort_at - loop.time()):
         log.warning("grace period over: aborting %d running request(s)", len(state.active))
-        for request_id in list(state.active):
-            state.engine.abort(request_id)
+        state.abort_all()
         if not await _wait_idle(state, deadline - loop.time()):
             log.error("%d request(s) did not end after abort", len(state.active))
     state.prompts.close()

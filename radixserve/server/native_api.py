@@ -40,6 +40,11 @@ class NativeResult:
     def closing(self) -> list[Any]:
         return []
 
+    def abort_outputs(self) -> list[RequestOutput]:
+        if self.final is not None:
+            return []
+        return [RequestOutput(self.request_id, 0, [], "", True, "abort", "aborted by the server")]
+
     def add(self, out: RequestOutput) -> dict:
         self.text.append(out.text)
         self.ids.extend(out.token_ids)
@@ -89,7 +94,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         result = NativeResult(request_id)
         async with run_on_engine(state.engine, prepared, observer, request_id) as outputs:
             if req.stream:
-                return await stream_events(request, outputs, result, state.config.sse_keepalive_s)
+                return await stream_events(request, outputs, result, state.config.sse_keepalive_s,
+                                           state.stop_event(request_id))
             async for out in outputs:
                 result.add(out)
         if result.final is not None and (err := Renderer.failure(result.final)):

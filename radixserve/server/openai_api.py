@@ -40,7 +40,8 @@ async def respond(request: web.Request, state: ServerState, renderer: Renderer,
                                                        request_id))
         async with run_on_engine(state.engine, renderer.prepared, observer,
                                  request_id) as outputs:
-            return await stream_events(request, outputs, renderer, state.config.sse_keepalive_s)
+            return await stream_events(request, outputs, renderer, state.config.sse_keepalive_s,
+                                       state.stop_event(request_id))
 
 
 async def list_models(request: web.Request) -> web.Response:

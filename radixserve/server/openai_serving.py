@@ -140,6 +140,10 @@ class Renderer:
     def closing(self) -> list[Any]:
         return [self.usage_chunk()] if self.include_usage else []
 
+    def abort_outputs(self) -> list[RequestOutput]:
+        return [RequestOutput("", i, [], "", True, "abort", "aborted by the server")
+                for i, c in enumerate(self.choices) if c.finish_reason is None]
+
     # -- whole responses
 
     def response(self) -> P.ChatCompletionResponse | P.CompletionResponse:

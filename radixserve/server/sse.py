@@ -33,23 +33,39 @@ class EventSource(Protocol):
 
     def on_output(self, out: RequestOutput) -> list[Any]: ...
 
+    def abort_outputs(self) -> list[RequestOutput]:
+        """Final 'abort' outputs for every sample not finished yet: what the engine would
+        send after an abort, for when the server cannot wait for it (shutdown deadline)."""
+        ...
+
     def closing(self) -> list[Any]:
         """Bodies after the last output (e.g. the usage chunk), unless stopped."""
         ...
 
 
 async def stream_events(request: web.Request, outputs: AsyncIterator[RequestOutput],
-                        source: EventSource, keepalive_s: float) -> web.StreamResponse:
+                        source: EventSource, keepalive_s: float,
+                        stop: asyncio.Event) -> web.StreamResponse:
     """Write `outputs` as SSE. A client that goes away raises out of `write` (or cancels
-    this task); the caller's `run_on_engine` block then aborts the engine request."""
+    this task); the caller's `run_on_engine` block then aborts the engine request. When
+    the server sets `stop` (its shutdown grace is ending), the stream ends at once with
+    the abort events the engine would have sent, without waiting for its step to end."""
     response = web.StreamResponse(headers=HEADERS)
     await response.prepare(request)
     pending: asyncio.Future | None = None
+    stopping = asyncio.ensure_future(stop.wait())
     try:
         while True:
             pending = asyncio.ensure_future(anext(outputs, None))
-            while not (await asyncio.wait({pending}, timeout=keepalive_s))[0]:
+            while not (done := (await asyncio.wait({pending, stopping}, timeout=keepalive_s,
+                                                   return_when=asyncio.FIRST_COMPLETED))[0]):
                 await response.write(KEEPALIVE)
+            if pending not in done:     # stopped by the server
+                for out in source.abort_outputs():
+                    for body in source.on_output(out):
+                        await response.write(event(body))
+                source.stopped = True
+                break
             out, pending = pending.result(), None
             if out is None:
                 break
@@ -64,6 +80,7 @@ async def stream_events(request: web.Request, outputs: AsyncIterator[RequestOutp
     except ConnectionResetError:
         pass                        # client gone; leaving run_on_engine aborts the request
     finally:
+        stopping.cancel()
         if pending is not None and not pending.done():
             pending.cancel()        # the outputs generator must be idle before it is closed
             await asyncio.wait({pending})

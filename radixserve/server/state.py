@@ -61,7 +61,8 @@ class ServerState:
     metrics: ServerMetrics
     prompts: PromptBuilder
     draining: bool = False
-    active: set[str] = field(default_factory=set)     # request ids being served
+    # request ids being served -> set when the server ends them (shutdown grace ending)
+    active: dict[str, asyncio.Event] = field(default_factory=dict)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -78,14 +79,23 @@ class ServerState:
     def track(self) -> Iterator[str]:
         """A fresh request id, known to the server until the handler is done with it."""
         request_id = uuid.uuid4().hex
-        self.active.add(request_id)
+        self.active[request_id] = asyncio.Event()
         self.idle.clear()
         try:
             yield request_id
         finally:
-            self.active.discard(request_id)
+            self.active.pop(request_id, None)
             if not self.active:
                 self.idle.set()
+
+    def stop_event(self, request_id: str) -> asyncio.Event:
+        return self.active[request_id]
+
+    def abort_all(self) -> None:
+        """Abort every request being served; streams end at once with their abort events."""
+        for request_id, stop in list(self.active.items()):
+            self.engine.abort(request_id)
+            stop.set()
 
 
 STATE = web.AppKey("radixserve_state", ServerState)

@@ -73,6 +73,12 @@ class LiveServer:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
 
+    def drain(self, grace_s: float):
+        """Start the server's shutdown drain; a future for its end."""
+        self.drained = True
+        return asyncio.run_coroutine_threadsafe(drain_and_stop(self.server, grace_s), self.loop)
+
     async def _stop(self) -> None:
-        await drain_and_stop(self.server, grace_s=1.0)
+        if not getattr(self, "drained", False):
+            await drain_and_stop(self.server, grace_s=1.0)
         await self.engine.shutdown()

@@ -267,3 +267,26 @@ def test_unsupported_features_are_400_and_bad_keys_invalid_request():
             client(server, "wrong").models.list()
         assert info.value.body["type"] == "invalid_request_error"
         server.check_invariants()
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": "x", "n": 2}),
+                                        ("/generate", {"text": "x"})])
+def test_drain_ends_streams_with_abort_events_without_waiting_for_the_engine(path, body):
+    engine = FakeEngine()
+    engine.gate = asyncio.Event()       # an engine stuck in a long step: it never answers
+    with LiveServer(engine) as server:
+        with http.SSEStream(server.url + path, {**body, "max_tokens": 5, "stream": True}) as s:
+            drained = server.drain(grace_s=0.5)
+            events = list(s.events())
+        drained.result(60)
+        assert events[-1] == "[DONE]"
+        parsed = [json.loads(e) for e in events[:-1]]
+        if path == "/generate":
+            assert parsed[-1]["finished"] and parsed[-1]["meta_info"]["finish_reason"] == "abort"
+        else:
+            reasons = sorted(c["choices"][0]["index"] for c in parsed
+                             if c.get("choices") and c["choices"][0]["finish_reason"] == "abort")
+            assert reasons == [0, 1] and parsed[-1]["error"]["code"] == "aborted"
+        server.call(engine.gate.set)    # the step ends: the engine's abort lands
+        server.wait_idle()
+        assert engine.aborted
