@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
+from radixserve.cache.eviction import POLICIES
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -24,7 +26,7 @@ class EngineConfig:
     chunked_prefill_size: int = 2048     # token budget per step
     schedule_policy: str = "lpm"         # lpm | fcfs
     disable_radix_cache: bool = False
-    eviction_policy: str = "lru"         # lru | lfu | gdsf
+    eviction_policy: str = "lru"         # lru | lfu | gdsf | adaptive
     max_model_len: int | None = None     # None: the model's context length
     max_queue_len: int = 4096            # waiting requests beyond this are refused
     seed: int = 0
@@ -54,7 +56,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
     g.add_argument("--schedule-policy", default=d.schedule_policy, choices=["lpm", "fcfs"])
     g.add_argument("--disable-radix-cache", action="store_true")
-    g.add_argument("--eviction-policy", default=d.eviction_policy, choices=["lru", "lfu", "gdsf"])
+    g.add_argument("--eviction-policy", default=d.eviction_policy, choices=sorted(POLICIES),
+                   help="which unlocked prefix the cache evicts first (docs/replay.md)")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-queue-len", type=int, default=d.max_queue_len)
     g.add_argument("--seed", type=int, default=d.seed)

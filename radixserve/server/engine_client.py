@@ -62,6 +62,7 @@ class EngineClient(Protocol):
         """Counters of one namespace and those under it: `cached_tokens`, `nodes`."""
         ...
 
-    def health_error(self) -> str | None:
-        """Why the engine cannot serve (its loop died, an invariant failed), or None."""
+    @property
+    def error(self) -> str | None:
+        """Why the engine cannot serve (an internal failure stopped it), or None."""
         ...

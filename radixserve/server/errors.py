@@ -10,7 +10,8 @@ import re
 
 import msgspec
 
-from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
+from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
+                                      QueueFull)
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
@@ -82,6 +83,9 @@ def api_error_from(exc: BaseException) -> ApiError:
         return ApiError(503, f"server overloaded: {exc or 'the request queue is full'}; retry later",
                         type="overloaded_error", code="queue_full",
                         headers={"Retry-After": "1"})
+    if isinstance(exc, EngineUnhealthy):
+        return ApiError(503, f"the engine stopped after an internal error ({str(exc)[:300]}); "
+                             f"see /health", type="service_unavailable", code="engine_unhealthy")
     if isinstance(exc, EngineStopped):
         return ApiError(503, "the server is shutting down and accepts no new requests",
                         type="service_unavailable", code="engine_stopped")

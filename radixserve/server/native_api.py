@@ -104,7 +104,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
-    problem = request.app[STATE].engine.health_error()
+    problem = request.app[STATE].engine.error
     if problem is not None:
         return json_response({"status": "unhealthy", "error": problem[:500]}, status=503)
     return json_response({"status": "ok"})

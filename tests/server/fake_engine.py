@@ -62,7 +62,7 @@ class FakeEngine:
         self.calls: list[tuple[list[int], SamplingParams, str | None]] = []
         self.aborted: list[str] = []
         self.stopped = False
-        self.broken: str | None = None          # set by a test: what health_error says
+        self.error: str | None = None           # set by a test: why it cannot serve
         self.gate: asyncio.Event | None = None  # set by a test: no output until it is set
         self._stats = EngineStats(pages_total=1024, page_size=1)
         self._stats.kv_pool_bytes = 1024 * 100
@@ -195,9 +195,6 @@ class FakeEngine:
                    for p in ps]
         return {"cached_tokens": sum(map(len, prompts)), "locked_tokens": 0,
                 "nodes": len(prompts)}
-
-    def health_error(self) -> str | None:
-        return self.broken
 
     def check_invariants(self) -> None:
         assert not self.live, f"live requests remain: {list(self.live)}"

@@ -224,9 +224,9 @@ def test_health_reports_an_engine_failure():
     engine = FakeEngine()
     with LiveServer(engine) as server:
         assert http.get(server.url + "/health").status == 200
-        engine.broken = "the engine loop failed: AssertionError('pages leaked')"
+        engine.error = "the engine loop failed: AssertionError('pages leaked')"
         r = http.get(server.url + "/health")
-        assert r.status == 503 and r.json() == {"status": "unhealthy", "error": engine.broken}
+        assert r.status == 503 and r.json() == {"status": "unhealthy", "error": engine.error}
 
 
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
