@@ -31,6 +31,7 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
 from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
+from radixserve.engine.validation import check_request
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -158,19 +159,8 @@ class Engine:
         return self._stream(request, queue)
 
     def _validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
-        vocab = self.tokenizer.vocab_size
-        params.validate(vocab)
         prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise InvalidRequest("prompt", "the prompt is empty")
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequest("input_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
-        if len(prompt) + params.max_tokens > self.max_model_len:
-            raise InvalidRequest(
-                "max_tokens" if len(prompt) < self.max_model_len else "prompt",
-                f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
-                f"exceeds the maximum context length ({self.max_model_len} tokens)")
+        check_request(prompt, params, self.tokenizer.vocab_size, self.max_model_len)
         return prompt
 
     def _generators(self, params: SamplingParams) -> list[torch.Generator | None]:
@@ -294,6 +284,19 @@ class Engine:
             self.memory.flush_cache()
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
+
+    def flush_namespace(self, namespace: str | None) -> int:
+        """Drop one namespace's cached prefixes (and those nested under it); the pages
+        freed. Requests of other namespaces may keep running."""
+        try:
+            pages = self.tree.flush_namespace(namespace)
+        except CacheLockedError as exc:
+            raise CacheBusy(str(exc)) from exc
+        self.memory.allocator.free(pages)
+        return len(pages)
+
+    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        return self.tree.namespace_counts(namespace)
 
     def check_invariants(self) -> None:
         """Page conservation; with no live request, no lock may be held."""
