@@ -544,7 +544,7 @@ class RadixCache:
             if node.evict_key is not None:
                 self._remove_evictable(node)
             node.parent = None          # stale: a late lock() on it raises
-            self._cached -= node.num_tokens
+            self._total -= node.num_tokens
             self._evictable_tokens -= node.num_tokens
             self._num_nodes -= 1
         for root in roots:

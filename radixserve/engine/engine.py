@@ -289,11 +289,9 @@ class Engine:
         """Drop one namespace's cached prefixes (and those nested under it); the pages
         freed. Requests of other namespaces may keep running."""
         try:
-            pages = self.tree.flush_namespace(namespace)
+            return self.memory.flush_namespace(namespace)
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
-        self.memory.allocator.free(pages)
-        return len(pages)
 
     def namespace_stats(self, namespace: str | None) -> dict[str, int]:
         return self.tree.namespace_counts(namespace)

@@ -35,10 +35,10 @@ def test_flush_namespace_drops_only_that_namespace(page_size):
         assert tree.namespace_counts(ns) == before[ns]
         assert tree.match_prefix([7] * 8 + [1] * 8, ns).matched_tokens == 16
     assert tree.match_prefix([7] * 16, "k1").matched_tokens == 0
-    assert tree.cached_tokens == 72 and tree.evictable_tokens == 72
+    assert tree.total_tokens == 72 and tree.evictable_tokens == 72
     tree.check_invariants()
     assert sorted(tree.flush_namespace(None)) == sorted(owned[None])
-    assert tree.cached_tokens == 48
+    assert tree.total_tokens == 48
     tree.check_invariants()
 
 
@@ -53,5 +53,5 @@ def test_flush_namespace_refuses_while_locked():
     assert list(tree.flush_namespace("k2")) == [3, 4, 5]      # another tenant's lock: no matter
     tree.unlock(handle)
     assert list(tree.flush_namespace("k1")) == [0, 1, 2]
-    assert tree.cached_tokens == 0
+    assert tree.total_tokens == 0
     tree.check_invariants()

@@ -9,7 +9,7 @@ import threading
 
 import torch
 
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 from radixserve.phase_timer import PhaseTimer
 from radixserve.server.app import STATE, ServerConfig, drain_and_stop
 from radixserve.server.cli import start_serving
