@@ -25,7 +25,7 @@ from radixserve.server.openai_serving import ModelInfo, model_info
 log = logging.getLogger("radixserve.server")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/ui"})   # /ui: the page shell, no data (ui_routes.py)
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class ServerConfig:
     served_model_name: str | None = None
     retry_after_s: int = 1
     access_log: bool = False
+    ui_show_text: bool = False       # the cache view may show token text (own namespace only)
 
 
 @dataclass(eq=False)
@@ -147,13 +148,14 @@ async def read_body(request: web.Request) -> bytes:
 
 
 def build_app(state: ServerState) -> web.Application:
-    from radixserve.server import native_api, openai_api
+    from radixserve.server import native_api, openai_api, ui_routes
 
     app = web.Application(client_max_size=state.config.max_body_bytes,
                           middlewares=[error_middleware, gate_middleware])
     app[STATE] = state
     openai_api.add_routes(app)
     native_api.add_routes(app)
+    ui_routes.add_routes(app)
     return app
 
 

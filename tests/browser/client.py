@@ -1,0 +1,56 @@
+"""HTTP for the cache-view tests: GETs that keep their query string, and an SSE reader."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+from tests.server.http import Reply
+
+
+def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), target
+
+
+def get(url: str, headers: dict[str, str] | None = None, timeout: float = 60.0) -> Reply:
+    conn, target = _connect(url, timeout)
+    try:
+        conn.request("GET", target, headers=headers or {})
+        resp = conn.getresponse()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+class EventStream:
+    """GET a server-sent-events route; `snapshots()` yields each `data:` payload as JSON."""
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None, timeout: float = 60.0):
+        self.conn, target = _connect(url, timeout)
+        self.conn.request("GET", target, headers=headers or {})
+        self.response = self.conn.getresponse()
+        self.status = self.response.status
+        self.headers = {k.lower(): v for k, v in self.response.getheaders()}
+
+    def snapshots(self) -> Iterator[Any]:
+        while True:
+            line = self.response.readline()
+            if not line:
+                return
+            if line.startswith(b"data: "):
+                yield json.loads(line[6:])
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.response.fp is not None:
+            self.response.fp.close()
+
+    def __enter__(self) -> "EventStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
