@@ -17,7 +17,7 @@
   const TREE_MIN_GAP_MS = 1500;                  // at most one tree fetch this often
 
   // Read-only state, also what tests and curious people inspect from the console.
-  const ui = (window.radixUI = { snapshots: [], tree: null, treeFetches: 0, chats: [] });
+  const ui = (window.radixUI = { snapshots: [], series: null, tree: null, treeFetches: 0, chats: [] });
 
   // ------------------------------------------------------------------ formatting
   function fmt(n) {
@@ -233,7 +233,7 @@
   }
 
   function updateCharts() {
-    const cols = seriesData();
+    const cols = (ui.series = seriesData());
     for (const def of CHARTS) charts[def.id].setData([cols.x].concat(cols[def.id]));
     const n = ui.snapshots.length;
     $("series-note").textContent = n ? `${n} snapshot${n === 1 ? "" : "s"}, one every ${EVENTS_INTERVAL_S} s` : "";
