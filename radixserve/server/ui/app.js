@@ -146,7 +146,8 @@
   const CHARTS = [
     { id: "hit", title: "Token hit rate (%)", range: [0, 100], series: [
       { label: "since start", stroke: "#2563eb", width: 2 },
-      { label: "per interval", stroke: "#93c5fd", width: 1.5 }] },
+      { label: "per interval", stroke: "#60a5fa", width: 0, paths: () => null,
+        points: { show: true, size: 5, fill: "#93c5fd" } }] },
     { id: "tokens", title: "Prompt tokens / s", series: [
       { label: "computed", stroke: "#f97316", width: 2, fill: "rgba(249,115,22,.10)" },
       { label: "from cache", stroke: "#16a34a", width: 2, fill: "rgba(22,163,74,.10)" }] },
@@ -198,6 +199,14 @@
     return cols;
   }
 
+  const AXIS = { stroke: "#6b7280", font: "11px system-ui, sans-serif",
+                 grid: { stroke: "#eef0f3", width: 1 }, ticks: { stroke: "#e3e6eb", width: 1 } };
+  const pad2 = (n) => String(n).padStart(2, "0");
+  function clock(t) {
+    const d = new Date(t * 1000);
+    return `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`;
+  }
+
   function chartWidth(el) { return Math.max(240, el.clientWidth); }
 
   function makeCharts() {
@@ -216,10 +225,11 @@
         cursor: { drag: { x: false, y: false } },
         scales: { x: { time: true }, y: def.range ? { range: def.range } : { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
         axes: [
-          { stroke: "#6b7280", grid: { stroke: "#eef0f3", width: 1 }, ticks: { stroke: "#e3e6eb", width: 1 }, font: "11px system-ui, sans-serif" },
-          { stroke: "#6b7280", grid: { stroke: "#eef0f3", width: 1 }, ticks: { stroke: "#e3e6eb", width: 1 }, font: "11px system-ui, sans-serif", size: 48 },
+          Object.assign({ values: (u, splits) => splits.map(clock), space: 70 }, AXIS),
+          Object.assign({ values: (u, splits) => splits.map(fmt), size: 44 }, AXIS),
         ],
-        series: [{}].concat(def.series.map((s) => Object.assign({ points: { show: false } }, s))),
+        series: [{ value: (u, t) => (t === null ? "–" : clock(t)) }].concat(
+          def.series.map((s) => Object.assign({ points: { show: false } }, s))),
       };
       const empty = [[]].concat(def.series.map(() => []));
       charts[def.id] = new uPlot(opts, empty, box);
@@ -359,9 +369,11 @@
     root.sum((d) => (d.kind === "node" ? d.edge_tokens : d.kind === "other" ? d.subtree_tokens : 0));
     root.sort((a, b) => b.value - a.value);
     d3.partition().size([H, 1])(root);
-    const rootW = 26, colW = root.height ? (W - rootW) / root.height : W - rootW;
-    const left = (d) => (d.depth === 0 ? 0 : rootW + (d.depth - 1) * colW);
-    const width = (d) => (d.depth === 0 ? rootW : colW);
+    // fixed narrow columns for the root and the namespaces; the prefixes share the rest
+    const rootW = 26, nsW = Math.min(150, W / 6);
+    const colW = root.height > 1 ? (W - rootW - nsW) / (root.height - 1) : W - rootW - nsW;
+    const left = (d) => (d.depth === 0 ? 0 : d.depth === 1 ? rootW : rootW + nsW + (d.depth - 2) * colW);
+    const width = (d) => (d.depth === 0 ? rootW : d.depth === 1 ? nsW : colW);
 
     const nodes = tree.nodes.filter((e) => e.kind === "node");
     const maxHits = Math.max(1, ...nodes.map((e) => e.hits));
@@ -398,7 +410,7 @@
         }
         continue;
       }
-      if (h >= 13 && w >= 40) {
+      if (h >= 12 && w >= 40) {
         const maxChars = Math.floor((w - 10) / 6.7);
         let label = nodeLabel(d) + (e.tier ? ` [${e.tier}]` : "");
         if (label.length > maxChars) label = label.slice(0, Math.max(1, maxChars - 1)) + "…";
