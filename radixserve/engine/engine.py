@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 import uuid
-from typing import AsyncIterator, Sequence as Seq
+from typing import AsyncIterator, Callable, Sequence as Seq
 
 import torch
 
@@ -245,6 +245,13 @@ class Engine:
 
     def cache_summary(self, top_k: int = 20) -> dict:
         return self.tree.summary(top_k)
+
+    def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,
+                   reveal: Callable[[str | None], bool]) -> dict:
+        """The bounded tree view behind GET /cache/tree (cache/summary.py: build_tree)."""
+        from radixserve.cache.summary import build_tree
+
+        return build_tree(self.tree, limit, namespace, label_key=label_key, reveal=reveal)
 
     def flush_cache(self) -> None:
         if self.scheduler.has_work():

@@ -25,7 +25,7 @@ from importlib import resources
 
 from aiohttp import web
 
-from radixserve.cache.summary import MAX_TREE_LIMIT, build_tree, namespace_id
+from radixserve.cache.summary import MAX_TREE_LIMIT, namespace_id
 from radixserve.server import sse
 from radixserve.server.app import KEY_NAMESPACE, STATE, ServerState, json_response
 from radixserve.server.auth import cache_namespace
@@ -113,18 +113,23 @@ def caller_namespace(request: web.Request) -> str | None:
     return cache_namespace(request.get(KEY_NAMESPACE), request.query.get("cache_salt"))
 
 
+def _add_text(state: ServerState, entries: list[dict]) -> None:
+    decode = state.engine.tokenizer.decode
+    for entry in entries:
+        entry["text"] = decode(entry["token_ids"], skip_special_tokens=False)
+
+
 async def cache_tree(request: web.Request) -> web.Response:
     state = request.app[STATE]
     limit = _int_param(request, "limit", DEFAULT_TREE_LIMIT, 1, MAX_TREE_LIMIT)
     namespace = request.query.get("namespace") or None
     own = caller_namespace(request)
     show_text = state.config.ui_show_text
-    tree = build_tree(state.engine.tree, limit, namespace, label_key=request.app[UI].label_key,
-                      reveal=lambda ns: show_text and ns == own)
-    decode = state.engine.tokenizer.decode
-    for entry in tree["nodes"]:
-        if "token_ids" in entry:
-            entry["text"] = decode(entry["token_ids"], skip_special_tokens=False)
+    tree = state.engine.cache_tree(limit, namespace, label_key=request.app[UI].label_key,
+                                   reveal=lambda ns: show_text and ns == own)
+    revealed = [e for e in tree["nodes"] if "token_ids" in e]
+    if revealed:                       # tokenizer work stays off the event loop
+        await asyncio.get_running_loop().run_in_executor(None, _add_text, state, revealed)
     tree["show_text"] = show_text
     tree["your_namespace"] = namespace_id(own)
     return json_response(tree)

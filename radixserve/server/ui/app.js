@@ -474,9 +474,11 @@
       row("clock", String(tree.clock));
     }
     tip.hidden = false;
+    // above-right of the pointer; left of it near the right edge, below it near the top
     const pad = 14, r = tip.getBoundingClientRect();
     const x = ev.clientX + pad + r.width > window.innerWidth ? ev.clientX - pad - r.width : ev.clientX + pad;
-    const y = Math.min(ev.clientY + pad, window.innerHeight - r.height - 4);
+    const above = ev.clientY - pad - r.height;
+    const y = above >= 4 ? above : Math.min(ev.clientY + pad, window.innerHeight - r.height - 4);
     tip.style.left = `${Math.max(4, x)}px`;
     tip.style.top = `${Math.max(4, y)}px`;
   }
@@ -510,8 +512,12 @@
   }
 
   $("chat-reset").addEventListener("click", () => {
+    if (!turns.length) return;
     turns.length = 0;
-    $("chat-log").textContent = "";
+    const divider = document.createElement("div");
+    divider.className = "divider";
+    divider.textContent = "new conversation, same system prompt";
+    $("chat-log").appendChild(divider);
     $("chat-input").focus();
   });
 
