@@ -70,6 +70,9 @@ def test_page_shows_tree_charts_and_a_chat_that_hits(server, browser):
         wait_until(page, "radixUI.snapshots.length >= 3")
         painted = page.evaluate(PAINTED)
         assert len(painted) == 6 and all(n > 500 for n in painted), painted
+        series = page.evaluate("radixUI.series")
+        assert len(series["x"]) >= 3 and series["pool"][0][-1] > 0      # free pages plotted
+        assert series["hit"][0][-1] == 0                                 # no hit yet
 
         # hovering a prefix names it by hash (no --ui-show-text: no text)
         page.hover('#tree rect[data-kind="node"][data-depth="2"]')
