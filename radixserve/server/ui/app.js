@@ -13,7 +13,7 @@
   const MODEL = meta("radixserve-model");
   const KEY_STORAGE = "radixserve-api-key";      // sessionStorage: this tab only
   const EVENTS_INTERVAL_S = 1;
-  const MAX_POINTS = 300;                        // five minutes at one snapshot a second
+  const MAX_POINTS = 600;                        // ten minutes at one snapshot a second
   const TREE_MIN_GAP_MS = 1500;                  // at most one tree fetch this often
 
   // Read-only state, also what tests and curious people inspect from the console.
@@ -128,8 +128,8 @@
     const back = ui.snapshots[Math.max(0, ui.snapshots.length - 11)];
     const dq = pc.query_tokens - back.prefix_cache.query_tokens;
     const dh = pc.hit_tokens - back.prefix_cache.hit_tokens;
-    $("kpi-hit-note").textContent = `${fmt(pc.hit_tokens)} of ${fmt(pc.query_tokens)} tokens` +
-      (dq > 0 ? ` · last 10 s ${pct(dh / dq)}` : "");
+    $("kpi-hit-note").textContent = `${fmt(pc.hit_tokens)} / ${fmt(pc.query_tokens)} tokens` +
+      (dq > 0 ? ` · 10 s: ${pct(dh / dq)}` : "");
     $("kpi-cached").textContent = fmt(c.cached_tokens);
     $("kpi-cached-note").textContent = `${fmt(c.evictable_tokens)} evictable · ${fmt(c.locked_tokens)} locked`;
     $("kpi-nodes").textContent = fmt(c.nodes);
@@ -156,7 +156,7 @@
       { label: "cached", stroke: "#2563eb", width: 2 },
       { label: "locked", stroke: "#dc2626", width: 1.5 },
       { label: "private", stroke: "#a855f7", width: 1.5 }] },
-    { id: "requests", title: "Requests", series: [
+    { id: "requests", title: "Requests", counts: true, series: [
       { label: "running", stroke: "#0891b2", width: 2 },
       { label: "waiting", stroke: "#d97706", width: 2 }] },
     { id: "generated", title: "Generated tokens / s", series: [
@@ -226,7 +226,8 @@
         scales: { x: { time: true }, y: def.range ? { range: def.range } : { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
         axes: [
           Object.assign({ values: (u, splits) => splits.map(clock), space: 70 }, AXIS),
-          Object.assign({ values: (u, splits) => splits.map(fmt), size: 44 }, AXIS),
+          Object.assign({ values: (u, splits) => splits.map(fmt), size: 44 },
+                        def.counts ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] } : {}, AXIS),
         ],
         series: [{ value: (u, t) => (t === null ? "–" : clock(t)) }].concat(
           def.series.map((s) => Object.assign({ points: { show: false } }, s))),
