@@ -110,7 +110,7 @@ def _int_param(request: web.Request, name: str, default: int, low: int, high: in
 
 def caller_namespace(request: web.Request) -> str | None:
     """The engine namespace the caller's own requests land in (key, refined by cache_salt)."""
-    return cache_namespace(request.get(KEY_NAMESPACE), request.query.get("cache_salt"))
+    return cache_namespace(request.get(KEY_NAMESPACE), request.query.get("cache_salt") or None)
 
 
 def _add_text(state: ServerState, entries: list[dict]) -> None:
