@@ -164,7 +164,8 @@ def snapshot(state: ServerState) -> dict:
 async def cache_events(request: web.Request) -> web.StreamResponse:
     state, ui = request.app[STATE], request.app[UI]
     interval = _interval_param(request)
-    response = await sse.open_stream(request)
+    response = web.StreamResponse(headers=sse.HEADERS)
+    await response.prepare(request)
     try:
         while not ui.closing.is_set() and not state.draining:
             await response.write(sse.event(snapshot(state)))
