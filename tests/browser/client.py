@@ -1,4 +1,5 @@
-"""HTTP for the cache-view tests: GETs that keep their query string, and an SSE reader."""
+"""HTTP for the cache-view tests: completions to fill the cache, GETs that keep their query
+string, and an SSE reader."""
 
 from __future__ import annotations
 
@@ -7,7 +8,21 @@ import json
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
+from tests.server import http as plain
+from tests.server.conftest import MODEL
 from tests.server.http import Reply
+
+# three prompts with three different first tokens: three top-level prefixes in the tree
+KNOWN_PROMPTS = ("Alpha bakes rye bread every morning.", "Bravo sells lemon cakes at noon.",
+                 "Charlie fries apple pies on Sundays.")
+
+
+def complete(server, prompt: str, key: str | None = None, **body) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = plain.post(server.base_url + "/completions", headers=headers,
+                   json={"model": MODEL, "prompt": prompt, "max_tokens": 3, "temperature": 0, **body})
+    assert r.status == 200, r.text
+    return r.json()
 
 
 def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:

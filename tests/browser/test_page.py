@@ -16,7 +16,7 @@ import pytest
 from radixserve.server.app import ServerConfig
 from radixserve.server.auth import AuthConfig
 from tests.browser.conftest import live_server
-from tests.browser.test_ui_routes import KNOWN_PROMPTS, complete
+from tests.browser.client import KNOWN_PROMPTS, complete
 
 WAIT_MS = 180_000          # a failure bound for a busy machine, not an expected duration
 

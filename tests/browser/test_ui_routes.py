@@ -8,21 +8,8 @@ import pytest
 
 from radixserve.server.app import ServerConfig
 from radixserve.server.auth import AuthConfig
-from tests.browser.client import EventStream, get
+from tests.browser.client import KNOWN_PROMPTS, EventStream, complete, get
 from tests.browser.conftest import live_server
-from tests.server import http
-from tests.server.conftest import MODEL
-
-KNOWN_PROMPTS = ("Alpha bakes rye bread every morning.", "Bravo sells lemon cakes at noon.",
-                 "Charlie fries apple pies on Sundays.")
-
-
-def complete(server, prompt: str, key: str | None = None, **body) -> dict:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    r = http.post(server.base_url + "/completions", headers=headers,
-                  json={"model": MODEL, "prompt": prompt, "max_tokens": 3, "temperature": 0, **body})
-    assert r.status == 200, r.text
-    return r.json()
 
 
 def node_entries(tree: dict) -> list[dict]:
