@@ -27,10 +27,10 @@ from aiohttp import web
 
 from radixserve.cache.summary import MAX_TREE_LIMIT, namespace_id
 from radixserve.server import sse
-from radixserve.server.app import KEY_NAMESPACE, STATE, ServerState, json_response
 from radixserve.server.auth import cache_namespace
 from radixserve.server.errors import bad_request
 from radixserve.server.native_api import cache_stats_body
+from radixserve.server.state import STATE, ServerState, caller, json_response
 
 UI_PATH = "/ui"
 DEFAULT_TREE_LIMIT = 200
@@ -110,7 +110,7 @@ def _int_param(request: web.Request, name: str, default: int, low: int, high: in
 
 def caller_namespace(request: web.Request) -> str | None:
     """The engine namespace the caller's own requests land in (key, refined by cache_salt)."""
-    return cache_namespace(request.get(KEY_NAMESPACE), request.query.get("cache_salt") or None)
+    return cache_namespace(caller(request).key_namespace, request.query.get("cache_salt") or None)
 
 
 def _add_text(state: ServerState, entries: list[dict]) -> None:
