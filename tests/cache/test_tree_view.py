@@ -41,7 +41,7 @@ def test_tree_is_complete_when_under_the_limit():
     assert "other" not in kinds and kinds.count("namespace") == 2
     entries = by_id(t)
     root = entries["root"]
-    assert root["subtree_tokens"] == c.cached_tokens
+    assert root["subtree_tokens"] == c.total_tokens
     default = entries["ns:default"]
     tops = [e for e in t["nodes"] if e["parent"] == "ns:default"]
     assert len(tops) == 2                                  # the system prompt and [9]*20
