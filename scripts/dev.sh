@@ -31,11 +31,26 @@ setup() {
   echo "$want" >"$stamp"
 }
 
+# The browser tests (tests/browser) drive the system's Chromium; as root (CI) install
+# Debian's package, otherwise say how. Only for `test` and `setup`: serving never needs it.
+ensure_chromium() {
+  if [[ -n "${RADIXSERVE_CHROMIUM:-}" ]] || command -v chromium >/dev/null 2>&1 \
+     || command -v chromium-browser >/dev/null 2>&1; then return; fi
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing chromium (apt-get) for tests/browser" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+      || echo "[setup] installing chromium failed: tests/browser will say so" >&2
+  else
+    echo "[setup] no Chromium: tests/browser will fail until it is installed" \
+         "(sudo apt-get install -y chromium, or RADIXSERVE_CHROMIUM=/path/to/chrome)" >&2
+  fi
+}
+
 cmd="${1:-serve}"; shift || true
 setup
 export PATH="$venv/bin:$PATH"
 case "$cmd" in
-  setup) ;;
-  test) cd "$root" && exec "$venv/bin/python" -m pytest "$@" ;;
+  setup) ensure_chromium ;;
+  test) ensure_chromium; cd "$root" && exec "$venv/bin/python" -m pytest "$@" ;;
   *) exec "$venv/bin/radixserve" "$cmd" "$@" ;;
 esac

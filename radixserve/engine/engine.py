@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import torch
 
@@ -276,6 +276,13 @@ class Engine:
 
     def cache_summary(self, top_k: int = 20) -> dict:
         return self.tree.summary(top_k)
+
+    def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,
+                   reveal: Callable[[str | None], bool]) -> dict:
+        """The bounded tree view behind GET /cache/tree (cache/summary.py: build_tree)."""
+        from radixserve.cache.summary import build_tree
+
+        return build_tree(self.tree, limit, namespace, label_key=label_key, reveal=reveal)
 
     def flush_cache(self) -> None:
         if self.scheduler.has_work():

@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--retry-after-s", type=int, default=1,
                    help="Retry-After sent with 503 when the queue is full")
     g.add_argument("--access-log", action="store_true")
+    g.add_argument("--ui-show-text", action="store_true",
+                   help="the cache view (/ui, /cache/tree) shows token text, to each caller "
+                        "for its own namespace only (default: prefixes named by hash)")
     add_engine_arguments(parser)
 
 
@@ -82,7 +85,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         allowed_origins=tuple(args.allowed_origin or []),
                         shutdown_grace_s=args.shutdown_grace_s,
                         served_model_name=args.served_model_name,
-                        retry_after_s=args.retry_after_s, access_log=args.access_log)
+                        retry_after_s=args.retry_after_s, access_log=args.access_log,
+                        ui_show_text=args.ui_show_text)
 
 
 def describe_pool(engine) -> str:
@@ -127,6 +131,7 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
           f"(context {state.info.max_model_len} tokens)", flush=True)
     print(f"radixserve: {describe_pool(engine)}", flush=True)
     print(f"radixserve: {timer.summary()}", flush=True)
+    print(f"radixserve: cache view on http://{host}:{port}/ui", flush=True)
     try:
         await stop.wait()
         started = time.monotonic()

@@ -6,7 +6,7 @@ the server tests; the server never reaches past it (no `getattr` probing, no `en
 
 from __future__ import annotations
 
-from typing import AsyncGenerator, Protocol, Sequence, runtime_checkable
+from typing import AsyncGenerator, Callable, Protocol, Sequence, runtime_checkable
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.outputs import EngineStats, RequestOutput
@@ -26,7 +26,7 @@ class TokenizerClient(Protocol):
     def apply_chat_template(self, messages: list[dict],
                             add_generation_prompt: bool = True) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
 
 @runtime_checkable
@@ -60,6 +60,12 @@ class EngineClient(Protocol):
 
     def namespace_stats(self, namespace: str | None) -> dict[str, int]:
         """Counters of one namespace and those under it: `cached_tokens`, `nodes`."""
+        ...
+
+    def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,
+                   reveal: Callable[[str | None], bool]) -> dict:
+        """The bounded tree view of GET /cache/tree (cache/summary.py: build_tree); token
+        ids only for namespaces where `reveal(namespace)` is true."""
         ...
 
     @property

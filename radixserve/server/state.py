@@ -40,6 +40,7 @@ class ServerConfig:
     max_connections: int = 1024         # more open connections are answered 503 and closed
     sse_keepalive_s: float = 5.0        # a ': keep-alive' comment while a stream has no token
     allowed_origins: tuple[str, ...] = ()   # cross-origin pages allowed to POST (same-origin is)
+    ui_show_text: bool = False      # the cache view may show token text (own namespace only)
 
 
 @dataclass(frozen=True)

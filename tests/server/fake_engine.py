@@ -37,7 +37,7 @@ class ByteTokenizer:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return self.encode(text + ("<assistant>" if add_generation_prompt else ""))
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return bytes(i for i in ids if i < 256).decode(errors="replace")
 
 
