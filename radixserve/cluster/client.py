@@ -21,7 +21,7 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field, fields
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import RequestCancelledError
@@ -85,6 +85,7 @@ class RayEngineClient:
     tokenizer: Any = None
     config: ClientConfig | None = None
     max_model_len: int = 0
+    teardown: Callable[[], None] | None = None
     _live: dict[str, Any] = field(default_factory=dict)      # request id -> response stream
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -107,6 +108,8 @@ class RayEngineClient:
     async def shutdown(self, grace_s: float = 0.0) -> None:
         for response in list(self._live.values()):
             response.cancel()
+        if self.teardown is not None:
+            self.teardown()
 
     # ---- requests -------------------------------------------------------------------
 
@@ -183,10 +186,10 @@ class RayEngineClient:
         with self.state.lock:
             return sorted(self.state.replicas)
 
-    async def control(self, replica_id: str, op: str) -> ReplicaSnapshot:
+    async def control(self, replica_id: str, op: str, arg: float = 0.0) -> ReplicaSnapshot:
         try:
             return await asyncio.wait_for(
-                self.handle.control.remote(RouteInfo(target=replica_id), op),
+                self.handle.control.remote(RouteInfo(target=replica_id), op, arg),
                 self.control_timeout_s)
         except RayTaskError as exc:
             raise unwrap(exc) from None
@@ -217,6 +220,11 @@ class RayEngineClient:
 
     def stats(self) -> EngineStats:
         return sum_stats(list(self.replica_stats().values()))
+
+    def metrics_collector(self):
+        """Per-replica and router metrics for the server's registry."""
+        from .metrics import ClusterCollector
+        return ClusterCollector(self.replica_stats, self.state)
 
     async def flush_cache(self) -> None:
         """Flush every replica; CacheBusy (409) if any replica has work."""

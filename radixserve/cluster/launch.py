@@ -5,7 +5,6 @@ the chosen router."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 
 import ray
 from ray import serve
@@ -15,35 +14,12 @@ from radixserve.engine.config import EngineConfig
 
 from .affinity_router import affinity_router_class
 from .client import RayEngineClient
+from .options import ClusterOptions
 from .prefix_hashes import routing_block_tokens
 from .ray_router import POLICIES, RadixRequestRouter
 from .replica import EngineReplica
 from .view import ClusterState
-from .views_registry import register
-
-ROUTER_CHOICES = ("cache-aware", "prefix-affinity", "pow2", "round-robin")
-
-
-@dataclass(frozen=True)
-class ClusterOptions:
-    replicas: int
-    router: str = "cache-aware"
-    ray_address: str | None = None
-    replica_cpus: float = 1.0
-    replica_gpus: float = 0.0
-    routing_stats_period_s: float = 0.2
-    routing_stats_timeout_s: float = 5.0
-    prefill_seconds_per_token: float = 2e-4
-    cache_weight: float = 4.0
-    app_name: str = "radixserve"
-    num_cpus: int | None = None            # a new local Ray only: CPUs it may use
-    routing_stats_delay_s: float = 0.0     # tests: replicas slow to publish
-
-    def __post_init__(self):
-        if self.replicas < 1:
-            raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
-        if self.router not in ROUTER_CHOICES:
-            raise ValueError(f"--router must be one of {', '.join(ROUTER_CHOICES)}")
+from .views_registry import register, unregister
 
 
 def router_config(options: ClusterOptions, view_key: str, block_tokens: int
@@ -95,8 +71,18 @@ def deploy(engine_config: EngineConfig, options: ClusterOptions) -> RayEngineCli
     app = deployment.bind(engine_config, block_tokens, threads, options.routing_stats_delay_s)
     handle = serve.run(app, name=options.app_name, route_prefix=None)
     return RayEngineClient(handle, state, options.replicas,
-                           prompt_text_for_router=options.router == "prefix-affinity")
+                           prompt_text_for_router=options.router == "prefix-affinity",
+                           teardown=lambda: teardown(options, view_key))
 
 
-def teardown(options: ClusterOptions) -> None:
+async def start_client(engine_config: EngineConfig, options: ClusterOptions) -> RayEngineClient:
+    """Deploy (blocking: start-up, before the server listens) and start the client."""
+    client = deploy(engine_config, options)
+    await client.start()
+    return client
+
+
+def teardown(options: ClusterOptions, view_key: str) -> None:
+    """Remove the replicas (a joined cluster keeps running; a local Ray ends with us)."""
+    unregister(view_key)
     serve.delete(options.app_name)

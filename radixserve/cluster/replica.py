@@ -81,7 +81,7 @@ class EngineReplica:
             async for out in stream:
                 yield out
 
-    async def control(self, route: RouteInfo, op: str) -> Any:
+    async def control(self, route: RouteInfo, op: str, arg: float = 0.0) -> Any:
         await self._ready()
         if op == "describe":
             e = self.engine
@@ -93,6 +93,8 @@ class EngineReplica:
             self.engine.check_invariants()
         elif op == "exit":                     # tests and benchmarks: a replica that dies
             os._exit(1)
+        elif op == "stats_delay":              # tests: a replica slow to publish its stats
+            self.routing_stats_delay_s = arg
         elif op != "stats":
             raise ValueError(f"unknown control op {op!r}")
         return self.snapshot()

@@ -57,9 +57,12 @@ class ServerState:
 
     @classmethod
     def create(cls, engine, config: ServerConfig) -> "ServerState":
+        metrics = ServerMetrics(engine.stats)
+        per_replica = getattr(engine, "metrics_collector", None)     # --replicas N
+        if per_replica is not None:
+            metrics.registry.register(per_replica())
         return cls(engine=engine, config=config,
-                   info=model_info(engine, config.served_model_name),
-                   metrics=ServerMetrics(engine.stats))
+                   info=model_info(engine, config.served_model_name), metrics=metrics)
 
     @contextmanager
     def track(self) -> Iterator[str]:

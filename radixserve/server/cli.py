@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 
+from radixserve.cluster.options import (ClusterOptions, add_cluster_arguments, cluster_options,
+                                        import_launch)
 from radixserve.engine.config import EngineConfig, add_engine_arguments
 from radixserve.server.app import (DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState, bound_address,
                                    drain_and_stop, start_server)
@@ -40,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="Retry-After sent with 503 when the queue is full")
     g.add_argument("--access-log", action="store_true")
     add_engine_arguments(parser)
+    add_cluster_arguments(parser)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -64,7 +67,7 @@ def describe_pool(engine) -> str:
             f"{size / 2**20:.1f} MiB ({size} bytes)")
 
 
-async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
+async def start_local_engine(engine_config: EngineConfig):
     from radixserve.engine.engine import Engine
     from radixserve.engine.compute_thread import on_compute_thread
     from radixserve.model import load_model
@@ -73,6 +76,15 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
                                dtype=engine_config.dtype, device=engine_config.device)
     engine = Engine(engine_config, loaded)
     await engine.start()
+    return engine
+
+
+async def serve(engine_config: EngineConfig, config: ServerConfig,
+                cluster: ClusterOptions | None = None) -> None:
+    if cluster is None:
+        engine = await start_local_engine(engine_config)
+    else:                       # --replicas N: a RayEngineClient in front of Ray Serve replicas
+        engine = await import_launch().start_client(engine_config, cluster)
     state = ServerState.create(engine, config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -96,8 +108,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.access_log else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = server_config(args)
+    cluster = cluster_options(args)
+    if cluster is not None:
+        import_launch()         # without Ray: one line naming the extra, before any loading
     try:
-        asyncio.run(serve(EngineConfig.from_args(args), config))
+        asyncio.run(serve(EngineConfig.from_args(args), config, cluster))
     except KeyboardInterrupt:
         pass
     except Exception as exc:                     # ModelLoadError and friends: say it plainly
