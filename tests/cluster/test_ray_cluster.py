@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="the Ray tests need the ray extra: "
-                                        "pip install -e '.[dev,ray]'")
+try:
+    import ray
+except ImportError as exc:        # like the model fixtures: fail with the command that fixes it
+    raise ImportError("the Ray tests need the ray extra: pip install -e '.[dev,ray]'") from exc
 
 from radixserve.cluster.launch import deploy                     # noqa: E402
 from radixserve.cluster.options import ClusterOptions            # noqa: E402
