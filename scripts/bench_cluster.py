@@ -97,7 +97,8 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
             decisions0, seconds0 = client.state.decisions, client.state.decision_seconds
             run = await bs.run_workload(bs.ClientConfig(url, ""), workload,
                                         bs.RunOptions(max_concurrency=args.max_concurrency,
-                                                      seed=args.seed), progress=False)
+                                                      seed=args.seed, warmup=0),
+                                        progress=False)
             await client.refresh_stats()
             after = finished_per_replica(client)
             s = bs.summarize(run)
@@ -183,7 +184,7 @@ async def main_async(args) -> list[dict]:
 
     def engine(kv_tokens: int) -> EngineConfig:
         return EngineConfig(model=args.model, dtype="float32", device="cpu",
-                            kv_cache_tokens=kv_tokens, warmup_tokens=0)
+                            kv_cache_tokens=kv_tokens, warmup_tokens=64)
 
     def options(replicas: int, router: str, name: str) -> ClusterOptions:
         return ClusterOptions(replicas=replicas, router=router, num_cpus=ray_cpus,

@@ -35,9 +35,12 @@ if PrefixCacheAffinityRouter is not None:
             super().initialize_state(**{k: v for k, v in kwargs.items() if k in known})
 
         async def choose_replicas(self, candidate_replicas, pending_request=None):
-            pinned = self.pinned(candidate_replicas, route_info(pending_request))
+            info = route_info(pending_request)
+            pinned = self.pinned(candidate_replicas, info)
             if pinned is not None:
                 return pinned
+            if info is None or not info.prompt:      # Ray's router divides by len(text)
+                return [candidate_replicas]
             return await super().choose_replicas(candidate_replicas, pending_request)
 else:
     AffinityRequestRouter = None

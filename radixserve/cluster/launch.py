@@ -32,6 +32,7 @@ def router_config(options: ClusterOptions, view_key: str, block_tokens: int
         assert options.router in POLICIES
         kwargs.update(policy=options.router,
                       prefill_seconds_per_token=options.prefill_seconds_per_token,
+                      decode_seconds_per_request=options.decode_seconds_per_request,
                       cache_weight=options.cache_weight)
     return RequestRouterConfig(request_router_class=cls, request_router_kwargs=kwargs,
                                request_routing_stats_period_s=options.routing_stats_period_s,

@@ -20,7 +20,8 @@ class ClusterOptions:
     replica_gpus: float = 0.0
     routing_stats_period_s: float = 0.2
     routing_stats_timeout_s: float = 5.0
-    prefill_seconds_per_token: float = 2e-4
+    prefill_seconds_per_token: float = 2e-4    # cache-aware score: see docs/scale-out.md
+    decode_seconds_per_request: float = 0.1
     cache_weight: float = 4.0
     app_name: str = "radixserve"
     num_cpus: int | None = None            # a new local Ray only: CPUs it may use

@@ -100,7 +100,7 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
 
     def initialize_state(self, view_key: str = "", policy: str = "cache-aware",
                          block_tokens: int = 16, prefill_seconds_per_token: float = 2e-4,
-                         decode_seconds_per_request: float = 0.05, cache_weight: float = 4.0,
+                         decode_seconds_per_request: float = 0.1, cache_weight: float = 4.0,
                          seed: int = 0, **_: Any) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; choose from {POLICIES}")
