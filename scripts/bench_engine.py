@@ -65,7 +65,7 @@ async def run_engine(loaded, prompts, args, disable_cache: bool) -> dict:
     results = await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - t0
     steps = engine.stats().steps
-    sched_ms = engine.scheduler.schedule_seconds / max(steps, 1) * 1e3
+    sched_ms = engine.core.bookkeeping_seconds / max(steps, 1) * 1e3
     engine.check_invariants()
     await engine.shutdown()
     return {"wall": wall, "ttft": ttft, "outputs": results, "cached": cached,

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 
 from radixserve.attention.backend import create_backend
+from radixserve.attention.context import ForwardContext
 from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.cache.kv_pool import KVPool
-from radixserve.engine.batch import StepBatch
+from radixserve.engine.batch import SampleResult, StepBatch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
-from radixserve.engine.sampler import SampleResult, Sampler
+from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.model import LoadedModel
 
@@ -118,13 +119,12 @@ class ModelRunner:
                  else contextlib.nullcontext())
         with guard:
             meta = build_metadata(batch.spans, self.page_size, self.device)
-            prepared = self.backend.prepare(meta)
+            ctx = ForwardContext.prepare(self.backend, meta, self.kv_pool)
             input_ids = to_device(batch.input_ids, self.device)
             positions = to_device(batch.positions, self.device)
             logits_indices = to_device(logits_rows(meta.qo_lens, batch.sample_rows),
                                        self.device)
-            logits = self.model(input_ids, positions, meta, self.backend, prepared,
-                                self.kv_pool, logits_indices=logits_indices)
+            logits = self.model(input_ids, positions, ctx, logits_indices)
             if not batch.sample_rows:
                 return SampleResult(token_ids=[], logprobs=[])
             return self.sampler.sample(logits, batch.sample_params, batch.generators)

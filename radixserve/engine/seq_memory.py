@@ -14,7 +14,7 @@ import numpy as np
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.radix_cache import RadixCache
-from radixserve.engine.request import NO_PAGES, Sequence
+from radixserve.engine.request import NO_PAGES, SeqState
 
 LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
 
@@ -33,14 +33,14 @@ class SequenceMemory:
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
 
-    def cached_prefix_len(self, seq: Sequence) -> int:
+    def cached_prefix_len(self, seq: SeqState) -> int:
         """How much of the sequence the tree holds now (for scheduling priority)."""
         if not self.use_cache:
             return 0
         return self.tree.peek_prefix(seq.token_ids, seq.request.namespace,
                                      max_tokens=len(seq.token_ids) - 1)
 
-    def admit(self, seq: Sequence) -> int:
+    def admit(self, seq: SeqState) -> int:
         """Match and lock the cached prefix; copy a partially matched page (copy-on-write).
 
         Returns the number of tokens served from the cache. Raises OutOfPages (with the
@@ -67,7 +67,7 @@ class SequenceMemory:
             seq.num_computed += match.cow_tokens
         return seq.num_computed
 
-    def reserve(self, seq: Sequence, new_tokens: int) -> None:
+    def reserve(self, seq: SeqState, new_tokens: int) -> None:
         """Make the page table cover `new_tokens` more tokens (raises OutOfPages).
 
         While a quarter of the pool is free, small pages are taken a few tokens ahead, so a
@@ -81,7 +81,7 @@ class SequenceMemory:
             missing += self.lookahead_pages
         seq.pages = np.concatenate([seq.pages, self.memory.alloc(missing)])
 
-    def commit(self, seq: Sequence) -> None:
+    def commit(self, seq: SeqState) -> None:
         """Insert the computed whole pages into the tree and adopt the tree's pages."""
         if not self.use_cache:
             return
@@ -100,7 +100,7 @@ class SequenceMemory:
         seq.lock_node = result.node
         seq.tree_len = full * self.page_size
 
-    def release(self, seq: Sequence, keep: bool) -> None:
+    def release(self, seq: SeqState, keep: bool) -> None:
         """Give back everything the sequence holds; `keep` first caches its computed KV."""
         if keep:
             self.commit(seq)
@@ -114,7 +114,7 @@ class SequenceMemory:
         seq.lock_node = None
         seq.num_computed = 0
 
-    def check(self, live: Iterable[Sequence]) -> None:
+    def check(self, live: Iterable[SeqState]) -> None:
         """Page conservation: free + tree + private pages of live sequences == total."""
         self.memory.check_conservation([s.private_pages for s in live])
         self.tree.check_invariants()
