@@ -141,7 +141,7 @@ def report(results: list[dict], workload_names: list[str]) -> str:
             per = m["requests_per_replica"]
             spread = (f"{max(per)}/{sum(per) / len(per):.1f} = "
                       f"{fmt(m['requests_max_over_mean'], '.2f')}") if per else "-"
-            lines.append(f"  {r['config']:<28}{fmt(m['computed_tokens'], 'd'):>10}"
+            lines.append(f"  {r['config']:<28}{fmt(m['computed_tokens'], '.0f'):>10}"
                          f"{fmt(m['token_hit_rate'], '.3f'):>10}"
                          f"{fmt(m['ttft_p50_ms'], '.0f'):>10}{fmt(m['ttft_p90_ms'], '.0f'):>10}"
                          f"{spread:>24}{fmt(m['decision_us'], '.0f'):>13}")

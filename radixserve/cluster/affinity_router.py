@@ -7,6 +7,7 @@ tenants do not share its tree) and keeps its own prefix tree of what it routed w
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .ray_router import ViewMixin, route_info
@@ -41,7 +42,10 @@ if PrefixCacheAffinityRouter is not None:
                 return pinned
             if info is None or not info.prompt:      # Ray's router divides by len(text)
                 return [candidate_replicas]
-            return await super().choose_replicas(candidate_replicas, pending_request)
+            start = time.perf_counter()
+            chosen = await super().choose_replicas(candidate_replicas, pending_request)
+            self.count_decision(time.perf_counter() - start)   # includes its tree actor call
+            return chosen
 else:
     AffinityRequestRouter = None
 

@@ -87,6 +87,11 @@ class ViewMixin:
         with self.state.lock:
             self.state.completed(internal_request_id)
 
+    def count_decision(self, seconds: float) -> None:
+        with self.state.lock:
+            self.state.decision_seconds += seconds
+            self.state.decisions += 1
+
     def pinned(self, candidates: list[RunningReplica],
                info: RouteInfo | None) -> list[list[RunningReplica]] | None:
         """The one replica a control call names (empty while it is not running)."""
@@ -124,9 +129,7 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
             return []
         start = time.perf_counter()
         chosen = candidate_replicas[self.choose_index(candidate_replicas, info)]
-        with self.state.lock:
-            self.state.decision_seconds += time.perf_counter() - start
-            self.state.decisions += 1
+        self.count_decision(time.perf_counter() - start)
         return [[chosen]]
 
     def choose_index(self, candidates: list[RunningReplica], info: RouteInfo | None) -> int:
