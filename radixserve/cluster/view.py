@@ -27,6 +27,8 @@ from radixserve.routing import RouteRequest
 from .cache_digest import CacheDigest
 from .prefix_hashes import matched_blocks
 
+MAX_BRIDGE_S = 30.0      # a finished request counts as held this long at most without a digest
+
 
 @dataclass
 class RoutedRequest:
@@ -118,8 +120,14 @@ class ClusterState:
 
     def routed(self, request_id: str, replica_id: str, hashes: list[int],
                uncached_tokens: int) -> None:
-        self.replica(replica_id).routed[request_id] = RoutedRequest(
-            hashes, uncached_tokens, time.time())
+        state = self.replica(replica_id)
+        now = time.time()
+        # A replica whose digests stopped coming must not pile up finished requests.
+        stale = [k for k, r in state.routed.items()
+                 if r.completed_at is not None and now - r.completed_at > MAX_BRIDGE_S]
+        for k in stale:
+            del state.routed[k]
+        state.routed[request_id] = RoutedRequest(hashes, uncached_tokens, now)
         self._owner[request_id] = replica_id
 
     def completed(self, request_id: str) -> None:
