@@ -72,15 +72,19 @@ class ViewMixin:
 
     def on_request_routed(self, pending_request, replica_id, result) -> None:
         super().on_request_routed(pending_request, replica_id, result)
+        self.note(pending_request, replica_id.unique_id, confirmed=True)
+
+    def note(self, pending_request: PendingRequest | None, replica_id: str,
+             confirmed: bool) -> None:
+        """Book a request on a replica: at the choice, and again when Ray Serve sends it."""
         info = route_info(pending_request)
         if info is None or info.target is not None:
             return
         with self.state.lock:
-            state = self.state.replica(replica_id.unique_id)
+            state = self.state.replica(replica_id)
             held = state.held_blocks(info.hashes) * self.state.block_tokens
-            self.state.routed(pending_request.metadata.internal_request_id,
-                              replica_id.unique_id, info.hashes,
-                              max(0, info.prompt_tokens - held))
+            self.state.routed(pending_request.metadata.internal_request_id, replica_id,
+                              info.hashes, max(0, info.prompt_tokens - held), confirmed)
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)
@@ -129,6 +133,7 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
             return []
         start = time.perf_counter()
         chosen = candidate_replicas[self.choose_index(candidate_replicas, info)]
+        self.note(pending_request, chosen.replica_id.unique_id, confirmed=False)
         self.count_decision(time.perf_counter() - start)
         return [[chosen]]
 

@@ -28,6 +28,7 @@ from .cache_digest import CacheDigest
 from .prefix_hashes import matched_blocks
 
 MAX_BRIDGE_S = 30.0      # a finished request counts as held this long at most without a digest
+TENTATIVE_S = 5.0        # a choice Ray Serve never confirmed (request gone before dispatch)
 
 
 @dataclass
@@ -36,6 +37,11 @@ class RoutedRequest:
     uncached_tokens: int
     routed_at: float
     completed_at: float | None = None
+    confirmed: bool = False          # Ray Serve dispatched it (on_request_routed)
+
+    def pending(self, now: float) -> bool:
+        """Still owed by its replica: not completed, and dispatched or just chosen."""
+        return self.completed_at is None and (self.confirmed or now - self.routed_at < TENTATIVE_S)
 
 
 @dataclass
@@ -48,11 +54,13 @@ class ReplicaState:
 
     @property
     def in_flight(self) -> int:
-        return sum(1 for r in self.routed.values() if r.completed_at is None)
+        now = time.time()
+        return sum(1 for r in self.routed.values() if r.pending(now))
 
     @property
     def queued_prefill_tokens(self) -> int:
-        return sum(r.uncached_tokens for r in self.routed.values() if r.completed_at is None)
+        now = time.time()
+        return sum(r.uncached_tokens for r in self.routed.values() if r.pending(now))
 
     def held_blocks(self, hashes: Sequence[int]) -> int:
         """Leading blocks of a prompt this replica holds (or will, having been sent it)."""
@@ -119,15 +127,27 @@ class ClusterState:
             state.take_digest(digest, routing_stats.get("stats"))
 
     def routed(self, request_id: str, replica_id: str, hashes: list[int],
-               uncached_tokens: int) -> None:
+               uncached_tokens: int, confirmed: bool) -> None:
+        """The router chose `replica_id` for a request (confirmed: Ray Serve dispatched it
+        there). Recorded at the choice, so a burst of decisions sees the earlier ones."""
+        previous = self._owner.get(request_id)
+        if previous == replica_id and request_id in self.replicas[replica_id].routed:
+            entry = self.replicas[replica_id].routed[request_id]
+            entry.confirmed = entry.confirmed or confirmed
+            return
+        if previous is not None and previous in self.replicas:     # rejected there: moved
+            self.replicas[previous].routed.pop(request_id, None)
         state = self.replica(replica_id)
         now = time.time()
-        # A replica whose digests stopped coming must not pile up finished requests.
+        # Never-dispatched choices, and finished requests of a replica whose digests stopped
+        # coming, must not pile up.
         stale = [k for k, r in state.routed.items()
-                 if r.completed_at is not None and now - r.completed_at > MAX_BRIDGE_S]
+                 if (r.completed_at is not None and now - r.completed_at > MAX_BRIDGE_S)
+                 or (r.completed_at is None and not r.pending(now))]
         for k in stale:
             del state.routed[k]
-        state.routed[request_id] = RoutedRequest(hashes, uncached_tokens, now)
+            self._owner.pop(k, None)
+        state.routed[request_id] = RoutedRequest(hashes, uncached_tokens, now, None, confirmed)
         self._owner[request_id] = replica_id
 
     def completed(self, request_id: str) -> None:

@@ -39,7 +39,7 @@ def test_cache_aware_picks_the_holder_unless_it_is_far_busier():
     state.published("a", {"digest": digest()})
     assert decide(state, SYSTEM + [2] * 16) == "b"
     for i in range(40):                       # b drowns in queued prefill: a wins
-        state.routed(f"r{i}", "b", [], 2000)
+        state.routed(f"r{i}", "b", [], 2000, True)
     assert decide(state, SYSTEM + [2] * 16) == "a"
 
 
@@ -56,7 +56,7 @@ def test_routed_requests_bridge_the_digest_lag_until_a_later_digest():
     state = ClusterState(BLOCK)
     state.keep_only(["a", "b"])
     hashes = prompt_hashes(SYSTEM, BLOCK, None)
-    state.routed("r1", "a", hashes, 64)
+    state.routed("r1", "a", hashes, 64, True)
     assert state.replicas["a"].held_blocks(hashes) == 4 and state.replicas["a"].in_flight == 1
     state.completed("r1")
     assert state.replicas["a"].in_flight == 0
@@ -80,3 +80,15 @@ def test_nothing_cached_goes_to_the_prefix_home_while_loads_are_equal():
     state.keep_only(["a", "b", "c", "d"])
     picks = {decide(state, SYSTEM + [i] * 16) for i in range(20)}
     assert len(picks) == 1                    # same first block: same home replica
+
+
+def test_a_choice_counts_at_once_moves_when_rejected_and_expires_if_never_sent():
+    state = ClusterState(BLOCK)
+    state.keep_only(["a", "b"])
+    state.routed("r1", "a", [], 100, confirmed=False)       # chosen, not yet dispatched
+    assert state.replicas["a"].in_flight == 1
+    state.routed("r1", "b", [], 100, confirmed=True)        # a rejected it; b took it
+    assert (state.replicas["a"].in_flight, state.replicas["b"].in_flight) == (0, 1)
+    state.routed("r2", "a", [], 100, confirmed=False)
+    state.replicas["a"].routed["r2"].routed_at -= 60        # never dispatched: expires
+    assert state.replicas["a"].in_flight == 0
