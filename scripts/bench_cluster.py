@@ -50,8 +50,11 @@ def build_workloads(names: list[str], sizes: bs.Sizes, seed: int) -> list[tuple[
     return [(n, make[n](sizes, seed)) for n in names]
 
 
-def finished_per_replica(client) -> dict[str, int]:
-    return {rid: sum(s.requests_finished.values()) for rid, s in client.replica_stats().items()}
+def sent_per_replica(client) -> dict[str, int]:
+    """Requests the router dispatched to each replica (robust to a replica's stats going
+    missing for a while on a loaded machine)."""
+    with client.state.lock:
+        return dict(client.state.sent)
 
 
 async def measure_view_lag(client, samples: int = 5) -> dict:
@@ -92,25 +95,25 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
                  "kv_tokens_per_replica": engine_config.kv_cache_tokens, "workloads": {}}
     try:
         for wname, workload in workloads:
-            await client.refresh_stats()
-            before = finished_per_replica(client)
+            before = sent_per_replica(client)
             decisions0, seconds0 = client.state.decisions, client.state.decision_seconds
             run = await bs.run_workload(bs.ClientConfig(url, ""), workload,
                                         bs.RunOptions(max_concurrency=args.max_concurrency,
                                                       seed=args.seed, warmup=0),
                                         progress=False)
-            await client.refresh_stats()
-            after = finished_per_replica(client)
+            after = sent_per_replica(client)
             s = bs.summarize(run)
-            per = [after.get(r, 0) - before.get(r, 0) for r in after]
+            ids = sorted(set(after) | set(client.replica_ids()))
+            per = [after.get(r, 0) - before.get(r, 0) for r in ids]
             mean = sum(per) / len(per) if per else 0.0
             decisions = client.state.decisions - decisions0
             out["workloads"][wname] = {
                 "completed": s["completed"], "failed": s["failed"],
-                "prompt_tokens": s.get("metrics_query_tokens"),
-                "computed_tokens": (s["metrics_query_tokens"] - s["metrics_hit_tokens"])
-                if s.get("metrics_query_tokens") is not None else None,
-                "token_hit_rate": s["hit_rate_metrics"],
+                # from each response's usage (cached_tokens), not from /metrics: exact
+                # even if a replica restarts and its counters start again
+                "prompt_tokens": s["total_prompt_tokens"],
+                "computed_tokens": s["total_prompt_tokens"] - s["cached_prompt_tokens"],
+                "token_hit_rate": s["hit_rate_usage"],
                 "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p90_ms": s["ttft_ms"]["p90"],
                 "requests_per_replica": per,
                 "requests_max_over_mean": max(per) / mean if mean else None,

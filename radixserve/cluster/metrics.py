@@ -72,9 +72,16 @@ class ClusterCollector(Collector):
                     held.add_metric([rid], len(r.digest.hashes) * st.block_tokens)
                     age.add_metric([rid], max(0.0, now - r.digest.taken_at))
             decisions, seconds = st.decisions, st.decision_seconds
+            sent = dict(st.sent)
         yield held
         yield age
         yield flight
+        routed = CounterMetricFamily("radixserve_router_requests",
+                                     "Requests the router dispatched to each replica",
+                                     labels=["replica"])
+        for rid, n in sorted(sent.items()):
+            routed.add_metric([rid], n)
+        yield routed
         yield CounterMetricFamily("radixserve_router_decisions", "Routing decisions made",
                                   value=decisions)
         yield CounterMetricFamily("radixserve_router_decision_seconds",

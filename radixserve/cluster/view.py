@@ -96,6 +96,7 @@ class ClusterState:
         self.lock = threading.RLock()
         self.replicas: dict[str, ReplicaState] = {}
         self._owner: dict[str, str] = {}          # routed request id -> replica id
+        self.sent: dict[str, int] = {}             # requests dispatched to each replica, ever
         self.decisions = 0                         # routing decisions and their cost
         self.decision_seconds = 0.0
 
@@ -131,6 +132,8 @@ class ClusterState:
         """The router chose `replica_id` for a request (confirmed: Ray Serve dispatched it
         there). Recorded at the choice, so a burst of decisions sees the earlier ones."""
         previous = self._owner.get(request_id)
+        if confirmed:
+            self.sent[replica_id] = self.sent.get(replica_id, 0) + 1
         if previous == replica_id and request_id in self.replicas[replica_id].routed:
             entry = self.replicas[replica_id].routed[request_id]
             entry.confirmed = entry.confirmed or confirmed

@@ -145,6 +145,7 @@ def test_metrics_have_a_replica_label(cluster):
     for rid in ids:
         assert f'radixserve_replica_prefix_cache_queries_tokens_total{{replica="{rid}"}}' in text
         assert f'radixserve_router_view_age_seconds{{replica="{rid}"}}' in text
+        assert f'radixserve_router_requests_total{{replica="{rid}"}}' in text
     assert "radixserve_prefix_cache_queries_tokens_total " in text       # the cluster total
     assert "radixserve_router_decisions_total " in text
 
