@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from radixserve.attention import SeqSpan, TorchAttentionBackend, build_metadata
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 HQ, HKV, HEAD_DIM = 9, 3, 64
 

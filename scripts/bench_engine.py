@@ -44,7 +44,8 @@ def make_prompts(args) -> list[list[int]]:
 async def run_engine(loaded, prompts, args, disable_cache: bool) -> dict:
     config = EngineConfig(model=args.model, dtype=args.dtype, disable_radix_cache=disable_cache,
                           chunked_prefill_size=args.chunked_prefill_size,
-                          kv_cache_tokens=args.kv_cache_tokens)
+                          kv_cache_tokens=args.kv_cache_tokens,
+                          warmup_tokens=args.chunked_prefill_size)   # a full-size step first
     engine = Engine(config, loaded)
     await engine.start()
     params = SamplingParams(max_tokens=args.output, temperature=0.0, ignore_eos=True)

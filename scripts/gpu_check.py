@@ -136,7 +136,7 @@ def _dense_reference(spans, fulls, q):
 def _run_backend(backend, pool_args, lens, hq, seed, device):
     """Fresh pool per backend (each writes its own new K/V); returns output and pool."""
     from radixserve.attention.metadata import build_metadata
-    from radixserve.cache.kv_pool import KVPool
+    from radixserve.attention.kv_pool import KVPool
 
     pool = KVPool(*pool_args)
     spans, fulls, q, k, v = _scenario(pool, lens, hq, seed, device)

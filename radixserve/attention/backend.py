@@ -16,7 +16,7 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from radixserve.attention.metadata import AttentionMetadata
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 log = logging.getLogger(__name__)
 

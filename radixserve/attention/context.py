@@ -16,7 +16,7 @@ import torch
 
 from radixserve.attention.backend import AttentionBackend, PlanT
 from radixserve.attention.metadata import AttentionMetadata
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 
 @dataclass(frozen=True, slots=True)

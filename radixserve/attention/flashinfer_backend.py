@@ -34,7 +34,7 @@ import torch
 
 from radixserve.attention.backend import AttentionBackend
 from radixserve.attention.metadata import AttentionMetadata
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 WORKSPACE_BYTES = 128 * 2**20
 

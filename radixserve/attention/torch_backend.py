@@ -39,7 +39,7 @@ from radixserve.attention.partial_attention import (DEFAULT_MAX_SCORE_ELEMS, att
                                                     merge_attention_states, softmax_with_lse)
 from radixserve.attention.torch_plans import StepTables, TorchPlan, Window
 from radixserve.attention.workspace import Workspace
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 # Upper bound on one decode chunk's gathered K (and again V), in elements: 1M elements is
 # 2 MiB per tensor in bf16, so a chunk's K and V stay cache-resident between the gather and

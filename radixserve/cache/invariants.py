@@ -76,7 +76,7 @@ def check_tree(cache: RadixCache) -> None:
         f"missing {sorted(candidates.keys() - in_set.keys())}")
     keys = [n.evict_key for n in cache.iter_evictable()]
     assert keys == sorted(keys), "evictable set out of order"
-    assert cached == cache.cached_tokens, f"cached_tokens {cache.cached_tokens} != {cached}"
+    assert cached == cache.total_tokens, f"total_tokens {cache.total_tokens} != {cached}"
     assert unlocked == cache.evictable_tokens, \
         f"evictable_tokens {cache.evictable_tokens} != {unlocked}"
     assert nodes == cache.num_nodes, f"num_nodes {cache.num_nodes} != {nodes}"

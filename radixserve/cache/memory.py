@@ -1,8 +1,15 @@
-"""PagedMemory: the free list and the radix tree seen as one pool of pages.
+"""PagedMemory: the one place page ids are handed out and taken back.
 
-Callers ask for pages here rather than from the allocator so that a shortage is met by
-evicting unlocked tree leaves, and so that "can this request fit" is one number
-(`available_pages`): free pages plus every unlocked cached page.
+Three layers, one job each:
+
+- `PageAllocator` (page_allocator.py) is the free list. Only PagedMemory holds one, so no
+  caller can bypass the tree's eviction or free a page behind PagedMemory's back.
+- `PagedMemory` (here) sees the free list and the radix tree as one pool: `alloc` meets a
+  shortage by evicting unlocked leaves, "can this request fit" is one number
+  (`available_pages`: free pages plus every unlocked cached page), and every page id
+  comes back through `free` (or `flush_cache` for the whole tree).
+- `PrefixLease` (prefix_lease.py) is one request's hold on pages: its locked prefix of
+  tree pages and its private pages. The engine and the replay tool use only leases.
 """
 
 from __future__ import annotations
@@ -18,10 +25,19 @@ __all__ = ["PagedMemory"]
 
 
 class PagedMemory:
-    def __init__(self, allocator: PageAllocator, tree: RadixCache):
-        self.allocator = allocator
+    def __init__(self, num_pages: int, tree: RadixCache):
+        self._free_list = PageAllocator(num_pages)
         self.tree = tree
         self.page_size = tree.page_size
+
+    @property
+    def num_pages(self) -> int:
+        return self._free_list.num_pages
+
+    @property
+    def num_free(self) -> int:
+        """Pages on the free list (not counting evictable tree pages)."""
+        return self._free_list.num_free
 
     @property
     def evicted_tokens(self) -> int:
@@ -30,37 +46,54 @@ class PagedMemory:
 
     def available_pages(self) -> int:
         """Pages an alloc() could get now: free + evictable (unlocked) tree pages."""
-        return self.allocator.num_free + self.tree.evictable_tokens // self.page_size
+        return self._free_list.num_free + self.tree.evictable_tokens // self.page_size
 
     def alloc(self, n: int) -> np.ndarray:
         """`n` private pages, evicting unlocked leaves when short; OutOfPages changes nothing.
 
-        Evicted pages pass straight from the tree to the caller (tree -> private): they are
-        owned by nobody else, so a round trip through the free list would only cost time.
+        The ids come as a read-only array (page id arrays are values: nobody writes into
+        them, so the tree may keep views). Evicted pages pass straight from the tree to
+        the caller (tree -> private): they are owned by nobody else, so a round trip
+        through the free list would only cost time -- and when one evicted edge covers the
+        request, its array is handed over without a copy.
         """
-        free = self.allocator.num_free
+        free = self._free_list.num_free
         if n <= free:
-            return self.allocator.alloc(n)
+            pages = self._free_list.alloc(n)
+            pages.flags.writeable = False
+            return pages
         short = n - free
         evictable = self.tree.evictable_tokens // self.page_size
         if short > evictable:
             raise OutOfPages(n, free + evictable)
-        evicted = self.tree.evict(short * self.page_size)
-        if len(evicted) != short:    # evict frees exactly what whole pages need; be safe anyway
-            self.allocator.free(evicted[short:])
-            evicted = evicted[:short]
-        if free == 0:
-            return evicted if evicted.flags.writeable else evicted.copy()
-        return np.concatenate((self.allocator.alloc(free), evicted))
+        parts = self.tree.evict_pages(short * self.page_size)
+        if free:
+            parts.insert(0, self._free_list.alloc(free))
+        pages = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(pages) != n:          # evict frees exactly what whole pages need; be safe anyway
+            self._free_list.free(pages[n:])
+            pages = pages[:n]
+        if pages.flags.writeable:
+            pages.flags.writeable = False
+        return pages
 
     def free(self, pages: np.ndarray) -> None:
-        """Return private pages to the free list."""
-        self.allocator.free(pages)
+        """Return private pages to the free list (PageAccountingError on a double free)."""
+        self._free_list.free(pages)
+
+    def flush_cache(self) -> int:
+        """Drop the whole tree onto the free list; returns the pages freed.
+
+        CacheLockedError (nothing changed) while a request holds a lock on the tree.
+        """
+        pages = self.tree.flush()
+        self._free_list.free(pages)
+        return len(pages)
 
     def check_conservation(self, private: Iterable[np.ndarray] = ()) -> None:
         """Every page id is in exactly one of: free list, tree, one private list."""
-        num_pages = self.allocator.num_pages
-        free = self.allocator.free_page_ids()
+        num_pages = self._free_list.num_pages
+        free = self._free_list.free_page_ids()
         tree = self.tree.tree_page_ids()
         private = [np.asarray(p, dtype=np.int64).ravel() for p in private]
         n_private = sum(len(p) for p in private)

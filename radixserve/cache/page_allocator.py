@@ -70,6 +70,9 @@ class PageAllocator:
             return
         if p.ndim != 1 or p.dtype.kind not in "iu":
             raise PageAccountingError(f"page ids must be a 1-D integer array, got {p.dtype} {p.shape}")
+        if k == 1:                 # the common small free (a partial last page): no temporaries
+            self._free_one(int(p[0]))
+            return
         if p.dtype != _INT32:
             if p.min() < 0 or p.max() >= self.num_pages:
                 raise PageAccountingError(self._range_message(p))
@@ -95,6 +98,17 @@ class PageAllocator:
             self._raise_duplicates(p)
         self._stack[top:top + k] = p
         self._top = top + k
+
+    def _free_one(self, page: int) -> None:
+        if not 0 <= page < self.num_pages:
+            raise PageAccountingError(f"page id(s) [{page}] outside [0, {self.num_pages})")
+        top = self._top
+        slot = int(self._slot_of[page])
+        if slot < top and self._stack[slot] == page:
+            raise PageAccountingError(f"double free: page(s) [{page}] already free")
+        self._slot_of[page] = top
+        self._stack[top] = page
+        self._top = top + 1
 
     def free_page_ids(self) -> np.ndarray:
         """A copy of the free ids (in no particular order), for conservation checks."""

@@ -16,18 +16,9 @@ Exactly one of:
 
 Shared use of tree pages is expressed by locks, never by copies or reference counts on the
 pages themselves: `lock(node)` adds one to `lock_ref` on node..root, and only leaves with
-`lock_ref == 0` are evictable. A request's life (what the engine and the replay tool do):
-
-    m = match_prefix(prompt, ns, max_tokens=len(prompt) - 1)  # m.pages: tree-owned, shared
-    lock(m.node)                      # nothing in m.pages, nor m.cow_page, can be evicted now
-    new = memory.alloc(k)             # private; may evict other, unlocked leaves
-    ...                               # copy-on-write (below), then compute KV into `new`
-    own = concat(m.pages, new)
-    r = insert(seq[:n * page_size], own[:n], ns)   # n whole pages; the tree adopts new ones
-    free(r.duplicates(own[:n]))       # ours where the tree already had a page: back to free
-    lock(r.node); unlock(m.node)      # the lock moves to the longer prefix
-    ...                               # own[n:] (a partial last page) stays private
-    unlock(r.node); free(own[n:])     # request done: private pages freed, tree pages stay
+`lock_ref == 0` are evictable. A request's life -- match, lock, allocate, copy-on-write,
+insert, free duplicates, re-lock, release -- is written once, in `PrefixLease`
+(prefix_lease.py), which the engine and the replay tool both use.
 
 Copy-on-write (page_size > 1)
 -----------------------------
@@ -36,8 +27,9 @@ the next tokens of the query, but the page as a whole does not. The tree never s
 partially, so the request copies those tokens' KV into a fresh private page and computes
 the rest of that page itself. Protocol: `lock(m.node)` first -- the handle is the node that
 holds `cow_page`, so the source page cannot be evicted -- then allocate the destination
-(the allocation may evict), then `KVPool.copy_prefix(cow_page, dst, cow_tokens)`, then
-compute from `m.matched_tokens` on. The copy is private and is adopted by a later insert
+(the allocation may evict), then copy (PrefixLease issues a `CopyOrder`; the engine's
+runner executes it with `KVPool.copy_prefix` on the compute thread before the step's
+forward), then compute from `m.matched_tokens` on. The copy is private and is adopted by a later insert
 like any other new page (or freed as a duplicate if an equal page got there first).
 vLLM and SGLang drop such a partial hit (up to page_size - 1 tokens per request).
 
@@ -59,7 +51,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from .eviction import EvictionPolicy, make_policy
-from .token_keys import ITEM_BYTES, TokenIds, count, pack
+from .token_keys import ITEM_BYTES, LazyKey, TokenIds, count
 from .tree_node import TreeNode
 
 __all__ = ["CacheLockedError", "InsertResult", "MatchResult", "RadixCache", "EMPTY_PAGES"]
@@ -68,6 +60,8 @@ EMPTY_PAGES = np.empty(0, dtype=np.int32)
 EMPTY_PAGES.flags.writeable = False
 _INT32 = np.dtype(np.int32)
 _ITEM = ITEM_BYTES
+_FIRST_WINDOW = 512         # tokens compared at once before the windows grow
+_WHOLE_EDGE = 4096          # edges up to this many tokens are compared in one window
 
 
 class CacheLockedError(RuntimeError):
@@ -85,18 +79,20 @@ class MatchResult:
 
 @dataclass(slots=True)
 class InsertResult:
-    cached_tokens: int      # leading tokens that were already in the tree; the caller's own
-                            #   pages for them are duplicates it must free (except those it
-                            #   got from the tree in the first place): see duplicates()
+    already_cached: int     # leading tokens that were in the tree before this insert; the
+                            #   caller's own pages for them are duplicates it must free
+                            #   (except those it got from the tree): see duplicates()
     pages: np.ndarray       # the tree's page ids for the whole inserted sequence (the
                             #   caller's own array when they are the same ids)
     node: TreeNode          # the node ending the inserted sequence
+    hint_used: bool = False  # the walk began at `start` (False: no hint, or it did not fit)
 
     def duplicates(self, own_pages: np.ndarray) -> np.ndarray:
         """The caller's pages (for the same sequence) that the tree did not adopt: free them.
 
-        Past `cached_tokens` the tree adopted the caller's own ids, so a position-wise
-        comparison over the whole sequence finds exactly the duplicates.
+        Past `already_cached` the tree adopted the caller's own ids, so a position-wise
+        comparison over the whole sequence finds exactly the duplicates. This is the one
+        place duplicates are found (PrefixLease.extend frees what it returns).
         """
         if own_pages is self.pages:
             return EMPTY_PAGES
@@ -108,29 +104,63 @@ class InsertResult:
         return own[own != self.pages]
 
 
-def _common_tokens(key: bytes, pos: int, edge: bytes, end_b: int) -> int:
-    """Tokens shared by key[pos:end_b] (byte offsets) and the start of edge, by bisection."""
-    n = min(len(edge), end_b - pos) // _ITEM
-    view = memoryview(edge)
-    if key.startswith(view[:n * _ITEM], pos):
-        return n
-    lo, hi = 0, n - 1               # the answer lies in [lo, hi]
-    while lo < hi:
-        mid = (lo + hi + 1) >> 1
-        if key.startswith(view[:mid * _ITEM], pos):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int, edge_b: int) -> int:
+    """Tokens shared by the key from byte `pos` (up to byte `end_b`) and the start of the
+    node's edge (`edge_b` bytes long).
+
+    Compares windows growing 4x from _FIRST_WINDOW tokens, so neither the key nor an edge
+    still held as the caller's ids is packed much beyond the first difference, then
+    bisects inside the window that differs.
+    """
+    n = min(edge_b, end_b - pos) // _ITEM
+    buf, packed = key.buf, edge._key
+    if packed is not None and len(buf) >= pos + n * _ITEM:
+        # Both sides packed that far already (the usual case on short prompts): one memcmp.
+        whole = packed if n * _ITEM == len(packed) else memoryview(packed)[:n * _ITEM]
+        if buf.startswith(whole, pos):
+            return n
+    lo = 0
+    # What is packed costs nothing to compare; an edge up to _WHOLE_EDGE tokens is compared
+    # in one go (if it differs early, at most that much was packed in vain).
+    width = max(_FIRST_WINDOW, (len(buf) - pos) // _ITEM, n if n <= _WHOLE_EDGE else 0)
+    while lo < n:
+        hi = min(n, lo + width)
+        buf = key.upto(pos + hi * _ITEM)
+        at = pos + lo * _ITEM
+        view = memoryview(edge.window(lo, hi))
+        if not buf.startswith(view, at):
+            a, b = lo, hi - 1               # the answer lies in [a, b]
+            while a < b:
+                mid = (a + b + 1) >> 1
+                if buf.startswith(view[:(mid - lo) * _ITEM], at):
+                    a = mid
+                else:
+                    b = mid - 1
+            return a
+        lo = hi
+        width <<= 2
+    return n
 
 
-def _key_and_limit(tokens: TokenIds, max_tokens: int | None) -> tuple[bytes, int]:
-    """The packed key and how many of its tokens a match may use."""
-    key = pack(tokens)
-    limit = len(key) // _ITEM
+def _key_and_limit(tokens: TokenIds, max_tokens: int | None) -> tuple[LazyKey, int]:
+    """The (lazily packed) key and how many of its tokens a match may use."""
+    limit = count(tokens)
     if max_tokens is not None and max_tokens < limit:
         limit = max(max_tokens, 0)
-    return key, limit
+    return LazyKey(tokens, 0, limit), limit
+
+
+def _frozen(a: np.ndarray) -> bool:
+    """No one can write into `a`: neither it nor any array it views is writeable."""
+    while True:
+        if a.flags.writeable:
+            return False
+        base = a.base
+        if base is None or type(base) is bytes:
+            return True
+        if not isinstance(base, np.ndarray):
+            return False                # some other buffer: maybe writeable through it
+        a = base
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
@@ -152,7 +182,7 @@ class RadixCache:
         self._evictable = SortedList()
         self._next_id = 1
         self._clock = 0
-        self._cached = 0
+        self._total = 0
         self._evictable_tokens = 0
         self._num_nodes = 0
         self._query_tokens = 0
@@ -163,8 +193,9 @@ class RadixCache:
 
     # ------------------------------------------------------------------ counters (O(1))
     @property
-    def cached_tokens(self) -> int:
-        return self._cached
+    def total_tokens(self) -> int:
+        """Tokens the tree holds (evictable + locked)."""
+        return self._total
 
     @property
     def evictable_tokens(self) -> int:
@@ -173,7 +204,7 @@ class RadixCache:
 
     @property
     def locked_tokens(self) -> int:
-        return self._cached - self._evictable_tokens
+        return self._total - self._evictable_tokens
 
     @property
     def num_nodes(self) -> int:
@@ -210,12 +241,12 @@ class RadixCache:
             return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
         ps = self.page_size
         limit_b = limit * _ITEM
-        node, pos, parts, partial = self._descend(node, key, limit_b - limit_b % self._page_bytes)
+        node, pos, parts, partial, m, _ = self._walk(node, key,
+                                                     limit_b - limit_b % self._page_bytes, limit_b)
         cow_node: TreeNode | None = None
         cow_tokens = 0
         if partial is not None:
             # The match ends inside this edge (its first page matched, so m >= page_size).
-            m = _common_tokens(key, pos, partial.key, limit_b)
             m_full = m - m % ps
             node = self._split(partial, m_full)
             parts.append(node.pages)
@@ -225,12 +256,7 @@ class RadixCache:
         if ps > 1 and cow_node is None and pos < limit_b and node.cow_index:
             cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b)
         handle = cow_node or node
-        clock = self._clock
-        n = handle
-        while n.depth:
-            n.last_access = clock
-            n.hit_count += 1
-            n = n.parent
+        self._touch(handle, hit=True)
         if handle.evict_key is not None:
             self._rekey(handle)
         matched = pos // _ITEM + cow_tokens
@@ -249,45 +275,71 @@ class RadixCache:
         if node is None or limit == 0:
             return 0
         limit_b = limit * _ITEM
-        node, pos, _, partial = self._descend(node, key, limit_b - limit_b % self._page_bytes)
+        node, pos, _, partial, m, _ = self._walk(node, key,
+                                                 limit_b - limit_b % self._page_bytes, limit_b)
         if partial is not None:
             # Full pages of the edge plus the copy-on-write part of the next: pos + m.
-            return pos // _ITEM + _common_tokens(key, pos, partial.key, limit_b)
+            return pos // _ITEM + m
         if self.page_size > 1 and pos < limit_b and node.cow_index:
             return pos // _ITEM + self._best_cow(node, key, pos, limit_b)[1]
         return pos // _ITEM
 
-    def _descend(self, node: TreeNode, key: bytes,
-                 full_b: int) -> tuple[TreeNode, int, list[np.ndarray], TreeNode | None]:
-        """Follow the edges key[:full_b] matches whole, from `node`; no side effects.
+    def _walk(self, node: TreeNode, key: LazyKey, full_b: int, end_b: int,
+              pages: np.ndarray | None = None, first_page: int = 0) -> tuple:
+        """Follow the edges that the key matches whole and that end by byte `full_b`.
 
-        Returns the last node reached, the byte offset in `key` after it, the pages of the
-        edges passed, and the child whose edge matched only in part (at least its first
-        page), or None.
+        The one edge walk of match, peek and insert; no side effects. Tokens are compared
+        up to byte `end_b` (>= full_b), so a partly matched child comes with its matched
+        token count. With `pages` (the caller's ids, `first_page` being the page at the
+        key's start), an edge whose page ids equal the caller's is taken without comparing
+        tokens: a page holds the KV of one token sequence, so equal ids at the same
+        position prove equal tokens.
+
+        Returns (node, pos, parts, partial, partial_tokens, same_pages): the last node
+        whose edge matched whole, the byte offset after it, the page arrays of the edges
+        passed, the child whose edge matched only in part (or None) with its matched token
+        count, and whether every edge passed was taken on the caller's own page ids. (A
+        plain tuple: this runs on every match, peek and insert.)
         """
         pb = self._page_bytes
-        pos = 0
         parts: list[np.ndarray] = []
+        same = True
+        pos = 0
         while pos < full_b:
-            child = node.children.get(key[pos:pos + pb])
+            buf = key.buf
+            if len(buf) < pos + pb:
+                buf = key.upto(pos + pb)
+            child = node.children.get(buf[pos:pos + pb])
             if child is None:
-                return node, pos, parts, None
-            edge = child.key
-            end = pos + len(edge)
-            if end > full_b or not key.startswith(edge, pos):
-                return node, pos, parts, child
-            parts.append(child.pages)
-            node = child
-            pos = end
-        return node, pos, parts, None
+                break
+            cp = child.pages
+            end = pos + len(cp) * pb
+            if pages is not None and end <= full_b:
+                p0 = first_page + pos // pb
+                if pages[p0:p0 + len(cp)].tobytes() == cp.tobytes():
+                    parts.append(cp)
+                    node, pos = child, end
+                    continue
+            edge = child._key
+            if not (end <= full_b and edge is not None and len(buf) >= end
+                    and buf.startswith(edge, pos)):     # the usual hit: one memcmp
+                m = _common_tokens(key, pos, child, end_b, end - pos)
+                if end > full_b or pos + m * _ITEM < end:
+                    return node, pos, parts, child, m, same
+                if child._pending is not None:
+                    child.pack()    # matched whole: likely shared, so compared again
+            same = False
+            parts.append(cp)
+            node, pos = child, end
+        return node, pos, parts, None, 0, same
 
-    def _best_cow(self, node: TreeNode, key: bytes, pos: int,
+    def _best_cow(self, node: TreeNode, key: LazyKey, pos: int,
                   limit_b: int) -> tuple[TreeNode | None, int]:
         """The child whose first page shares the most tokens with key[pos:limit_b]."""
         best, best_len = None, 0
         end_b = min(limit_b, pos + self._page_bytes)       # within the first page only
-        for child in node.cow_index.get(key[pos:pos + _ITEM], ()):
-            n = _common_tokens(key, pos, child.key, end_b)
+        for child in node.cow_index.get(key.upto(pos + _ITEM)[pos:pos + _ITEM], ()):
+            n = _common_tokens(key, pos, child, end_b, len(child.pages) * self._page_bytes)
             if n > best_len or (n == best_len and best is not None and child.id < best.id):
                 best, best_len = child, n
         return best, best_len
@@ -299,88 +351,88 @@ class RadixCache:
 
         `start` (optional): a node the caller locked and whose pages it holds at the same
         positions in `pages` (its lock handle from an earlier match or insert of these
-        tokens). The walk then begins there instead of comparing the prefix again. It is
-        ignored (the walk starts at the root) unless the caller's page at the node's last
-        position is the node's last page -- equal page ids prove equal tokens.
+        tokens). The walk then begins there instead of comparing the prefix again. When
+        it does not fit (not locked, evicted, another namespace, or the caller's page at
+        the node's last position is not the node's last page) the walk starts at the root
+        and the result says so: `hint_used` is False.
         """
-        pages = np.asarray(pages)
-        if pages.dtype != _INT32:
-            pages = pages.astype(np.int32)
-        ps = self.page_size
-        pb = self._page_bytes
-        n = count(tokens)
-        if pages.ndim != 1 or n != len(pages) * ps:
-            raise ValueError(f"insert needs whole pages: {n} tokens, {pages.shape} "
-                             f"pages of {ps} tokens")
+        pages = self._check_pages(tokens, pages)
         self._clock += 1
-        if start is not None and self._holds_prefix(start, pages, namespace):
+        hint_used = start is not None and self._holds_prefix(start, pages, namespace)
+        if hint_used:
             node = start
         else:
             node = self._ns_roots.get(namespace)
             if node is None:
-                if n == 0:
+                if len(pages) == 0:
                     return InsertResult(0, EMPTY_PAGES, self._empty_root)
                 node = self._ns_roots[namespace] = self._new_node(b"", EMPTY_PAGES, None, 0,
                                                                   namespace)
         base = node.depth                   # tokens known to be in the tree
-        key = pack(tokens, base)            # the rest, packed; positions below are offsets in it
-        nb = len(key)
-        first_page = base // ps
-        pos = 0
-        parts: list[np.ndarray] = [pages[:first_page]] if first_page else []
-        same_pages = True               # the tree's ids so far are the caller's own
-        while pos < nb:
-            child = node.children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            edge = child.key
-            end = pos + len(edge)
-            if end <= nb:
-                cp = child.pages
-                p0 = first_page + pos // pb
-                if pages[p0:p0 + len(cp)].tobytes() == cp.tobytes():
-                    parts.append(cp)
-                    node = child
-                    pos = end
-                    continue
-                if key.startswith(edge, pos):
-                    same_pages = False
-                    parts.append(cp)
-                    node = child
-                    pos = end
-                    continue
-            m = _common_tokens(key, pos, edge, nb)
-            m -= m % ps
-            node = self._split(child, m)
+        n = len(pages) * self.page_size
+        key = LazyKey(tokens, base, n - base)   # the rest; positions below are offsets in it
+        nb = (n - base) * _ITEM
+        first_page = base // self.page_size
+        node, pos, parts, partial, m, same_pages = self._walk(node, key, nb, nb, pages,
+                                                              first_page)
+        if first_page:
+            parts.insert(0, pages[:first_page])
+        if partial is not None:             # the key leaves the tree inside this edge
+            m -= m % self.page_size
+            node = self._split(partial, m)
             same_pages = False
             parts.append(node.pages)
             pos += m * _ITEM
-            break
-        cached = base + pos // _ITEM
-        clock = self._clock
-        t = node
-        while t.depth:
-            t.last_access = clock
-            t = t.parent
+        self._touch(node, hit=False)
+        already = base + pos // _ITEM
         if pos < nb:
-            if node.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
-                self._remove_evictable(node)
-            new_pages = pages[first_page + pos // pb:].copy()
-            new_pages.flags.writeable = False
-            new_tokens = (nb - pos) // _ITEM
-            leaf = self._new_node(key[pos:], new_pages, node, node.depth + new_tokens, namespace)
-            leaf.last_access = clock
-            self._add_child(node, leaf)
-            self._num_nodes += 1
-            self._cached += new_tokens
-            self._evictable_tokens += new_tokens
-            self._make_evictable(leaf)
-            parts.append(new_pages)
-            node = leaf
+            node = self._add_leaf(node, key, pos, pages[first_page + pos // self._page_bytes:])
+            parts.append(node.pages)
         elif node.evict_key is not None:
             self._rekey(node)
         # The tree's ids are the caller's own (the usual case): no need to concatenate.
-        return InsertResult(cached, pages if same_pages else _concat(parts), node)
+        return InsertResult(already, pages if same_pages else _concat(parts), node, hint_used)
+
+    def _check_pages(self, tokens: TokenIds, pages: np.ndarray) -> np.ndarray:
+        """`pages` as int32; ValueError unless they hold exactly `tokens` in whole pages."""
+        pages = np.asarray(pages)
+        if pages.dtype != _INT32:
+            pages = pages.astype(np.int32)
+        n = count(tokens)
+        if pages.ndim != 1 or n != len(pages) * self.page_size:
+            raise ValueError(f"insert needs whole pages: {n} tokens, {pages.shape} "
+                             f"pages of {self.page_size} tokens")
+        return pages
+
+    def _add_leaf(self, parent: TreeNode, key: LazyKey, pos: int, pages: np.ndarray) -> TreeNode:
+        """A new evictable leaf under `parent` holding the key from byte `pos` in `pages`
+        (kept as a view when the caller's array is frozen, as PrefixLease's are; else
+        copied)."""
+        if parent.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
+            self._remove_evictable(parent)
+        if pages.flags.writeable or not _frozen(pages):
+            pages = pages.copy()
+            pages.flags.writeable = False
+        packed, pending = key.edge_from(pos)
+        n = len(pages) * self.page_size
+        leaf = self._new_node(packed, pages, parent, parent.depth + n, parent.namespace)
+        leaf._pending = pending
+        leaf.last_access = self._clock
+        self._add_child(parent, leaf)
+        self._num_nodes += 1
+        self._total += n
+        self._evictable_tokens += n
+        self._make_evictable(leaf)
+        return leaf
+
+    def _touch(self, node: TreeNode, hit: bool) -> None:
+        """Stamp node..root with the clock (and count a hit on each when `hit`)."""
+        clock = self._clock
+        while node.depth:
+            node.last_access = clock
+            if hit:
+                node.hit_count += 1
+            node = node.parent
 
     def _holds_prefix(self, node: TreeNode, pages: np.ndarray, namespace: str | None) -> bool:
         """Is `node` a live, locked node whose last page the caller holds at its position?"""
@@ -427,8 +479,13 @@ class RadixCache:
         only its tail pages (its head, the more shared part, stays). Returns the freed ids;
         the caller gives them to the allocator.
         """
+        return _concat(self.evict_pages(num_tokens))
+
+    def evict_pages(self, num_tokens: int) -> list[np.ndarray]:
+        """`evict`, with the freed ids as the evicted edges' (read-only) arrays, in order:
+        a caller that concatenates them with other pages copies them once."""
         if num_tokens <= 0:
-            return EMPTY_PAGES
+            return []
         self._clock += 1
         ps = self.page_size
         evictable = self._evictable
@@ -448,14 +505,14 @@ class RadixCache:
                 gone = need * ps
                 freed.append(leaf.pages[keep:])
                 leaf.pages = leaf.pages[:keep]
-                leaf.key = leaf.key[:keep * self._page_bytes]
+                leaf.truncate(keep * ps)
                 leaf.depth -= gone
-                self._cached -= gone
+                self._total -= gone
                 self._evictable_tokens -= gone
                 remaining -= gone
                 self._make_evictable(leaf)
         self._evicted_tokens += num_tokens - remaining
-        return _concat(freed)
+        return freed
 
     def flush(self) -> np.ndarray:
         """Drop the whole tree and return its pages; refused while any request holds a lock."""
@@ -469,8 +526,54 @@ class RadixCache:
             node.evict_key = None
         self._ns_roots.clear()
         self._evictable.clear()
-        self._cached = self._evictable_tokens = self._num_nodes = 0
+        self._total = self._evictable_tokens = self._num_nodes = 0
         return pages
+
+    def flush_namespace(self, namespace: str | None) -> np.ndarray:
+        """Drop one namespace and those nested under it (`namespace/...`), return their
+        pages; refused (CacheLockedError) while a request holds a lock in any of them.
+        Other namespaces are untouched: a tenant flushes only its own prefixes."""
+        roots = self._namespace_roots(namespace)
+        nodes = [n for root in roots for n in self._subtree(root)]
+        locked = sum(n.num_tokens for n in nodes if n.lock_ref)
+        if locked:
+            raise CacheLockedError(
+                f"cannot flush namespace {namespace!r}: {locked} cached tokens are locked by "
+                f"running requests; wait until they finish (or abort them)")
+        for node in nodes:
+            if node.evict_key is not None:
+                self._remove_evictable(node)
+            node.parent = None          # stale: a late lock() on it raises
+            self._cached -= node.num_tokens
+            self._evictable_tokens -= node.num_tokens
+            self._num_nodes -= 1
+        for root in roots:
+            del self._ns_roots[root.namespace]
+        return _concat([EMPTY_PAGES, *(n.pages for n in nodes)])
+
+    def namespace_counts(self, namespace: str | None) -> dict[str, int]:
+        """`cached_tokens`, `locked_tokens` and `nodes` of one namespace and those nested
+        under it (a walk over them: for stats routes, not hot paths)."""
+        nodes = [n for root in self._namespace_roots(namespace) for n in self._subtree(root)]
+        return {"cached_tokens": sum(n.num_tokens for n in nodes),
+                "locked_tokens": sum(n.num_tokens for n in nodes if n.lock_ref),
+                "nodes": len(nodes)}
+
+    def _namespace_roots(self, namespace: str | None) -> list[TreeNode]:
+        if namespace is None:
+            return [r for ns, r in self._ns_roots.items() if ns is None]
+        nested = namespace + "/"
+        return [r for ns, r in self._ns_roots.items()
+                if ns is not None and (ns == namespace or ns.startswith(nested))]
+
+    @staticmethod
+    def _subtree(root: TreeNode) -> Iterator[TreeNode]:
+        """The token-holding nodes under `root` (the root itself holds none)."""
+        stack = list(root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
 
     # ------------------------------------------------------------------ introspection
     def iter_nodes(self) -> Iterator[TreeNode]:
@@ -514,18 +617,20 @@ class RadixCache:
         return node
 
     def _add_child(self, parent: TreeNode, child: TreeNode) -> None:
-        parent.children[child.key[:self._page_bytes]] = child
+        first = child.head(self.page_size)
+        parent.children[first] = child
         if self.page_size > 1:
             if parent.cow_index is None:
                 parent.cow_index = {}
-            parent.cow_index.setdefault(child.key[:_ITEM], []).append(child)
+            parent.cow_index.setdefault(first[:_ITEM], []).append(child)
 
     def _remove_leaf(self, leaf: TreeNode) -> None:
         """Detach an evicted leaf; its parent may become an evictable leaf (or an empty root)."""
         parent = leaf.parent
-        del parent.children[leaf.key[:self._page_bytes]]
+        head = leaf.head(self.page_size)
+        del parent.children[head]
         if self.page_size > 1:
-            first = leaf.key[:_ITEM]
+            first = head[:_ITEM]
             same_first = parent.cow_index[first]
             same_first.remove(leaf)
             if not same_first:
@@ -533,7 +638,7 @@ class RadixCache:
         leaf.parent = None
         k = leaf.num_tokens
         self._num_nodes -= 1
-        self._cached -= k
+        self._total -= k
         self._evictable_tokens -= k
         if not parent.children:
             if parent.depth:
@@ -546,18 +651,18 @@ class RadixCache:
         """Cut `child`'s edge after m tokens (a page multiple); return the new upper node."""
         ps = self.page_size
         parent = child.parent
-        key = child.key
-        cut = m * _ITEM
-        upper = TreeNode(self._next_id, key[:cut], child.pages[:m // ps], parent,
-                         child.depth - len(key) // _ITEM + m, child.namespace,
-                         lock_ref=child.lock_ref, last_access=child.last_access,
-                         hit_count=child.hit_count)
+        first = child.head(ps)
+        depth = child.depth - child.num_tokens + m
+        head_key, head_pending = child.cut(m)
+        upper = TreeNode(self._next_id, head_key, child.pages[:m // ps], parent, depth,
+                         child.namespace, lock_ref=child.lock_ref,
+                         last_access=child.last_access, hit_count=child.hit_count,
+                         _pending=head_pending)
         self._next_id += 1
-        parent.children[key[:self._page_bytes]] = upper
+        parent.children[first] = upper
         if ps > 1:
-            same_first = parent.cow_index[key[:_ITEM]]
+            same_first = parent.cow_index[first[:_ITEM]]
             same_first[same_first.index(child)] = upper
-        child.key = key[cut:]
         child.pages = child.pages[m // ps:]
         child.parent = upper
         self._add_child(upper, child)

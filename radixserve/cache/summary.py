@@ -64,7 +64,7 @@ def build_summary(cache: RadixCache, top_k: int = 20) -> dict:
     return {
         "page_size": cache.page_size,
         "policy": getattr(cache.policy, "name", type(cache.policy).__name__),
-        "cached_tokens": cache.cached_tokens,
+        "cached_tokens": cache.total_tokens,
         "evictable_tokens": cache.evictable_tokens,
         "locked_tokens": cache.locked_tokens,
         "num_nodes": cache.num_nodes,

@@ -64,7 +64,7 @@ class DigestMaker:
         """Changes whenever the tree's content may have: inserts, splits, evictions, flushes.
         (The logical clock also moves on lookups: a spare walk, never a missed change.)"""
         c = self.cache
-        return (c.clock, c.cached_tokens, c.num_nodes, c.evicted_tokens)
+        return (c.clock, c.total_tokens, c.num_nodes, c.evicted_tokens)
 
 
 def walk_hashes(cache: "RadixCache", block_tokens: int,

@@ -91,7 +91,10 @@ class RayEngineClient:
     # ---- lifecycle ------------------------------------------------------------------
 
     async def start(self, ready_timeout_s: float = 600.0) -> None:
-        """Ask one replica for the model's facts; wait until the router sees every replica."""
+        """Ask one replica for the model's facts; wait until the router sees every replica.
+        (Once: the server calls it again after listening, as it does an Engine's.)"""
+        if self.config is not None:
+            return
         info: ReplicaInfo = await self.handle.control.remote(RouteInfo(), "describe")
         self.tokenizer = info.tokenizer
         self.max_model_len = info.max_model_len
@@ -179,6 +182,21 @@ class RayEngineClient:
         response = self._live.get(request_id)
         if response is not None:
             response.cancel()
+
+    @property
+    def ready(self) -> bool:
+        return self.config is not None
+
+    @property
+    def error(self) -> str | None:
+        return None                 # a dead replica is Ray Serve's to restart, not fatal
+
+    def flush_namespace(self, namespace: str | None) -> int:
+        raise CacheBusy("flushing one namespace is not supported with --replicas yet; "
+                        "an admin key flushes every replica")
+
+    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        raise CacheBusy("per-namespace stats are not supported with --replicas yet")
 
     # ---- control: stats and flush ------------------------------------------------------
 

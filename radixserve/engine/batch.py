@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from radixserve.attention.spans import SeqSpan
+from radixserve.cache.prefix_lease import CopyOrder
 from radixserve.engine.outputs import TokenLogprob
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -30,6 +31,7 @@ class StepBatch:
     sample_rows: list[int] = field(default_factory=list)    # span index -> needs a token
     sample_params: list[SamplingParams] = field(default_factory=list)
     generators: list[torch.Generator | None] = field(default_factory=list)
+    copies: list[CopyOrder] = field(default_factory=list)   # copy-on-write, before the forward
 
     @property
     def num_tokens(self) -> int:

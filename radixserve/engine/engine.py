@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Sequence
 import torch
 
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import CacheLockedError, RadixCache
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
@@ -32,6 +31,7 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
 from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
+from radixserve.engine.validation import check_request
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,8 @@ class Engine:
         self.runner = on_compute_thread(ModelRunner, config, loaded)
         self.page_size = config.page_size
         self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
-        self.memory = PagedMemory(PageAllocator(self.runner.num_pages), self.tree)
-        self.seq_memory = SequenceMemory(self.memory, self.tree, config.page_size,
-                                         use_cache=not config.disable_radix_cache,
-                                         copy_prefix=self.runner.copy_prefix)
+        self.memory = PagedMemory(self.runner.num_pages, self.tree)
+        self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache)
         self.pool_tokens = self.runner.num_pages * config.page_size
         self.max_model_len = self._max_model_len()
         self._stats = EngineStats(pages_total=self.runner.num_pages, page_size=config.page_size)
@@ -83,6 +81,12 @@ class Engine:
 
     # ---- lifecycle ----------------------------------------------------------------
 
+    @property
+    def ready(self) -> bool:
+        """True from the end of `start` (warm-up done, loop running) until `shutdown`:
+        what the server's /health reports."""
+        return self._task is not None and not self._stopping
+
     async def start(self) -> None:
         if self._task is None:
             await self._warm_up()
@@ -99,13 +103,12 @@ class Engine:
         num_tokens = min(wanted, self.max_model_len, self.pool_tokens)
         if num_tokens <= 0:
             return
-        allocator = self.memory.allocator
-        pages = allocator.alloc(self.seq_memory.pages_for(num_tokens))
+        pages = self.memory.alloc(self.seq_memory.pages_for(num_tokens))
         try:
             await asyncio.get_running_loop().run_in_executor(
                 self._executor, self.runner.warm_up, pages, num_tokens)
         finally:
-            allocator.free(pages)
+            self.memory.free(pages)
 
     async def shutdown(self, grace_s: float = 0.0) -> None:
         """Stop taking requests, let running ones finish for `grace_s`, abort the rest."""
@@ -156,19 +159,8 @@ class Engine:
         return self._stream(request, queue)
 
     def _validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
-        vocab = self.tokenizer.vocab_size
-        params.validate(vocab)
         prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise InvalidRequest("prompt", "the prompt is empty")
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequest("input_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
-        if len(prompt) + params.max_tokens > self.max_model_len:
-            raise InvalidRequest(
-                "max_tokens" if len(prompt) < self.max_model_len else "prompt",
-                f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
-                f"exceeds the maximum context length ({self.max_model_len} tokens)")
+        check_request(prompt, params, self.tokenizer.vocab_size, self.max_model_len)
         return prompt
 
     def _generators(self, params: SamplingParams) -> list[torch.Generator | None]:
@@ -265,14 +257,14 @@ class Engine:
         s = self._stats
         s.running = self.scheduler.num_running_requests    # requests, as the metrics say
         s.waiting = self.scheduler.num_waiting_requests
-        s.pages_free = self.memory.allocator.num_free
-        s.pages_cached = self.tree.cached_tokens // self.page_size
+        s.pages_free = self.memory.num_free
+        s.pages_cached = self.tree.total_tokens // self.page_size
         s.pages_locked = self.tree.locked_tokens // self.page_size
         s.pages_private = s.pages_total - s.pages_free - s.pages_cached
         s.kv_pool_bytes = self.runner.kv_pool.total_bytes
         s.evicted_tokens = self.memory.evicted_tokens
         s.cache = {
-            "cached_tokens": self.tree.cached_tokens,
+            "cached_tokens": self.tree.total_tokens,
             "evictable_tokens": self.tree.evictable_tokens,
             "locked_tokens": self.tree.locked_tokens,
             "nodes": self.tree.num_nodes,
@@ -289,10 +281,22 @@ class Engine:
         if self.scheduler.has_work():
             raise CacheBusy(f"{self.scheduler.num_live} requests are running")
         try:
-            pages = self.tree.flush()
+            self.memory.flush_cache()
+        except CacheLockedError as exc:
+            raise CacheBusy(str(exc)) from exc
+
+    def flush_namespace(self, namespace: str | None) -> int:
+        """Drop one namespace's cached prefixes (and those nested under it); the pages
+        freed. Requests of other namespaces may keep running."""
+        try:
+            pages = self.tree.flush_namespace(namespace)
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
         self.memory.allocator.free(pages)
+        return len(pages)
+
+    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        return self.tree.namespace_counts(namespace)
 
     def check_invariants(self) -> None:
         """Page conservation; with no live request, no lock may be held."""

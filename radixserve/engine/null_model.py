@@ -13,7 +13,6 @@ import random
 from collections.abc import Sequence
 
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.page_allocator import PageAllocator
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.engine.batch import SampleResult, StepBatch
 from radixserve.engine.core import EngineCore
@@ -80,8 +79,7 @@ def null_core(*, num_pages: int, page_size: int = 1, max_running: int = 256,
               max_model_len: int = 1 << 20) -> EngineCore:
     """The engine's real scheduling stack over a pool of `num_pages` pages (no KV data)."""
     tree = RadixCache(page_size=page_size)
-    memory = SequenceMemory(PagedMemory(PageAllocator(num_pages), tree), tree, page_size,
-                            use_cache=use_cache, copy_prefix=lambda src, dst, n: None)
+    memory = SequenceMemory(PagedMemory(num_pages, tree), use_cache=use_cache)
     stats = EngineStats(pages_total=num_pages, page_size=page_size)
     scheduler = Scheduler(SchedulerConfig(page_size=page_size, max_running=max_running,
                                           token_budget=token_budget, policy=policy),

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.token_keys import new_token_array
-from radixserve.cache.tree_node import TreeNode
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -57,8 +57,9 @@ class Request:
 class SeqState:
     """One sample of a request: its tokens, its pages and its place in the schedule.
 
-    Pages: `pages[:tree_len // page_size]` belong to the radix tree (kept alive by the lock
-    on `lock_node`); the rest are this sequence's private pages. KV is computed for
+    Pages: `lease` (a cache PrefixLease, None while waiting) holds them: `pages[:num_tree_pages]`
+    belong to the radix tree (kept alive by the lease's lock); the rest are this sequence's
+    private pages. KV is computed for
     `token_ids[:num_computed]`; a step computes `token_ids[num_computed:...]`, and when it
     reaches the end of `token_ids` the last position's logits give the next token. The ids
     are an `array('q')`, the radix tree's packed key layout (cache/token_keys.py), so every
@@ -71,10 +72,8 @@ class SeqState:
     generator: "torch.Generator | None"     # seeded sampling; None: the global generator
     page_size: int = 1
     status: SeqStatus = SeqStatus.WAITING
-    pages: np.ndarray = field(default_factory=lambda: NO_PAGES)
+    lease: PrefixLease | None = None
     num_computed: int = 0
-    tree_len: int = 0
-    lock_node: TreeNode | None = None
     prompt_cache_hit: int | None = None    # prompt tokens served from the prefix cache at
                                            # first admission (usage); None before it
     num_generated: int = 0
@@ -98,12 +97,16 @@ class SeqState:
         return self.remaining > 1
 
     @property
+    def pages(self) -> np.ndarray:
+        return self.lease.pages if self.lease is not None else NO_PAGES
+
+    @property
     def num_tree_pages(self) -> int:
-        return self.tree_len // self.page_size
+        return self.lease.num_tree_pages if self.lease is not None else 0
 
     @property
     def private_pages(self) -> np.ndarray:
-        return self.pages[self.num_tree_pages:]
+        return self.lease.private_pages if self.lease is not None else NO_PAGES
 
 
 def new_request(request_id: str, prompt_ids: list[int], params: SamplingParams,

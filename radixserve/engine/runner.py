@@ -16,7 +16,7 @@ import torch
 from radixserve.attention.backend import create_backend
 from radixserve.attention.context import ForwardContext
 from radixserve.attention.metadata import SeqSpan, build_metadata
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 from radixserve.engine.batch import SampleResult, StepBatch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
@@ -94,9 +94,6 @@ class ModelRunner:
     def num_pages(self) -> int:
         return self.kv_pool.num_pages
 
-    def copy_prefix(self, src_page: int, dst_page: int, num_tokens: int) -> None:
-        self.kv_pool.copy_prefix(src_page, dst_page, num_tokens)
-
     def warm_up(self, pages: np.ndarray, num_tokens: int) -> None:
         """One throw-away prefill of `num_tokens` into `pages` (free pages lent by the caller).
 
@@ -118,6 +115,8 @@ class ModelRunner:
         guard = (torch.cuda.device(self.device) if self.device.type == "cuda"
                  else contextlib.nullcontext())
         with guard:
+            for order in batch.copies:      # copy-on-write pages this step computes into
+                self.kv_pool.copy_prefix(order.src_page, order.dst_page, order.num_tokens)
             meta = build_metadata(batch.spans, self.page_size, self.device)
             ctx = ForwardContext.prepare(self.backend, meta, self.kv_pool)
             input_ids = to_device(batch.input_ids, self.device)

@@ -102,7 +102,7 @@ class Scheduler:
 
         # Most progressed first, so preemption victims come from the tail. Sorting costs
         # little but is only needed when this step's decodes could run out of pages.
-        if self.memory.memory.available_pages() < 2 * len(self.running) + budget:
+        if self.memory.available_pages() < 2 * len(self.running) + budget:
             self.running.sort(key=_progress_order)
         i = 0
         while i < len(self.running):
@@ -162,7 +162,7 @@ class Scheduler:
             except OutOfPages:
                 break
             need = self.memory.pages_for(len(seq.token_ids) + DECODE_RESERVE_TOKENS) - len(seq.pages)
-            if need + reserve_pages > self.memory.memory.available_pages():
+            if need + reserve_pages > self.memory.available_pages():
                 self.memory.release(seq, keep=False)
                 break
             chunk = min(seq.remaining, budget)
@@ -232,6 +232,7 @@ class Scheduler:
             batch.input_ids.extend(seq.token_ids[start: start + n])
             batch.positions.extend(range(start, start + n))
         batch.spans.append(SeqSpan(seq.pages, start, n))
+        batch.copies.extend(self.memory.take_copy_orders(seq))
         if samples:
             batch.sample_rows.append(len(batch.spans) - 1)
             batch.sample_params.append(seq.request.params)

@@ -1,37 +1,38 @@
-"""SequenceMemory: the one place where sequences take, share and give back KV pages.
+"""SequenceMemory: the engine's sequences and their prefix leases.
 
-Every page a sequence holds is either a tree page (alive because the sequence locks the
-tree node that ends its cached prefix) or a private page (owned by the sequence alone).
-`release` is the single exit: finish, abort, preemption and step errors all go through
-it, so a page is returned exactly once whatever path a request takes.
+Each admitted sequence holds one `PrefixLease` (cache/prefix_lease.py), which does every
+page step: match and lock, copy-on-write, insert, free duplicates, release. This module
+adds only what is the engine's own: page look-ahead for decoding, the sequence fields that
+mirror the lease, and `release` as the single exit -- finish, abort, preemption and step
+errors all go through it, so a page is returned exactly once whatever path a request takes.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
-
-import numpy as np
+from typing import Iterable
 
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.radix_cache import RadixCache
-from radixserve.engine.request import NO_PAGES, SeqState
+from radixserve.cache.prefix_lease import CopyOrder, PrefixLease
+from radixserve.engine.request import SeqState
 
 LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
 
 
 class SequenceMemory:
-    def __init__(self, memory: PagedMemory, tree: RadixCache, page_size: int,
-                 use_cache: bool, copy_prefix: Callable[[int, int, int], None]):
+    def __init__(self, memory: PagedMemory, use_cache: bool):
         self.memory = memory
-        self.tree = tree
-        self.page_size = page_size
+        self.tree = memory.tree
+        self.page_size = memory.page_size
         self.use_cache = use_cache
-        self.copy_prefix = copy_prefix
-        self.lookahead_pages = LOOKAHEAD_TOKENS // page_size
-        self.lookahead_floor = memory.allocator.num_pages // 4
+        self.lookahead_pages = LOOKAHEAD_TOKENS // self.page_size
+        self.lookahead_floor = memory.num_pages // 4
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
+
+    def available_pages(self) -> int:
+        """Pages an allocation could get now: free + evictable (see PagedMemory)."""
+        return self.memory.available_pages()
 
     def cached_prefix_len(self, seq: SeqState) -> int:
         """How much of the sequence the tree holds now (for scheduling priority)."""
@@ -41,30 +42,15 @@ class SequenceMemory:
                                      max_tokens=len(seq.token_ids) - 1)
 
     def admit(self, seq: SeqState) -> int:
-        """Match and lock the cached prefix; copy a partially matched page (copy-on-write).
+        """Lease the cached prefix; returns the tokens served from the cache.
 
-        Returns the number of tokens served from the cache. Raises OutOfPages (with the
-        lock released) when not even the copy-on-write page can be had.
+        Takes no page: a copy-on-write page comes with the first `reserve`.
         """
-        assert seq.lock_node is None and seq.pages.size == 0
-        if not self.use_cache:
-            return 0
-        match = self.tree.match_prefix(seq.token_ids, seq.request.namespace,
-                                       max_tokens=len(seq.token_ids) - 1)
-        self.tree.lock(match.node)
-        seq.lock_node = match.node
-        seq.pages = match.pages
-        seq.tree_len = len(match.pages) * self.page_size
-        seq.num_computed = seq.tree_len
-        if match.cow_tokens > 0:
-            try:
-                (page,) = self.memory.alloc(1)
-            except Exception:
-                self.release(seq, keep=False)
-                raise
-            self.copy_prefix(match.cow_page, int(page), match.cow_tokens)
-            seq.pages = np.append(seq.pages, np.int32(page))
-            seq.num_computed += match.cow_tokens
+        assert seq.lease is None
+        lease = PrefixLease(self.memory, seq.request.namespace, self.use_cache)
+        lease.acquire(seq.token_ids, max_tokens=len(seq.token_ids) - 1)
+        seq.lease = lease
+        seq.num_computed = lease.matched_tokens
         return seq.num_computed
 
     def reserve(self, seq: SeqState, new_tokens: int) -> None:
@@ -76,42 +62,27 @@ class SequenceMemory:
         missing = self.pages_for(seq.num_computed + new_tokens) - len(seq.pages)
         if missing <= 0:
             return
-        allocator = self.memory.allocator
-        if allocator.num_free > self.lookahead_floor:
+        if self.memory.num_free > self.lookahead_floor:
             missing += self.lookahead_pages
-        seq.pages = np.concatenate([seq.pages, self.memory.alloc(missing)])
+        seq.lease.grow(missing)
+
+    def take_copy_orders(self, seq: SeqState) -> list[CopyOrder]:
+        """Copy-on-write orders the next step must execute before computing `seq`."""
+        return seq.lease.take_copy_orders()
 
     def commit(self, seq: SeqState) -> None:
-        """Insert the computed whole pages into the tree and adopt the tree's pages."""
-        if not self.use_cache:
-            return
-        full = seq.num_computed // self.page_size
-        if full * self.page_size <= seq.tree_len:
-            return
-        result = self.tree.insert(seq.token_ids[: full * self.page_size], seq.pages[:full],
-                                  seq.request.namespace, start=seq.lock_node)
-        duplicates = seq.pages[seq.num_tree_pages: result.cached_tokens // self.page_size]
-        if duplicates.size:
-            self.memory.allocator.free(duplicates)
-        seq.pages = np.concatenate([result.pages, seq.pages[full:]])
-        self.tree.lock(result.node)
-        if seq.lock_node is not None:
-            self.tree.unlock(seq.lock_node)
-        seq.lock_node = result.node
-        seq.tree_len = full * self.page_size
+        """Insert the computed whole pages into the tree (the lease adopts the tree's)."""
+        seq.lease.extend(seq.token_ids, seq.num_computed)
 
     def release(self, seq: SeqState, keep: bool) -> None:
         """Give back everything the sequence holds; `keep` first caches its computed KV."""
-        if keep:
-            self.commit(seq)
-        if seq.lock_node is not None:
-            self.tree.unlock(seq.lock_node)
-        private = seq.private_pages
-        if private.size:
-            self.memory.allocator.free(private)
-        seq.pages = NO_PAGES
-        seq.tree_len = 0
-        seq.lock_node = None
+        lease = seq.lease
+        if lease is not None:
+            if keep:
+                lease.release(seq.token_ids, seq.num_computed)
+            else:
+                lease.release()
+        seq.lease = None
         seq.num_computed = 0
 
     def check(self, live: Iterable[SeqState]) -> None:

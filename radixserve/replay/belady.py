@@ -146,16 +146,15 @@ class PageAtATimeMemory(PagedMemory):
     """
 
     def alloc(self, n: int) -> np.ndarray:
-        free = self.allocator.num_free
+        free = self.num_free
         short = n - free
-        if short <= 0:
-            return self.allocator.alloc(n)
-        evictable = self.tree.evictable_tokens // self.page_size
-        if short > evictable:
-            raise OutOfPages(n, free + evictable)
-        for _ in range(short):
-            self.allocator.free(self.tree.evict(self.page_size))
-        return self.allocator.alloc(n)
+        if short > 0:
+            evictable = self.tree.evictable_tokens // self.page_size
+            if short > evictable:
+                raise OutOfPages(n, free + evictable)
+            for _ in range(short):
+                self.free(self.tree.evict(self.page_size))
+        return super().alloc(n)             # from the free list alone now
 
 
 class _TokenView:
@@ -192,5 +191,8 @@ def make_policy(name: str, workload: Workload,
         return BeladyPolicy(*NextUseIndex.for_workload(workload, capacity_pages))
     policy = cache_policy(name)
     if workload.space.mode == "block":
+        if hasattr(policy, "tokens_per_key"):    # reads sizes itself (the adaptive policy)
+            policy.tokens_per_key = workload.space.page_size / 2
+            return policy
         return TokenUnitPolicy(policy, workload.space.page_size)
     return policy

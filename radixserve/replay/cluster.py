@@ -192,7 +192,7 @@ def simulate_cluster(workload: Workload, config: ClusterConfig,
     cluster = _Replicas(workload, config)
     service = config.service
     router = make_router(config.router, config.replicas,
-                         capacity_pages=cluster.runs[0].alloc.num_pages,
+                         capacity_pages=cluster.runs[0].mem.num_pages,
                          prefill_seconds_per_token=service.prefill_seconds_per_token,
                          cache_weight=config.cache_weight, seed=config.seed)
     arrivals = arrival_seconds(workload, config.seconds_per_time_unit).tolist()

@@ -1,11 +1,11 @@
 """Drive the real RadixCache + PagedMemory with a trace and count what the cache saves.
 
-Per request, in replay order (as the server's scheduler does, minus the model):
-match_prefix (at most L-1 tokens: the last prompt token is always computed) -> lock the
-match -> allocate pages for the rest of the request (PagedMemory evicts unlocked leaves in
-policy order) -> insert the prompt's whole pages (as after prefill) -> the request stays
-in flight, holding its lock, until ``concurrency`` newer requests have arrived -> on
-completion insert prompt + output (``--include-outputs``), unlock, free its private pages.
+Per request, in replay order, through the server's own PrefixLease (cache/prefix_lease.py):
+acquire (match at most L-1 tokens: the last prompt token is always computed, and lock the
+match) -> grow by the pages for the rest of the request (PagedMemory evicts unlocked leaves
+in policy order) -> extend by the prompt's whole pages (as after prefill) -> the request
+stays in flight, holding its lease, until ``concurrency`` newer requests have arrived -> on
+completion extend by prompt + output (``--include-outputs``) and release the lease.
 A request that cannot fit even with everything else evicted counts as a miss.
 """
 
@@ -17,17 +17,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-import numpy as np
 
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.page_allocator import OutOfPages, PageAllocator
+from radixserve.cache.page_allocator import OutOfPages
+from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.radix_cache import RadixCache
 
 from .belady import PageAtATimeMemory, make_policy
 from .workload import ReplayItem, Workload
-
-_EMPTY = np.zeros(0, dtype=np.int32)
-
 
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
@@ -110,16 +107,14 @@ class ReplayStats(HitCounts):
 @dataclass(slots=True)
 class _InFlight:
     item: ReplayItem
-    node: object               # the locked tree node
-    tree_pages: np.ndarray     # tree-owned pages covering the sequence's head
-    private: np.ndarray        # this request's own pages for the rest
+    lease: PrefixLease         # its locked prefix and private pages (as in the server)
 
 
 class _Run:
-    """State of one replay: a fresh cache, allocator and the requests in flight."""
+    """State of one replay: a fresh cache and page pool, and the requests in flight."""
 
     def __init__(self, workload: Workload, config: ReplayConfig,
-                 memory: Callable[[PageAllocator, RadixCache], PagedMemory] | None = None):
+                 memory: Callable[[int, RadixCache], PagedMemory] | None = None):
         space = workload.space
         self.space = space
         self.config = config
@@ -128,73 +123,49 @@ class _Run:
         else:
             num_pages = config.capacity_tokens // space.page_size
         self.policy = make_policy(config.policy, workload, num_pages)
-        self.alloc = PageAllocator(num_pages)
         self.cache = RadixCache(page_size=space.tree_page_size, policy=self.policy)
         if memory is None:
             memory = (PageAtATimeMemory
                       if getattr(self.policy, "evicts_pages_one_at_a_time", False)
                       else PagedMemory)
-        self.mem = memory(self.alloc, self.cache)
+        self.mem = memory(num_pages, self.cache)
         self.inflight: deque[_InFlight] = deque()
 
     def admit(self, item: ReplayItem) -> int | None:
         """Run one request's admission; its hit tokens, or None when it cannot fit."""
-        space, cache = self.space, self.cache
+        space = self.space
         L = item.prompt_len
-        match = cache.match_prefix(item.prompt_keys, max_tokens=space.max_match_keys(L))
-        tree_pages = match.pages               # whole tree pages reused as they are
-        full = len(tree_pages)
-        hit = space.hit_tokens(match.matched_tokens, full, match.cow_tokens > 0, L)
-        cache.lock(match.node)                 # covers the copy-on-write page too
-        need = math.ceil((L + item.output_len) / space.page_size) - full
-        private = self._alloc(need)
-        if private is None:
-            cache.unlock(match.node)
+        lease = PrefixLease(self.mem)
+        match = lease.acquire(item.prompt_keys, max_tokens=space.max_match_keys(L))
+        hit = space.hit_tokens(match.matched_tokens, len(match.pages), match.cow_tokens > 0, L)
+        need = math.ceil((L + item.output_len) / space.page_size) - len(match.pages)
+        if not self._grow(lease, need):
+            lease.release()
             return None
-        flight = _InFlight(item, match.node, tree_pages, private)
-        self._insert(flight, item.prompt_keys, L // space.page_size, relock=True)
-        self.inflight.append(flight)
+        lease.take_copy_orders()               # no KV data here: nothing to copy
+        lease.extend(item.prompt_keys, space.keys_for_pages(L // space.page_size))
+        self.inflight.append(_InFlight(item, lease))
         return hit
 
-    def _alloc(self, n: int) -> np.ndarray | None:
-        """n pages, completing the oldest requests in flight while memory is short."""
+    def _grow(self, lease: PrefixLease, n: int) -> bool:
+        """n more pages, completing the oldest requests in flight while memory is short."""
         while True:
             try:
-                return self.mem.alloc(n) if n else _EMPTY
+                lease.grow(n)
+                return True
             except OutOfPages:
                 if not self.inflight:
-                    return None
+                    return False
                 self.complete(self.inflight.popleft())
-
-    def _insert(self, flight: _InFlight, keys, num_pages: int, relock: bool) -> None:
-        """Insert the sequence's first num_pages pages; free our duplicates of tree pages."""
-        have = len(flight.tree_pages)
-        if num_pages <= have:
-            return
-        fresh = num_pages - have
-        mine = flight.private[:fresh]
-        pages = np.concatenate([flight.tree_pages, mine]) if have else mine
-        res = self.cache.insert(keys[: self.space.keys_for_pages(num_pages)], pages)
-        cached = min(res.cached_tokens // self.space.tree_page_size, num_pages)
-        if cached > have:    # our copies of tree pages (copy-on-write, or inserted meanwhile)
-            self.alloc.free(mine[: cached - have])
-        if relock:
-            self.cache.lock(res.node)
-            self.cache.unlock(flight.node)
-            flight.node = res.node
-        flight.tree_pages = np.asarray(res.pages)
-        flight.private = flight.private[fresh:]
 
     def complete(self, flight: _InFlight) -> None:
         """The request finished: insert prompt + output, unlock, free what is left."""
         item = flight.item
-        if item.full_keys is not None:
+        if item.full_keys is None:
+            flight.lease.release()
+        else:
             total = (item.prompt_len + item.output_len) // self.space.page_size
-            self._insert(flight, item.full_keys, total, relock=False)
-        self.cache.unlock(flight.node)
-        if len(flight.private):
-            self.alloc.free(flight.private)
-        flight.private = _EMPTY
+            flight.lease.release(item.full_keys, self.space.keys_for_pages(total))
 
     def serve(self, item: ReplayItem) -> int | None:
         """One request as the replay runs it: complete the oldest requests in flight down to
@@ -223,15 +194,15 @@ class _Run:
 
     def check(self) -> None:
         self.cache.check_invariants()
-        self.mem.check_conservation([f.private for f in self.inflight])
+        self.mem.check_conservation([f.lease.private_pages for f in self.inflight])
 
 
 def replay(workload: Workload, config: ReplayConfig,
            progress: Callable[[int], None] | None = None) -> ReplayStats:
-    """Replay the whole workload once; the cache, allocator and policy are fresh."""
+    """Replay the whole workload once; the cache, page pool and policy are fresh."""
     space = workload.space
     run = _Run(workload, config)
-    stats = ReplayStats(config.policy, config.capacity_tokens, run.alloc.num_pages,
+    stats = ReplayStats(config.policy, config.capacity_tokens, run.mem.num_pages,
                         space.mode, space.page_size, config.concurrency)
     warmup = int(config.warmup_fraction * len(workload))
     set_now = getattr(run.policy, "set_now", None)

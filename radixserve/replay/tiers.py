@@ -41,7 +41,7 @@ class _Demoting:
     on_demote: Callable[[int], None]
 
     def alloc(self, n: int):
-        short = n - self.allocator.num_free
+        short = n - self.num_free
         watched = self._watch(short) if short > 0 else []
         pages = super().alloc(n)
         for node, symbols in watched:
@@ -63,14 +63,14 @@ class _Demoting:
 
 
 class DemotingMemory(_Demoting, PagedMemory):
-    def __init__(self, allocator, tree, on_demote: Callable[[int], None]):
-        super().__init__(allocator, tree)
+    def __init__(self, num_pages: int, tree, on_demote: Callable[[int], None]):
+        super().__init__(num_pages, tree)
         self.on_demote = on_demote
 
 
 class DemotingPageAtATimeMemory(_Demoting, PageAtATimeMemory):
-    def __init__(self, allocator, tree, on_demote: Callable[[int], None]):
-        super().__init__(allocator, tree)
+    def __init__(self, num_pages: int, tree, on_demote: Callable[[int], None]):
+        super().__init__(num_pages, tree)
         self.on_demote = on_demote
 
 
@@ -213,10 +213,10 @@ def simulate_tiers(workload: Workload, config: ReplayConfig, tiers: TierConfig,
                       tiers.disk_capacity_tokens)
     hierarchy = _Hierarchy(tiers, space.page_size, stats)
 
-    def memory(alloc, cache):
+    def memory(num_pages, cache):
         page_at_a_time = getattr(cache.policy, "evicts_pages_one_at_a_time", False)
         kind = DemotingPageAtATimeMemory if page_at_a_time else DemotingMemory
-        return kind(alloc, cache, hierarchy.demote)
+        return kind(num_pages, cache, hierarchy.demote)
 
     run = _Run(workload, config, memory=memory)
     set_now = getattr(run.policy, "set_now", None)

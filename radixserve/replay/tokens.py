@@ -29,11 +29,6 @@ def block_tokens(block_id: int, block_size: int) -> np.ndarray:
     return np.arange(start, start + block_size, dtype=TOKEN_DTYPE)
 
 
-def block_of_token(token: int, block_size: int) -> tuple[int, int]:
-    """Inverse of ``block_tokens``: (block id, offset in the block)."""
-    return divmod(int(token), block_size)
-
-
 def hash_prompt_tokens(req: HashRequest, block_size: int) -> np.ndarray:
     """A hash-id request's prompt: its blocks' tokens, concatenated, cut at input_length."""
     ids = np.asarray(req.hash_ids, dtype=TOKEN_DTYPE)
@@ -86,10 +81,7 @@ class TextTokenizer:
 
 
 def load_tokenizer(model: str):
-    """The model's tokenizer, without its weights when the model package allows it."""
-    import radixserve.model as model_pkg  # lazy: imports torch
+    """The model's tokenizer, without its weights (nor torch): see model.load_tokenizer."""
+    from radixserve.model import load_tokenizer as load_model_tokenizer
 
-    loader = getattr(model_pkg, "load_tokenizer", None)
-    if loader is not None:
-        return loader(model)
-    return model_pkg.load_model(model).tokenizer
+    return load_model_tokenizer(model)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.attention.metadata import SeqSpan
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 
 def slot_of(pages: np.ndarray, pos: int, page_size: int) -> int:

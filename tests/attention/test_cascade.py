@@ -16,7 +16,7 @@ from radixserve.attention import SeqSpan, TorchAttentionBackend, build_metadata
 from radixserve.attention.cascade import CascadeGroup, find_cascade_groups
 from radixserve.attention.partial_attention import (attend_with_lse, merge_attention_states,
                                                     softmax_with_lse)
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 

@@ -14,7 +14,7 @@ from attn_helpers import dense_attention, make_scenario
 from radixserve.attention.flashinfer_backend import (FlashInferBackend, decode_plan_call,
                                                      prefill_plan_call)
 from radixserve.attention.metadata import SeqSpan, build_metadata
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 
 class RecordingWrapper:

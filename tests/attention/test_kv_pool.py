@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 
 def test_layout_is_nhd_and_zeroed():

@@ -6,7 +6,7 @@ import torch
 
 from attn_helpers import dense_attention, make_scenario, slot_of
 from radixserve.attention import SeqSpan, TorchAttentionBackend, build_metadata
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 

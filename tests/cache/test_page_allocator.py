@@ -49,6 +49,18 @@ def test_double_free_is_refused_without_side_effect():
     assert sorted(a.free_page_ids().tolist()) == list(range(6))
 
 
+def test_single_page_frees_are_checked_like_any_other():
+    a = PageAllocator(4)
+    ids = a.alloc(4)
+    a.free(ids[2:3])
+    with pytest.raises(PageAccountingError, match="already free"):
+        a.free([int(ids[2])])
+    assert a.num_free == 1
+    a.free(np.array([ids[0]], dtype=np.int64))
+    assert sorted(a.alloc(2).tolist()) == sorted([int(ids[0]), int(ids[2])])
+    assert a.num_free == 0
+
+
 @pytest.mark.parametrize("bad", [[-1], [6], [0, 99], np.array([-5], dtype=np.int64),
                                  np.array([0, -1], dtype=np.int32), np.array([6], dtype=np.int32)])
 def test_out_of_range_ids_are_refused(bad):

@@ -43,7 +43,7 @@ def test_insert_ending_inside_an_edge_splits_it_and_returns_that_node():
     c = RadixCache()
     c.insert([1, 2, 3, 4], pages(0, 1, 2, 3))
     r = c.insert([1, 2], pages(7, 8))
-    assert r.cached_tokens == 2 and r.pages.tolist() == [0, 1]
+    assert r.already_cached == 2 and r.pages.tolist() == [0, 1]
     assert r.node.tokens == [1, 2] and r.node.depth == 2
     assert r.duplicates(pages(7, 8)).tolist() == [7, 8]
     c.check_invariants()
@@ -53,12 +53,12 @@ def test_insert_branching_and_duplicates():
     c = RadixCache()
     c.insert([5, 6, 7], pages(0, 1, 2))
     r = c.insert([5, 6, 8, 9], pages(0, 1, 3, 4))      # shares [5, 6] with the tree's pages
-    assert r.cached_tokens == 2 and r.pages.tolist() == [0, 1, 3, 4]
+    assert r.already_cached == 2 and r.pages.tolist() == [0, 1, 3, 4]
     assert r.duplicates(pages(0, 1, 3, 4)).size == 0
     r = c.insert([5, 6, 8, 9, 1], pages(20, 21, 22, 23, 24))   # all computed afresh
-    assert r.cached_tokens == 4 and r.pages.tolist() == [0, 1, 3, 4, 24]
+    assert r.already_cached == 4 and r.pages.tolist() == [0, 1, 3, 4, 24]
     assert r.duplicates(pages(20, 21, 22, 23, 24)).tolist() == [20, 21, 22, 23]
-    assert c.cached_tokens == 6 and c.num_nodes == 4
+    assert c.total_tokens == 6 and c.num_nodes == 4
     c.check_invariants()
 
 
@@ -69,7 +69,8 @@ def test_insert_from_a_start_node_skips_the_known_prefix():
     c.lock(m.node)
     own = np.concatenate((m.pages, pages(7, 8)))
     r = c.insert([1, 2, 3, 4, 5], own, start=m.node)
-    assert r.cached_tokens == 3 and r.pages is own and r.node.tokens == [4, 5]
+    assert r.already_cached == 3 and r.pages is own and r.node.tokens == [4, 5]
+    assert r.hint_used
     assert r.node.parent is m.node and r.node.depth == 5
     assert c.match_prefix([1, 2, 3, 4, 5, 6]).pages.tolist() == [0, 1, 2, 7, 8]
     c.check_invariants()
@@ -82,11 +83,13 @@ def test_a_start_node_that_does_not_hold_the_prefix_is_ignored():
     c.lock(other)
     # `other` is locked but the caller's pages do not hold it: the walk starts at the root.
     r = c.insert([1, 2, 3, 4], pages(10, 11, 12, 13), start=other)
-    assert r.cached_tokens == 3 and r.pages.tolist() == [0, 1, 2, 13]
+    assert r.already_cached == 3 and r.pages.tolist() == [0, 1, 2, 13]
+    assert not r.hint_used                                   # the caller learns it was wasted
     assert r.duplicates(pages(10, 11, 12, 13)).tolist() == [10, 11, 12]
     unlocked = c.insert([7, 7], pages(20, 21)).node          # not locked: ignored too
     r = c.insert([1, 2, 3, 4, 5], pages(0, 1, 2, 13, 14), start=unlocked)
-    assert r.cached_tokens == 4 and r.node.tokens == [5]
+    assert r.already_cached == 4 and r.node.tokens == [5] and not r.hint_used
+    assert not c.insert([1, 2], pages(0, 1)).hint_used       # no hint given
     c.check_invariants()
 
 
@@ -159,9 +162,8 @@ def test_copy_on_write_keeps_the_partial_hit_under_memory_pressure():
     leaves, never A's), copies the 2 shared tokens of A's second page and computes the
     rest: every page B ends with holds exactly B's tokens."""
     ps = 4
-    alloc = PageAllocator(5)
     tree = RadixCache(page_size=ps)
-    mem = PagedMemory(alloc, tree)
+    mem = PagedMemory(5, tree)
     kv = np.full((5, ps), -1)
 
     def compute(page_ids, tokens, start):
@@ -176,7 +178,7 @@ def test_copy_on_write_keeps_the_partial_hit_under_memory_pressure():
     pf = mem.alloc(2)
     compute(pf, filler, 0)
     tree.insert(filler, pf)
-    assert alloc.num_free == 1
+    assert mem.num_free == 1
 
     b = [1, 2, 3, 4, 5, 6, 70, 80, 90, 91]
     m = tree.match_prefix(b, max_tokens=len(b) - 1)
@@ -190,9 +192,9 @@ def test_copy_on_write_keeps_the_partial_hit_under_memory_pressure():
     compute(own, b, m.matched_tokens)
     assert kv[own].ravel()[:len(b)].tolist() == b
     r = tree.insert(b[:8], own[:2])
-    assert r.cached_tokens == 4 and r.pages.tolist() == [pa[0], new[0]]
-    alloc.free(r.duplicates(own[:2]))
-    alloc.free(own[2:])                                 # the partial tail page stays private
+    assert r.already_cached == 4 and r.pages.tolist() == [pa[0], new[0]]
+    mem.free(r.duplicates(own[:2]))
+    mem.free(own[2:])                                 # the partial tail page stays private
     tree.unlock(m.node)
     assert kv[pa].ravel().tolist() == a                  # A's pages untouched by the copy
     mem.check_conservation([])
@@ -217,14 +219,14 @@ def test_lock_protects_path_and_counters_follow():
     c.insert([1, 2, 4, 5], pages(0, 1, 3, 4))
     m = c.match_prefix([1, 2, 4, 5])
     c.lock(m.node)
-    assert (c.cached_tokens, c.locked_tokens, c.evictable_tokens) == (5, 4, 1)
+    assert (c.total_tokens, c.locked_tokens, c.evictable_tokens) == (5, 4, 1)
     freed = c.evict(100)
     assert freed.tolist() == [2]                          # only the unlocked leaf [3]
     assert c.match_prefix([1, 2, 4, 5]).matched_tokens == 4
     c.unlock(m.node)
     assert c.locked_tokens == 0 and c.evictable_tokens == 4
     assert sorted(c.evict(100).tolist()) == [0, 1, 3, 4]
-    assert c.cached_tokens == 0 and c.num_nodes == 0
+    assert c.total_tokens == 0 and c.num_nodes == 0
     c.check_invariants()
 
 
@@ -260,7 +262,7 @@ def test_evict_trims_the_tail_and_keeps_the_head():
     c.insert(list(range(10)), pages(*range(10)))
     freed = c.evict(3)
     assert freed.tolist() == [7, 8, 9]
-    assert c.cached_tokens == 7
+    assert c.total_tokens == 7
     assert c.match_prefix(list(range(10))).matched_tokens == 7
     c.check_invariants()
 
@@ -269,7 +271,7 @@ def test_evict_trims_whole_pages():
     c = RadixCache(page_size=4)
     c.insert(list(range(16)), pages(0, 1, 2, 3))
     assert c.evict(5).tolist() == [2, 3]                  # 5 tokens need 2 pages
-    assert c.cached_tokens == 8 and c.evicted_tokens == 8
+    assert c.total_tokens == 8 and c.evicted_tokens == 8
     c.check_invariants()
 
 
@@ -282,7 +284,7 @@ def test_parent_whose_last_child_goes_becomes_a_candidate():
     assert c.evict(2).tolist() == [2, 3]                  # both leaves of [1, 2]
     assert c.evict(2).tolist() == [0, 1]                  # then [1, 2] itself, before [7]
     assert c.evict(5).tolist() == [4]                     # asked more than there is
-    assert c.num_nodes == 0 and c.cached_tokens == 0
+    assert c.num_nodes == 0 and c.total_tokens == 0
     c.check_invariants()
 
 
@@ -380,10 +382,10 @@ def test_namespaces_never_share():
     assert c.match_prefix([1, 2, 3]).matched_tokens == 0
     assert c.match_prefix([1, 2, 3], namespace="b").matched_tokens == 0
     r = c.insert([1, 2, 3], pages(3, 4, 5))                 # default namespace: its own pages
-    assert r.cached_tokens == 0 and r.pages.tolist() == [3, 4, 5]
+    assert r.already_cached == 0 and r.pages.tolist() == [3, 4, 5]
     assert c.match_prefix([1, 2, 3], namespace="a").pages.tolist() == [0, 1, 2]
     assert c.match_prefix([1, 2, 3]).pages.tolist() == [3, 4, 5]
-    assert c.cached_tokens == 6 and c.num_nodes == 2
+    assert c.total_tokens == 6 and c.num_nodes == 2
     c.check_invariants()
     c.evict(6)
     assert c.match_prefix([1, 2, 3], namespace="a").matched_tokens == 0
@@ -398,10 +400,10 @@ def test_flush_is_refused_while_locked():
     c.lock(r.node)
     with pytest.raises(CacheLockedError, match="3 cached tokens are locked"):
         c.flush()
-    assert c.cached_tokens == 4
+    assert c.total_tokens == 4
     c.unlock(r.node)
     assert sorted(c.flush().tolist()) == [0, 1, 2, 3]
-    assert (c.cached_tokens, c.num_nodes, c.evictable_tokens) == (0, 0, 0)
+    assert (c.total_tokens, c.num_nodes, c.evictable_tokens) == (0, 0, 0)
     assert c.match_prefix([1, 2, 3]).matched_tokens == 0
     with pytest.raises(ValueError, match="stale"):
         c.lock(r.node)
@@ -416,8 +418,8 @@ def test_counters_and_check_invariants_catch_corruption():
     c.match_prefix([5])
     assert (c.query_tokens, c.hit_tokens) == (4, 2)
     c.check_invariants()
-    c._cached += 1                                          # simulate a bookkeeping bug
-    with pytest.raises(AssertionError, match="cached_tokens"):
+    c._total += 1                                          # simulate a bookkeeping bug
+    with pytest.raises(AssertionError, match="total_tokens"):
         c.check_invariants()
 
 
@@ -441,7 +443,7 @@ def test_summary_is_bounded_and_json_serializable():
     text = json.dumps(s)
     assert len(text) < 8000
     assert len(s["top_by_size"]) == 5 and len(s["top_by_hits"]) == 5
-    assert s["cached_tokens"] == c.cached_tokens and s["num_nodes"] == c.num_nodes
+    assert s["cached_tokens"] == c.total_tokens and s["num_nodes"] == c.num_nodes
     # The biggest prefixes are the two system prompts (one per namespace) with their subtrees.
     top = s["top_by_size"][0]
     assert top["prefix_tokens"] == 64 and top["subtree_tokens"] == 64 + 25 * 40
@@ -450,12 +452,14 @@ def test_summary_is_bounded_and_json_serializable():
     assert len(c.summary(top_k=10**9)["top_by_size"]) <= 1000
 
 
-def test_cache_package_imports_neither_torch_nor_kv_pool():
+def test_cache_and_replay_packages_import_no_torch():
     """The replay tool uses radixserve.cache on machines without a model (or torch)."""
     import subprocess
     import sys
 
-    code = ("import sys, radixserve.cache; "
-            "bad = [m for m in sys.modules if m == 'torch' or m.endswith('kv_pool')]; "
+    code = ("import sys, radixserve.cache, radixserve.cache.prefix_lease, radixserve.replay, "
+            "radixserve.replay.replayer, radixserve.replay.cli; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.') "
+            "or m.endswith('kv_pool')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,7 +1,9 @@
 """Random operation sequences on RadixCache + PagedMemory against a brute-force model.
 
 Each step is one of: a full engine-style request (match, lock, alloc with eviction,
-copy-on-write, insert, free duplicates, keep or drop the lock), an insert of freshly
+copy-on-write, insert, free duplicates, keep or drop the lock), the same through a
+PrefixLease (acquire, grow, copy orders, extend in chunks, keep or release; page
+ownership checked at every step), the release of a held lease, an insert of freshly
 computed pages, a bare match, a lock release, an explicit evict, a flush. A simulated KV
 pool (one row of token ids per page) follows every write and copy, so wrong pages and
 wrong copy-on-write sources show up as wrong data. After every step: the tree's own
@@ -17,8 +19,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixserve.cache import (CacheLockedError, OutOfPages, PageAllocator, PagedMemory,
-                              RadixCache)
+from radixserve.cache import CacheLockedError, OutOfPages, PagedMemory, RadixCache
+from radixserve.cache.prefix_lease import CopyOrder, PrefixLease
 
 from .radix_model import BruteForceCache
 
@@ -40,11 +42,11 @@ class RadixMachine(RuleBasedStateMachine):
         ps = self.page_size
         NUM_PAGES = self.num_pages
         self.tree = RadixCache(ps, self.policy)
-        self.alloc = PageAllocator(NUM_PAGES)
-        self.mem = PagedMemory(self.alloc, self.tree)
+        self.mem = PagedMemory(NUM_PAGES, self.tree)
         self.model = BruteForceCache(ps)
         self.kv = np.full((NUM_PAGES, ps), -1, dtype=np.int64)   # token id held per slot
         self.held: list[tuple] = []        # (node, protected page ids)
+        self.leases: list[PrefixLease] = []  # leases kept between steps
         self.seen: list[tuple] = []        # (tokens, namespace) for the peek check
 
     @initialize()
@@ -57,7 +59,14 @@ class RadixMachine(RuleBasedStateMachine):
         del self.seen[:-12]
 
     def locked_pages(self) -> set[int]:
-        return {int(p) for _, pages in self.held for p in pages}
+        held = {int(p) for _, pages in self.held for p in pages}
+        return held | {int(p) for lease in self.leases
+                       for p in lease.pages[:lease.num_tree_pages]}
+
+    def holds_locks(self) -> bool:
+        """Some held handle or lease locks a token-holding node."""
+        nodes = [node for node, _ in self.held] + [lease.node for lease in self.leases]
+        return any(node is not None and node.depth for node in nodes)
 
     def sync_evictions(self, extra_locked=()):
         """Pages that left the tree since the model last looked: never locked ones."""
@@ -96,13 +105,13 @@ class RadixMachine(RuleBasedStateMachine):
         r = self.tree.insert(tokens[:whole * ps], pages[:whole], namespace, start=start)
         cached, want_pages = self.model.insert(tokens[:whole * ps], pages[:whole].tolist(),
                                                namespace)
-        assert r.cached_tokens == cached
+        assert r.already_cached == cached
         assert r.pages.tolist() == want_pages
         assert self.kv[r.pages].ravel().tolist() == list(tokens[:whole * ps])
         dup = r.duplicates(pages[:whole])
         assert sorted(dup.tolist()) == sorted(set(pages[:whole].tolist()) - set(want_pages))
-        self.alloc.free(dup)
-        self.alloc.free(pages[whole:])
+        self.mem.free(dup)
+        self.mem.free(pages[whole:])
         return r
 
     # ------------------------------------------------------------------ rules
@@ -118,13 +127,13 @@ class RadixMachine(RuleBasedStateMachine):
         self.tree.lock(m.node)
         protected = [*m.pages.tolist(), *([m.cow_page] if m.cow_tokens else [])]
         need = -(-len(tokens) // ps) - len(m.pages)
-        free_before, tree_before = self.alloc.num_free, self.tree.tree_page_ids().tolist()
+        free_before, tree_before = self.mem.num_free, self.tree.tree_page_ids().tolist()
         try:
             new = self.mem.alloc(need)
         except OutOfPages:
             event("request: out of pages")
             assert self.mem.available_pages() < need
-            assert self.alloc.num_free == free_before
+            assert self.mem.num_free == free_before
             assert self.tree.tree_page_ids().tolist() == tree_before
             self.tree.unlock(m.node)
             return
@@ -143,11 +152,93 @@ class RadixMachine(RuleBasedStateMachine):
         # hint: start the insert's walk at the match's handle (ignored for a COW handle).
         r = self.insert_whole_pages(tokens, pages, namespace, m.node if hint else None)
         event(f"request: hit {'some' if m.matched_tokens else 'none'}, "
-              f"cached on insert {'some' if r.cached_tokens > m.matched_tokens else 'no more'}")
+              f"cached on insert {'some' if r.already_cached > m.matched_tokens else 'no more'}")
         if keep and len(r.pages):
             self.tree.lock(r.node)
             self.held.append((r.node, r.pages.copy()))
         self.tree.unlock(m.node)
+
+    @rule(tokens=tokens_st, namespace=namespace_st, keep=st.booleans(),
+          chunk=st.integers(1, 9))
+    def lease_request(self, tokens, namespace, keep, chunk):
+        """The engine's and the replay tool's path: one PrefixLease from acquire to release."""
+        ps = self.page_size
+        self.remember(tokens, namespace)
+        cap = len(tokens) - 1
+        lease = PrefixLease(self.mem, namespace)
+        m = lease.acquire(tokens, max_tokens=cap)
+        self.check_match(m, tokens, namespace, cap)
+        assert lease.matched_tokens == m.matched_tokens
+        assert lease.pages.tolist() == m.pages.tolist() and lease.num_tree_pages == len(m.pages)
+        protected = [*m.pages.tolist(), *([m.cow_page] if m.cow_tokens else [])]
+        need = -(-len(tokens) // ps) - len(m.pages)
+        free_before, tree_before = self.mem.num_free, self.tree.tree_page_ids().tolist()
+        try:
+            lease.grow(need)
+        except OutOfPages:
+            event("lease: out of pages")
+            assert self.mem.available_pages() < need
+            assert self.mem.num_free == free_before
+            assert self.tree.tree_page_ids().tolist() == tree_before
+            assert lease.pages.tolist() == m.pages.tolist() and lease.take_copy_orders() == []
+            lease.release()
+            assert not lease.active
+            return
+        self.sync_evictions(protected)
+        private = lease.private_pages.tolist()
+        assert len(private) == need and not set(private) & set(self.tree.tree_page_ids().tolist())
+        orders = lease.take_copy_orders()
+        if m.cow_tokens:
+            event("lease: copy-on-write")
+            assert orders == [CopyOrder(m.cow_page, private[0], m.cow_tokens)]
+            self.kv[private[0], :m.cow_tokens] = self.kv[m.cow_page, :m.cow_tokens]
+        else:
+            assert orders == []
+        assert lease.take_copy_orders() == []
+        self.write_kv(lease.pages, tokens, m.matched_tokens)
+        # Extend in chunks, as prefill does: each extend inserts the whole pages computed.
+        done = m.matched_tokens
+        while done < len(tokens):
+            done = min(len(tokens), done + chunk)
+            whole = done // ps
+            own = lease.pages.copy()
+            tree_pages_before = lease.num_tree_pages
+            free_before = self.mem.num_free
+            lease.extend(tokens, done)
+            if whole <= tree_pages_before:
+                assert lease.pages.tolist() == own.tolist()
+                continue
+            _, want = self.model.insert(tokens[:whole * ps], own[:whole].tolist(), namespace)
+            assert lease.pages[:whole].tolist() == want
+            assert lease.pages[whole:].tolist() == own[whole:].tolist()
+            assert lease.num_tree_pages == whole and lease.node.depth == whole * ps
+            dups = set(own[:whole].tolist()) - set(want)
+            assert self.mem.num_free == free_before + len(dups), "duplicates freed, once"
+            if dups:
+                event("lease: freed duplicates")
+            assert self.kv[lease.pages[:whole]].ravel().tolist() == list(tokens[:whole * ps])
+        tree_pages = set(self.tree.tree_page_ids().tolist())
+        assert set(lease.pages[:lease.num_tree_pages].tolist()) <= tree_pages
+        assert not set(lease.private_pages.tolist()) & tree_pages
+        if keep:
+            self.leases.append(lease)
+        else:
+            self.release_lease(lease)
+
+    def release_lease(self, lease: PrefixLease):
+        private = len(lease.private_pages)
+        free_before = self.mem.num_free
+        lease.release()
+        assert self.mem.num_free == free_before + private
+        assert not lease.active and lease.node is None
+        lease.release()                       # idempotent
+        assert self.mem.num_free == free_before + private
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data())
+    def lease_release(self, data):
+        i = data.draw(st.integers(0, len(self.leases) - 1))
+        self.release_lease(self.leases.pop(i))
 
     @rule(tokens=tokens_st, namespace=namespace_st)
     def insert_fresh(self, tokens, namespace):
@@ -198,14 +289,14 @@ class RadixMachine(RuleBasedStateMachine):
         assert len(freed) == want, "evicts exactly the pages asked for (or all there are)"
         gone = self.sync_evictions()
         assert gone == set(freed.tolist())
-        self.alloc.free(freed)
+        self.mem.free(freed)
 
     @rule(roll=st.integers(0, 7))
     def flush(self, roll):
         if roll:          # rare: a flush wipes the state the other rules build up
             return
         # A handle on a namespace root (nothing matched) holds nothing: no lock to refuse for.
-        if any(node.depth for node, _ in self.held):
+        if self.holds_locks():
             assert self.tree.locked_tokens > 0
             before = self.tree.tree_page_ids().tolist()
             with pytest.raises(CacheLockedError):
@@ -217,21 +308,21 @@ class RadixMachine(RuleBasedStateMachine):
         event("flush: done")
         assert set(pages.tolist()) == self.model.page_set()
         self.model.clear()
-        self.alloc.free(pages)
+        self.mem.free(pages)
 
     # ------------------------------------------------------------------ after every step
     @invariant()
     def consistent(self):
         tree, ps = self.tree, self.page_size
         tree.check_invariants()
-        self.mem.check_conservation([])                 # nothing private between steps
+        self.mem.check_conservation([lease.private_pages for lease in self.leases])
         tree_pages = set(tree.tree_page_ids().tolist())
         assert tree_pages == self.model.page_set()
-        assert tree.cached_tokens == len(tree_pages) * ps
+        assert tree.total_tokens == len(tree_pages) * ps
         locked = self.locked_pages()
         assert locked <= tree_pages, "a locked page left the tree"
         assert tree.locked_tokens >= len(locked) * ps
-        if not any(node.depth for node, _ in self.held):
+        if not self.holds_locks():
             assert tree.locked_tokens == 0
         for (ns, prefix), page in self.model.entries.items():
             assert self.kv[page].tolist() == list(prefix[-ps:]), f"page {page} data"
@@ -273,3 +364,21 @@ TestPageSize2LFU = PageSize2LFU.TestCase
 TestPageSize2LFU.settings = settings(SETTINGS, max_examples=40)
 TestPageSize4GDSF = PageSize4GDSF.TestCase
 TestPageSize4GDSF.settings = settings(SETTINGS, max_examples=40)
+
+
+class PageSize2Adaptive(RadixMachine):
+    """The learned policy: memoized keys must survive every rule (check_invariants recomputes
+    them); explore=2 so both explorers and class-keyed leaves (and admission) show up."""
+
+    page_size = 2
+    num_pages = 16
+
+    def __init__(self):
+        from radixserve.cache.adaptive_policy import AdaptivePolicy
+
+        self.policy = AdaptivePolicy(explore=2, admission_threshold=0.3)
+        super().__init__()
+
+
+TestPageSize2Adaptive = PageSize2Adaptive.TestCase
+TestPageSize2Adaptive.settings = settings(SETTINGS, max_examples=60)

@@ -64,15 +64,15 @@ def test_warm_up_runs_a_prefill_and_returns_every_page(model_fp32, monkeypatch):
     warm_up = engine.runner.warm_up
 
     def recording_warm_up(pages, num_tokens):
-        warmed.append((len(pages), num_tokens, engine.memory.allocator.num_free))
+        warmed.append((len(pages), num_tokens, engine.memory.num_free))
         warm_up(pages, num_tokens)
 
     monkeypatch.setattr(engine.runner, "warm_up", recording_warm_up)
-    total = engine.memory.allocator.num_pages
+    total = engine.memory.num_pages
 
     async def scenario():
         await engine.start()
-        after_start = engine.memory.allocator.num_free, engine.tree.cached_tokens
+        after_start = engine.memory.num_free, engine.tree.total_tokens
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
         got = await collect(engine.generate(chat_ids(engine, QUESTIONS[1]), params))
         await engine.shutdown()
@@ -94,7 +94,7 @@ def test_a_failing_warm_up_returns_its_pages(model_fp32, monkeypatch):
     monkeypatch.setattr(engine.runner, "warm_up", broken)
     with pytest.raises(RuntimeError, match="injected warm-up failure"):
         asyncio.run(engine.start())
-    assert engine.memory.allocator.num_free == engine.memory.allocator.num_pages
+    assert engine.memory.num_free == engine.memory.num_pages
     engine.check_invariants()
 
 
@@ -105,3 +105,51 @@ def test_keep_freed_host_memory_applies_on_glibc_and_is_idempotent():
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert applied is True
     assert keep_freed_host_memory() is applied
+
+
+def test_copy_on_write_runs_in_the_step_on_the_compute_thread(model_fp32, monkeypatch):
+    """A match ending inside a page copies it as part of the next step, on the compute
+    thread, before that step's forward writes the rest of the page."""
+    engine = make_engine(model_fp32, page_size=16)
+    events = []
+    pool = engine.runner.kv_pool
+    copy_prefix, forward = pool.copy_prefix, engine.runner.model.forward
+
+    def recording_copy(src, dst, n):
+        events.append(("copy", threading.get_ident(), n))
+        copy_prefix(src, dst, n)
+
+    def recording_forward(*args, **kwargs):
+        events.append(("forward", threading.get_ident(), 0))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(pool, "copy_prefix", recording_copy)
+    monkeypatch.setattr(engine.runner.model, "forward", recording_forward)
+    prompt = chat_ids(engine, QUESTIONS[2])
+    prompt = prompt[:len(prompt) - len(prompt) % 16]           # whole pages: all cached
+    shorter = prompt[:len(prompt) - 16 + 6]                    # 5 + 1 tokens into the last
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+    async def scenario():
+        await engine.start()
+        first = await collect(engine.generate(prompt, params))
+        events.clear()
+        # The match (len - 1 tokens) ends 5 tokens into the cached last page, which the
+        # tree does not share: copy-on-write.
+        again = await collect(engine.generate(shorter, params))
+        n = len(events)
+        cold = await collect(engine.generate(shorter, params, namespace="elsewhere"))
+        del events[n:]
+        await engine.shutdown()
+        return first, again, cold
+
+    first, again, cold = asyncio.run(scenario())
+    assert cold.final.usage.cached_tokens == 0
+    assert again.token_ids == cold.token_ids           # the copied KV is the right KV
+    compute = on_compute_thread(threading.get_ident)
+    assert again.final.usage.cached_tokens == len(shorter) - 1
+    copies = [e for e in events if e[0] == "copy"]
+    assert copies == [("copy", compute, 5)]
+    assert events[0][0] == "copy" and events[1][0] == "forward"     # before the forward
+    assert {e[1] for e in events} == {compute}
+    engine.check_invariants()

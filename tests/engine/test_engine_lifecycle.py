@@ -20,7 +20,7 @@ def run(engine, scenario):
             result = await scenario(engine)
             await wait_idle(engine)
             engine.check_invariants()
-            assert engine.memory.allocator.num_free + engine.tree.cached_tokens // engine.page_size \
+            assert engine.memory.num_free + engine.tree.total_tokens // engine.page_size \
                 == engine.runner.num_pages
             return result
         finally:
@@ -81,7 +81,7 @@ def test_abort_mid_prefill(model_fp32):
     got = run(engine, scenario)
     assert got.final.finish_reason == "abort" and got.token_ids.get(0, []) == []
     # What was computed before the abort stays cached for the next request.
-    assert engine.tree.cached_tokens >= 16
+    assert engine.tree.total_tokens >= 16
 
 
 def test_abort_mid_decode_and_consumer_going_away(model_fp32):
@@ -175,7 +175,7 @@ def test_invalid_params_allocate_nothing(model_fp32):
     engine = make_engine(model_fp32)
 
     async def scenario(engine):
-        free_before = engine.memory.allocator.num_free
+        free_before = engine.memory.num_free
         for bad in [SamplingParams(max_tokens=0), SamplingParams(temperature=-1),
                     SamplingParams(top_p=0), SamplingParams(n=0)]:
             with pytest.raises(InvalidRequest):
@@ -186,7 +186,7 @@ def test_invalid_params_allocate_nothing(model_fp32):
             engine.generate([], SamplingParams())
         with pytest.raises(InvalidRequest):
             engine.generate([1] * 10, SamplingParams(max_tokens=10**6))
-        assert engine.memory.allocator.num_free == free_before
+        assert engine.memory.num_free == free_before
         assert not engine.scheduler.has_work()
 
     run(engine, scenario)

@@ -13,7 +13,7 @@ import torch
 
 from radixserve.attention import SeqSpan, build_metadata, create_backend
 from radixserve.attention.context import ForwardContext
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 
 
 @dataclass

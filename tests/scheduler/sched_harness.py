@@ -130,7 +130,7 @@ class Bench:
 
     def available_pages(self) -> int:
         """Free + evictable pages: what admission compares against."""
-        return self.memory.memory.available_pages()
+        return self.memory.available_pages()
 
 
 def random_prompt(rng: random.Random, length: int, vocab: int = 1000) -> list[int]:

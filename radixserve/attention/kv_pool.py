@@ -4,10 +4,14 @@ Layout per layer is ``[num_pages, page_size, num_kv_heads, head_dim]`` (flashinf
 so the same tensors feed the torch backend and flashinfer's paged kernels unchanged. The
 pool only stores data; which page belongs to whom is the allocator's and the tree's job.
 
-This module imports torch and is deliberately not imported by ``radixserve.cache``.
+This module imports torch; ``radixserve.cache`` never imports it (the cache package must
+load without torch).
 """
 
 from __future__ import annotations
+
+import math
+import mmap
 
 import torch
 
@@ -34,6 +38,22 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled tensor: padded gathers read unwritten slots with weight 0, and
+    0 * NaN garbage would still poison the output.
+
+    On CPU the memory is an anonymous mapping, which the kernel zero-fills page by page on
+    first touch: a 4 GiB pool costs nothing until tokens are written, where torch.zeros
+    writes every byte up front (~7 s for the default CPU pool on 2 cores).
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = math.prod(shape)
+    return torch.frombuffer(mmap.mmap(-1, numel * itemsize), dtype=dtype,
+                            count=numel).view(shape)
+
+
 class KVPool:
     """K and V storage for every layer, addressed by slot = page * page_size + offset."""
 
@@ -49,11 +69,9 @@ class KVPool:
         self.dtype = _as_dtype(dtype)
         self.device = torch.device(device)
         shape = (num_pages, page_size, num_kv_heads, head_dim)
-        # Zero-filled, not empty: padded gathers read unwritten slots with weight 0, and
-        # 0 * NaN garbage would still poison the output.
-        self.k: list[torch.Tensor] = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.k: list[torch.Tensor] = [_zeros(shape, self.dtype, self.device)
                                       for _ in range(num_layers)]
-        self.v: list[torch.Tensor] = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v: list[torch.Tensor] = [_zeros(shape, self.dtype, self.device)
                                       for _ in range(num_layers)]
         flat = (num_pages * page_size, num_kv_heads, head_dim)
         # Token-granular views sharing storage: what write() and the torch backend index.

@@ -1,0 +1,192 @@
+"""PrefixLease: one request's hold on KV pages -- a locked cached prefix plus its own pages.
+
+The engine (one lease per running sequence) and the replay tool (one per request in
+flight) both take and give back pages only through this type, so the replay tool runs
+exactly the server's cache logic. Steps:
+
+    lease = PrefixLease(memory, namespace)
+    lease.acquire(tokens, max_tokens)   # match the cached prefix and lock it
+    lease.grow(n)                       # n private pages (may evict; OutOfPages changes nothing)
+    ... compute KV into the private pages (first run lease.take_copy_orders()) ...
+    lease.extend(tokens, num_tokens)    # the computed whole pages go into the tree
+    lease.release()                     # unlock; private pages back to the free list
+                                        # (release(tokens, n): extend first, same result)
+
+Which pages the lease owns, at each moment
+-----------------------------------------
+`pages` is the sequence's page table from position 0. Always:
+
+- `pages[:num_tree_pages]` are *tree* pages: the tree owns them; the lease only keeps them
+  from eviction by its lock on `node` (the lock also covers a copy-on-write source page).
+- `pages[num_tree_pages:]` are *private*: owned by this lease alone. `grow` adds them
+  (from the free list or straight from evicted leaves); `extend` hands the computed ones
+  to the tree -- adopted ones become tree pages, ones the tree already had an equal page
+  for (duplicates) go back to the free list -- and `release` frees the rest.
+- Before `acquire` and after `release` the lease owns nothing and holds no lock.
+
+Copy-on-write
+-------------
+A match may end inside a tree page (page_size > 1): its first `cow_tokens` tokens equal
+the request's next tokens. The lease then makes the first page that `grow` allocates the
+destination and issues a `CopyOrder` (source page, destination page, token count). The
+lease does no torch work: whoever owns the KV data executes the order before computing
+into that page (the engine: in the next step, on the compute thread; the replay tool has
+no KV and drops it). `release` drops an order not yet taken, since its page is freed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .memory import PagedMemory
+from .radix_cache import EMPTY_PAGES, MatchResult
+from .token_keys import TokenIds, prefix
+from .tree_node import TreeNode
+
+__all__ = ["CopyOrder", "PrefixLease"]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyOrder:
+    """Copy the KV of the first `num_tokens` tokens of page `src_page` into `dst_page`."""
+
+    src_page: int
+    dst_page: int
+    num_tokens: int
+
+
+class PrefixLease:
+    def __init__(self, memory: PagedMemory, namespace: str | None = None,
+                 use_cache: bool = True):
+        self.memory = memory
+        self.tree = memory.tree
+        self.namespace = namespace
+        self.use_cache = use_cache          # False: private pages only, no match, no insert
+        self.page_size = memory.tree.page_size
+        self.pages: np.ndarray = EMPTY_PAGES
+        self.num_tree_pages = 0
+        self.node: TreeNode | None = None   # the lock we hold, or None
+        self.matched_tokens = 0             # tokens the acquire served from the cache
+        self._cow: tuple[int, int] | None = None    # (source page, tokens) until grow
+        self._orders: list[CopyOrder] = []
+
+    # ------------------------------------------------------------------ state
+    @property
+    def tree_tokens(self) -> int:
+        """Leading tokens whose pages the tree owns."""
+        return self.num_tree_pages * self.page_size
+
+    @property
+    def private_pages(self) -> np.ndarray:
+        return self.pages[self.num_tree_pages:]
+
+    @property
+    def active(self) -> bool:
+        """Holds a lock or pages (acquired and not yet released)."""
+        return self.node is not None or len(self.pages) > 0
+
+    # ------------------------------------------------------------------ the steps
+    def acquire(self, tokens: TokenIds, max_tokens: int | None = None) -> MatchResult | None:
+        """Match the longest cached prefix (at most `max_tokens`) and lock it.
+
+        Takes no page and cannot fail. Afterwards `pages` are the matched tree pages and
+        `matched_tokens` counts them plus a copy-on-write part, whose page the next `grow`
+        allocates. Returns the match (None when the cache is off).
+        """
+        if self.active:
+            raise RuntimeError("acquire on a lease that already holds pages; release it first")
+        if not self.use_cache:
+            return None
+        match = self.tree.match_prefix(tokens, self.namespace, max_tokens)
+        self.tree.lock(match.node)
+        self.node = match.node
+        self.pages = match.pages
+        self.num_tree_pages = len(match.pages)
+        self.matched_tokens = match.matched_tokens
+        if match.cow_tokens:
+            self._cow = (match.cow_page, match.cow_tokens)
+        return match
+
+    def grow(self, num_pages: int) -> None:
+        """Add `num_pages` private pages (evicting unlocked leaves when short).
+
+        OutOfPages leaves everything as it was. The first page after a copy-on-write match
+        is the copy's destination: its order waits in `take_copy_orders()`.
+        """
+        if num_pages <= 0:
+            return
+        new = self.memory.alloc(num_pages)
+        if self._cow is not None:
+            src, n = self._cow
+            self._orders.append(CopyOrder(src, int(new[0]), n))
+            self._cow = None
+        pages = np.concatenate((self.pages, new)) if len(self.pages) else new
+        pages.flags.writeable = False       # never written in place: the tree may keep views
+        self.pages = pages
+
+    def take_copy_orders(self) -> list[CopyOrder]:
+        """The copy-on-write orders issued since the last call (the caller executes them)."""
+        orders, self._orders = self._orders, []
+        return orders
+
+    def extend(self, tokens: TokenIds, num_tokens: int) -> None:
+        """Put the whole pages among the first `num_tokens` of `tokens` (computed) in the tree.
+
+        The tree adopts the private pages it lacked; where it already had an equal page
+        (another request inserted the same tokens meanwhile, or a copy-on-write page that
+        turned out whole) ours is a duplicate and goes back to the free list. The lock then
+        moves to the node ending the inserted prefix.
+        """
+        node = self._insert(tokens, num_tokens)
+        if node is not None:
+            self.tree.lock(node)
+            if self.node is not None:
+                self.tree.unlock(self.node)
+            self.node = node
+
+    def release(self, tokens: TokenIds | None = None, num_tokens: int = 0) -> None:
+        """Give back everything: unlock the prefix, free the private pages. Idempotent.
+
+        With `tokens`, first keep the computed KV: as `extend(tokens, num_tokens)`, minus
+        moving the lock that is dropped right after.
+        """
+        if tokens is not None:
+            self._insert(tokens, num_tokens)
+        if self.node is not None:
+            self.tree.unlock(self.node)
+            self.node = None
+        private = self.private_pages
+        if len(private):
+            self.memory.free(private)
+        self.pages = EMPTY_PAGES
+        self.num_tree_pages = 0
+        self.matched_tokens = 0
+        self._cow = None
+        self._orders = []
+
+    def _insert(self, tokens: TokenIds, num_tokens: int) -> TreeNode | None:
+        """The insert of `extend`; the node ending it, or None when there was nothing new."""
+        if not self.use_cache:
+            return None
+        full = num_tokens // self.page_size
+        if full <= self.num_tree_pages:
+            return None
+        if full > len(self.pages):
+            raise ValueError(f"extend over {full} pages, the lease holds {len(self.pages)}")
+        own = self.pages[:full]
+        result = self.tree.insert(prefix(tokens, full * self.page_size), own, self.namespace,
+                                  start=self.node)
+        duplicates = result.duplicates(own)
+        if len(duplicates):
+            self.memory.free(duplicates)
+        rest = self.pages[full:]
+        if len(rest):
+            pages = np.concatenate((result.pages, rest))
+            pages.flags.writeable = False
+            self.pages = pages
+        else:
+            self.pages = result.pages
+        self.num_tree_pages = full
+        return result.node
