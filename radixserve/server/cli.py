@@ -19,6 +19,8 @@ import signal
 import sys
 import time
 
+from radixserve.cluster.options import (ClusterOptions, add_cluster_arguments, cluster_options,
+                                        import_launch)
 from radixserve.engine.config import EngineConfig, add_engine_arguments
 from radixserve.phase_timer import PhaseTimer
 from radixserve.server.app import RunningServer, bound_address, drain_and_stop, start_server
@@ -66,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the cache view (/ui, /cache/tree) shows token text, to each caller "
                         "for its own namespace only (default: prefixes named by hash)")
     add_engine_arguments(parser)
+    add_cluster_arguments(parser)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -112,7 +115,8 @@ async def start_serving(engine, config: ServerConfig, timer: PhaseTimer) -> Runn
     return server
 
 
-async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseTimer) -> None:
+async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseTimer,
+                cluster: ClusterOptions | None = None) -> None:
     from radixserve.engine.engine import Engine
     from radixserve.engine.model_loading import load_engine_model
 
@@ -121,9 +125,13 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig, stop)
     timer.lap("python and imports")
-    loaded = load_engine_model(engine_config, timer)
-    engine = Engine(engine_config, loaded)
-    timer.lap("engine and KV pool")
+    if cluster is None:
+        loaded = load_engine_model(engine_config, timer)
+        engine = Engine(engine_config, loaded)
+        timer.lap("engine and KV pool")
+    else:                       # --replicas N: a RayEngineClient in front of Ray Serve replicas
+        engine = await import_launch().start_client(engine_config, cluster)
+        timer.lap("replicas on Ray Serve")
     server = await start_serving(engine, config, timer)
     state = server.state
     host, port = bound_address(server)
@@ -158,8 +166,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.access_log else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = server_config(args)
+    cluster = cluster_options(args)
+    if cluster is not None:
+        import_launch()         # without Ray: one line naming the extra, before any loading
     try:
-        asyncio.run(serve(EngineConfig.from_args(args), config, timer))
+        asyncio.run(serve(EngineConfig.from_args(args), config, timer, cluster))
     except KeyboardInterrupt:
         pass
     except Exception as exc:                     # ModelLoadError and friends: say it plainly

@@ -72,8 +72,11 @@ class ServerState:
     @classmethod
     def create(cls, engine: EngineClient, config: ServerConfig) -> "ServerState":
         info = model_info(engine, config.served_model_name)
-        return cls(engine=engine, config=config, info=info,
-                   metrics=ServerMetrics(engine.stats),
+        metrics = ServerMetrics(engine.stats)
+        per_replica = getattr(engine, "metrics_collector", None)     # --replicas N
+        if per_replica is not None:
+            metrics.registry.register(per_replica())
+        return cls(engine=engine, config=config, info=info, metrics=metrics,
                    prompts=PromptBuilder(engine.tokenizer, info))
 
     @contextmanager
