@@ -253,6 +253,16 @@ class Engine:
 
     # ---- introspection ------------------------------------------------------------
 
+    # One engine in this process: no replicas, nothing to fetch, no extra metrics.
+    def replica_stats(self) -> dict[str, EngineStats]:
+        return {}
+
+    async def refresh_stats(self) -> None:
+        return None
+
+    def metrics_collector(self) -> None:
+        return None
+
     def stats(self) -> EngineStats:
         s = self._stats
         s.running = self.scheduler.num_running_requests    # requests, as the metrics say

@@ -49,6 +49,18 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def replica_stats(self) -> dict[str, EngineStats]:
+        """Stats per replica behind this client (`--replicas N`); empty for one engine."""
+        ...
+
+    async def refresh_stats(self) -> object:
+        """Fetch stats that live elsewhere (Ray replicas) before reading `stats`."""
+        ...
+
+    def metrics_collector(self) -> object | None:
+        """Extra Prometheus collector (per-replica and router metrics), or None."""
+        ...
+
     def flush_cache(self) -> None:
         """Drop every namespace's cached prefixes (CacheBusy while requests run)."""
         ...

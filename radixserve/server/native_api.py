@@ -115,17 +115,10 @@ async def health(request: web.Request) -> web.Response:
 def cache_stats_body(state: ServerState) -> dict:
     """The whole cache's counters (admins; servers without keys)."""
     body = stats_body(state.engine.stats())
-    per_replica = getattr(state.engine, "replica_stats", None)     # --replicas N
-    if per_replica is not None:
-        body["replicas"] = {rid: stats_body(s) for rid, s in per_replica().items()}
+    per_replica = state.engine.replica_stats()      # --replicas N
+    if per_replica:
+        body["replicas"] = {rid: stats_body(s) for rid, s in per_replica.items()}
     return body
-
-
-async def refresh_stats(state: ServerState) -> None:
-    """Engines whose stats live elsewhere (Ray replicas) fetch them first."""
-    refresh = getattr(state.engine, "refresh_stats", None)
-    if refresh is not None:
-        await refresh()
 
 
 def stats_body(s) -> dict:
@@ -167,7 +160,7 @@ async def cache_stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
     who = caller(request)
     if who.admin:
-        await refresh_stats(state)
+        await state.engine.refresh_stats()
         return json_response(cache_stats_body(state))
     namespace = tenant_namespace(who, "Reading the stats of")
     return json_response({"namespace": state.engine.namespace_stats(namespace)})
@@ -180,7 +173,7 @@ async def cache_flush(request: web.Request) -> web.Response:
         freed = state.engine.flush_namespace(tenant_namespace(who, "Flushing"))   # CacheBusy: 409
         return json_response({"flushed": True, "scope": "namespace", "freed_pages": freed,
                               "pages_free": state.engine.stats().pages_free})
-    await refresh_stats(state)
+    await state.engine.refresh_stats()
     s = state.engine.stats()            # a live object: copy what we compare
     running, waiting, cached_before = s.running, s.waiting, s.pages_cached
     if state.active or running or waiting:

@@ -73,9 +73,9 @@ class ServerState:
     def create(cls, engine: EngineClient, config: ServerConfig) -> "ServerState":
         info = model_info(engine, config.served_model_name)
         metrics = ServerMetrics(engine.stats)
-        per_replica = getattr(engine, "metrics_collector", None)     # --replicas N
-        if per_replica is not None:
-            metrics.registry.register(per_replica())
+        collector = engine.metrics_collector()      # --replicas N: per replica and router
+        if collector is not None:
+            metrics.registry.register(collector)
         return cls(engine=engine, config=config, info=info, metrics=metrics,
                    prompts=PromptBuilder(engine.tokenizer, info))
 

@@ -169,6 +169,16 @@ class FakeEngine:
         if request_id in self.live:
             self.live[request_id].aborted = True
 
+    # One engine in this process: no replicas, nothing to fetch, no extra metrics.
+    def replica_stats(self) -> dict[str, EngineStats]:
+        return {}
+
+    async def refresh_stats(self) -> None:
+        return None
+
+    def metrics_collector(self) -> None:
+        return None
+
     def stats(self) -> EngineStats:
         """Pages as a page-size-1 engine would count them: one per remembered prompt token
         (the fake's cache, capped at the pool), the rest free; nothing private when idle."""
