@@ -24,7 +24,7 @@ from radixserve.engine.core import EngineCore
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
                                       QueueFull)
 from radixserve.engine.output_processor import OutputProcessor
-from radixserve.engine.outputs import EngineStats, RequestOutput
+from radixserve.engine.outputs import EngineStats, OneProcessStats, RequestOutput
 from radixserve.engine.request import Request, new_request
 from radixserve.engine.runner import ModelRunner
 from radixserve.engine.sampling_params import SamplingParams
@@ -37,7 +37,7 @@ from radixserve.model import LoadedModel
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(OneProcessStats):
     def __init__(self, config: EngineConfig, loaded: LoadedModel):
         self.config = config
         self.loaded = loaded
@@ -252,16 +252,6 @@ class Engine:
                 self.core.fail_all(exc)
 
     # ---- introspection ------------------------------------------------------------
-
-    # One engine in this process: no replicas, nothing to fetch, no extra metrics.
-    def replica_stats(self) -> dict[str, EngineStats]:
-        return {}
-
-    async def refresh_stats(self) -> None:
-        return None
-
-    def metrics_collector(self) -> None:
-        return None
 
     def stats(self) -> EngineStats:
         s = self._stats

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.errors import CacheBusy, EngineStopped, QueueFull
-from radixserve.engine.outputs import EngineStats, RequestOutput, TokenLogprob, Usage
+from radixserve.engine.outputs import (EngineStats, OneProcessStats, RequestOutput,
+                                      TokenLogprob, Usage)
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.validation import check_request
 from radixserve.server.engine_client import EngineClient
@@ -46,7 +47,7 @@ class _Live:
     aborted: bool = False
 
 
-class FakeEngine:
+class FakeEngine(OneProcessStats):
     """Sample i of a request answers `reply(i)` one byte per event, `delay_s` apart."""
 
     def __init__(self, max_model_len: int = 512, delay_s: float = 0.0, max_live: int = 1000,
@@ -168,16 +169,6 @@ class FakeEngine:
     def abort(self, request_id: str) -> None:
         if request_id in self.live:
             self.live[request_id].aborted = True
-
-    # One engine in this process: no replicas, nothing to fetch, no extra metrics.
-    def replica_stats(self) -> dict[str, EngineStats]:
-        return {}
-
-    async def refresh_stats(self) -> None:
-        return None
-
-    def metrics_collector(self) -> None:
-        return None
 
     def stats(self) -> EngineStats:
         """Pages as a page-size-1 engine would count them: one per remembered prompt token
