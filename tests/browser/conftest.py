@@ -39,8 +39,10 @@ def find_chromium() -> str:
         f"Looked for: {wanted or ', '.join(CHROMIUM_NAMES)}.", pytrace=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Module-scoped on purpose: Playwright's sync API runs an event loop on this thread
+    while it is open, and a session-wide one made every later asyncio.run() fail."""
     path = find_chromium()
     try:
         from playwright.sync_api import sync_playwright
