@@ -36,6 +36,7 @@ no KV and drops it). `release` drops an order not yet taken, since its page is f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,8 +127,10 @@ class PrefixLease:
         pages.flags.writeable = False       # never written in place: the tree may keep views
         self.pages = pages
 
-    def take_copy_orders(self) -> list[CopyOrder]:
+    def take_copy_orders(self) -> Sequence[CopyOrder]:
         """The copy-on-write orders issued since the last call (the caller executes them)."""
+        if not self._orders:        # the usual case: no list made per call
+            return ()
         orders, self._orders = self._orders, []
         return orders
 

@@ -236,7 +236,9 @@ class Scheduler:
             batch.input_ids.extend(seq.token_ids[start: start + n])
             batch.positions.extend(range(start, start + n))
         batch.spans.append(SeqSpan(seq.pages, start, n))
-        batch.copies.extend(self.memory.take_copy_orders(seq))
+        orders = self.memory.take_copy_orders(seq)
+        if orders:
+            batch.copies.extend(orders)
         if samples:
             batch.sample_rows.append(len(batch.spans) - 1)
             batch.sample_params.append(seq.request.params)

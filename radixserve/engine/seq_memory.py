@@ -9,7 +9,7 @@ errors all go through it, so a page is returned exactly once whatever path a req
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.prefix_lease import CopyOrder, PrefixLease
@@ -66,7 +66,7 @@ class SequenceMemory:
             missing += self.lookahead_pages
         seq.lease.grow(missing)
 
-    def take_copy_orders(self, seq: SeqState) -> list[CopyOrder]:
+    def take_copy_orders(self, seq: SeqState) -> Sequence[CopyOrder]:
         """Copy-on-write orders the next step must execute before computing `seq`."""
         return seq.lease.take_copy_orders()
 
