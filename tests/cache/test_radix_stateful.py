@@ -180,7 +180,7 @@ class RadixMachine(RuleBasedStateMachine):
             assert self.mem.available_pages() < need
             assert self.mem.num_free == free_before
             assert self.tree.tree_page_ids().tolist() == tree_before
-            assert lease.pages.tolist() == m.pages.tolist() and lease.take_copy_orders() == []
+            assert lease.pages.tolist() == m.pages.tolist() and not lease.take_copy_orders()
             lease.release()
             assert not lease.active
             return
@@ -190,11 +190,11 @@ class RadixMachine(RuleBasedStateMachine):
         orders = lease.take_copy_orders()
         if m.cow_tokens:
             event("lease: copy-on-write")
-            assert orders == [CopyOrder(m.cow_page, private[0], m.cow_tokens)]
+            assert list(orders) == [CopyOrder(m.cow_page, private[0], m.cow_tokens)]
             self.kv[private[0], :m.cow_tokens] = self.kv[m.cow_page, :m.cow_tokens]
         else:
-            assert orders == []
-        assert lease.take_copy_orders() == []
+            assert not orders
+        assert not lease.take_copy_orders()
         self.write_kv(lease.pages, tokens, m.matched_tokens)
         # Extend in chunks, as prefill does: each extend inserts the whole pages computed.
         done = m.matched_tokens
