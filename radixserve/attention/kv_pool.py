@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from radixserve.kv_sizing import KVFormat, pool_pages
+
 _DTYPE_NAMES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -76,9 +78,9 @@ class KVPool:
     @staticmethod
     def token_bytes(num_layers: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype | str) -> int:
-        """Bytes one token's K and V take across all layers."""
-        itemsize = torch.empty((), dtype=_as_dtype(dtype)).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * itemsize
+        """Bytes one token's K and V take across all layers (kv_sizing's arithmetic)."""
+        name = str(_as_dtype(dtype)).removeprefix("torch.")
+        return KVFormat(name, name).token_bytes(num_layers, num_kv_heads, head_dim)
 
     @staticmethod
     def pages_for_budget(budget_bytes: int | float, num_layers: int, page_size: int,
@@ -86,11 +88,9 @@ class KVPool:
         """How many whole pages fit in ``budget_bytes``; ValueError if not even one."""
         _check_positive(num_layers=num_layers, page_size=page_size,
                         num_kv_heads=num_kv_heads, head_dim=head_dim)
-        page_bytes = KVPool.token_bytes(num_layers, num_kv_heads, head_dim, dtype) * page_size
-        if budget_bytes < page_bytes:
-            raise ValueError(f"KV budget of {int(budget_bytes)} bytes is less than one page "
-                             f"({page_bytes} bytes: {page_size} tokens x {num_layers} layers)")
-        return int(budget_bytes // page_bytes)
+        return pool_pages(token_bytes=KVPool.token_bytes(num_layers, num_kv_heads, head_dim,
+                                                         dtype),
+                          page_size=page_size, kv_cache_tokens=None, budget=budget_bytes)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' K/V: slots int64 [T], k/v [T, Hkv, D]."""
