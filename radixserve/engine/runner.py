@@ -16,12 +16,14 @@ import torch
 from radixserve.attention.backend import create_backend
 from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.kv_quant import describe_kv_cache
 from radixserve.engine.batch import StepBatch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
 from radixserve.engine.sampler import SampleResult, Sampler
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.kv_sizing import CPU_KV_BUDGET_BYTES, KVFormat, budget_bytes, pool_pages  # noqa: F401
+from radixserve.kv_sizing import (CPU_KV_BUDGET_BYTES, KVFormat, budget_bytes,  # noqa: F401
+                                  pool_pages, resolve_kv_format)
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -78,17 +80,27 @@ class ModelRunner:
         self.page_size = config.page_size
         if self.device.type == "cpu":
             keep_freed_host_memory()
-        num_pages = kv_pool_pages(config, mc, self.device, self.dtype)
-        self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
-                              mc.head_dim, self.dtype, self.device)
+        self.kv_format = resolve_kv_format(config.kv_cache_dtype, config.kv_cache_dtype_k,
+                                           config.kv_cache_dtype_v,
+                                           str(self.dtype).removeprefix("torch."))
+        num_pages = kv_pool_pages(config, mc, self.device, self.kv_format)
         self.backend = create_backend(config.attention_backend, num_qo_heads=mc.num_heads,
                                       num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-                                      dtype=self.dtype, device=self.device)
+                                      dtype=self.dtype, device=self.device,
+                                      kv_format=self.kv_format)
+        self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
+                              mc.head_dim, self.dtype, self.device, kv_format=self.kv_format,
+                              fixed_scale=getattr(self.backend, "fixed_kv_scale", None))
         self.sampler = Sampler()
 
     @property
     def num_pages(self) -> int:
         return self.kv_pool.num_pages
+
+    def describe_kv_cache(self) -> str:
+        mc = self.loaded.config
+        return describe_kv_cache(self.kv_format, self.dtype, mc.num_layers, mc.num_kv_heads,
+                                 mc.head_dim)
 
     def warm_up(self, pages: np.ndarray, num_tokens: int) -> None:
         """One throw-away prefill of `num_tokens` into `pages` (free pages lent by the caller).

@@ -83,6 +83,7 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
     print(f"radixserve: serving {state.info.name!r} on http://{host}:{port} "
           f"(context {state.info.max_model_len} tokens)", flush=True)
     print(f"radixserve: {describe_pool(engine)}", flush=True)
+    print(f"radixserve: {engine.runner.describe_kv_cache()}", flush=True)
     try:
         await stop.wait()
         print("radixserve: shutting down", flush=True)

@@ -24,6 +24,9 @@ FLAG_SETS = [
     ["--dtype", "float32", "--kv-cache-tokens", "777"],
     ["--dtype", "bfloat16", "--page-size", "4"],           # the CPU byte budget
     ["--dtype", "float32", "--page-size", "3"],
+    ["--dtype", "bfloat16", "--kv-cache-dtype", "fp8_e4m3", "--page-size", "16"],
+    ["--dtype", "float32", "--kv-cache-dtype", "int8", "--kv-cache-dtype-k", "bfloat16"],
+    ["--dtype", "bfloat16", "--kv-cache-dtype-v", "fp8_e5m2", "--kv-cache-tokens", "3001"],
 ]
 
 
