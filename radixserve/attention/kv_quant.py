@@ -27,6 +27,27 @@ _STORAGE = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
             "int8": torch.int8}
 _FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SCALE_DTYPE = torch.float32
+# fp8 format -> (mantissa bits, exponent bias); float dtype -> (same-width int, mantissa
+# bits, exponent bias)
+_FP8_BITS = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
+_FLOAT_BITS = {torch.bfloat16: (torch.int16, 7, 127), torch.float16: (torch.int16, 10, 15),
+               torch.float32: (torch.int32, 23, 127)}
+
+
+def _fp8_magnitude_bits(codes: torch.Tensor, storage: torch.dtype, out: torch.Tensor) -> float:
+    """Write fp8 codes into ``out`` (a float tensor) by moving their bits: the code's
+    exponent and mantissa bits go under the float's mantissa top, the sign to its sign bit.
+    That is the code's value times 2^(bias_float - bias_fp8) exactly, subnormals included
+    (the float's exponent field then holds the code's, unbiased differently); returns the
+    power of two to multiply by. Integer ops only: ~50x faster than torch's CPU fp8 cast."""
+    mant8, bias8 = _FP8_BITS[storage]
+    itype, mant, bias = _FLOAT_BITS[out.dtype]
+    sign_shift = torch.iinfo(itype).bits - 8
+    ints = out.view(itype)
+    ints.copy_(codes.view(torch.uint8))
+    sign = torch.bitwise_and(ints, 0x80).bitwise_left_shift_(sign_shift)
+    ints.bitwise_and_(0x7F).bitwise_left_shift_(mant - mant8).bitwise_or_(sign)
+    return 2.0 ** (bias - bias8)
 
 
 def storage_dtype(name: str) -> torch.dtype:
@@ -80,7 +101,13 @@ class KVCodec:
         """
         if out is None:
             out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
-        out.copy_(codes)
+        scales = scales.to(SCALE_DTYPE)
+        if self.storage in _FP8_BITS and dtype in _FLOAT_BITS and codes.device.type == "cpu":
+            # torch's CPU fp8 -> float casts run ~16 ns an element (int8: 0.1 ns), which
+            # would make decode with FP8 KV several times slower than with bf16 KV.
+            scales = scales * _fp8_magnitude_bits(codes, self.storage, out)
+        else:
+            out.copy_(codes)
         return out.mul_(scales.to(dtype).unsqueeze(-1))
 
     def round_trip(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -186,3 +186,18 @@ def test_paged_attention_on_quantized_kv_equals_it_on_decoded_kv(fmt, page_size,
                          for s in sc.spans], sc.q, k_new, v_new)
     err = (out.double() - dense_attention(dense_sc)).abs().max().item()
     assert err < 2e-5
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fp8_decode_by_bits_equals_torch_casts_for_every_code(name, dtype):
+    """The CPU decode moves bits instead of casting; it must equal cast-then-scale exactly,
+    for all 256 codes (subnormals and signed zeros included)."""
+    codec = KVCodec.of(name)
+    codes = torch.arange(256, dtype=torch.uint8).view(codec.storage)
+    finite = torch.isfinite(codes.float())
+    codes = codes[finite].reshape(-1, 1).expand(-1, 8).contiguous()
+    scales = torch.rand(codes.shape[0], generator=torch.Generator().manual_seed(0)) * 4
+    got = codec.decode(codes, scales, dtype)
+    ref = codes.to(dtype) * scales.to(dtype).unsqueeze(-1)
+    assert torch.equal(got.view(torch.uint8), ref.view(torch.uint8)) or torch.equal(got, ref)
