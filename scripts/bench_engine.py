@@ -44,7 +44,8 @@ def make_prompts(args) -> list[list[int]]:
 async def run_engine(loaded, prompts, args, disable_cache: bool) -> dict:
     config = EngineConfig(model=args.model, dtype=args.dtype, disable_radix_cache=disable_cache,
                           chunked_prefill_size=args.chunked_prefill_size,
-                          kv_cache_tokens=args.kv_cache_tokens)
+                          kv_cache_tokens=args.kv_cache_tokens,
+                          warmup_tokens=args.chunked_prefill_size)   # a full-size step first
     engine = Engine(config, loaded)
     await engine.start()
     params = SamplingParams(max_tokens=args.output, temperature=0.0, ignore_eos=True)
@@ -65,7 +66,7 @@ async def run_engine(loaded, prompts, args, disable_cache: bool) -> dict:
     results = await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - t0
     steps = engine.stats().steps
-    sched_ms = engine.scheduler.schedule_seconds / max(steps, 1) * 1e3
+    sched_ms = engine.core.bookkeeping_seconds / max(steps, 1) * 1e3
     engine.check_invariants()
     await engine.shutdown()
     return {"wall": wall, "ttft": ttft, "outputs": results, "cached": cached,

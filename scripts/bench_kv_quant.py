@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from radixserve.attention import SeqSpan, build_metadata, create_backend
+from radixserve.attention.context import ForwardContext
 from radixserve.attention.kv_pool import KVPool
 from radixserve.kv_sizing import KVFormat
 from radixserve.model import load_model
@@ -85,9 +86,9 @@ class Runner:
         meta = build_metadata(spans, 1, "cpu")
         ids = torch.tensor([x for t in tokens for x in t])
         pos = torch.cat([torch.arange(c, c + len(t)) for c, t in zip(cached, tokens)])
-        last = None if all_logits else torch.tensor(np.cumsum([len(t) for t in tokens]) - 1)
-        return self.model(ids, pos, meta, self.backend, self.backend.prepare(meta), self.pool,
-                          logits_indices=last)
+        rows = (torch.arange(len(ids)) if all_logits
+                else torch.tensor(np.cumsum([len(t) for t in tokens]) - 1))
+        return self.model(ids, pos, ForwardContext.prepare(self.backend, meta, self.pool), rows)
 
 
 def teacher_forced(loaded, text_ids: list[int], chunk: int, names: list[str]) -> dict:

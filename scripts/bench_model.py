@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from radixserve.attention import SeqSpan, build_metadata, create_backend
+from radixserve.attention.context import ForwardContext
 from radixserve.attention.kv_pool import KVPool
 from radixserve.model import load_model
 from radixserve.model.hf_reference import hf_model_for
@@ -63,8 +64,8 @@ class Ours:
         spans = [SeqSpan(p, cached, n) for p in self.pages]
         meta = build_metadata(spans, 1, self.device)
         pos = torch.arange(cached, cached + n).repeat(self.batch)
-        return self.model(ids.reshape(-1), pos, meta, self.backend,
-                          self.backend.prepare(meta), self.pool)
+        ctx = ForwardContext.prepare(self.backend, meta, self.pool)
+        return self.model(ids.reshape(-1), pos, ctx, meta.last_token_rows())
 
     def run(self, prompts: torch.Tensor, steps: int) -> tuple[float, float]:
         t0 = time.perf_counter()

@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Microbenchmark of the radix prefix cache on two request streams, side by side with SGLang.
 
-Per request it does what the engine does, one request at a time, through the same
-PrefixLease (radixserve/cache/prefix_lease.py) the engine and the replay tool use:
+Per request it makes the tree calls the engine makes, one request at a time (the same
+five calls as SGLang's side of the comparison):
 
-    lease.acquire(prompt, max_tokens=len(prompt) - 1)      # match_prefix + lock
-    lease.grow(the pages not matched)                      # PagedMemory.alloc: evicts when short
-    lease.extend(prompt + output)                          # insert, free duplicates, re-lock
-    lease.release()                                        # unlock, free the partial last page
+    match_prefix(prompt, max_tokens=len(prompt) - 1); lock(handle)
+    PagedMemory.alloc(the pages not matched)             # evicts when short
+    insert(prompt + output, pages, start=handle); free(duplicates); unlock(handle)
+
+`--via-lease` makes the same calls through PrefixLease (cache/prefix_lease.py), as the
+engine and the replay tool do: acquire, grow, release(prompt + output).
 
 Streams (`--streams`):
 
@@ -45,8 +47,10 @@ from array import array
 from pathlib import Path
 
 
+import numpy as np
+
 from radixserve.cache import PagedMemory, PrefixLease, RadixCache
-from radixserve.cache.token_keys import TYPECODE
+from radixserve.cache.token_keys import TYPECODE, prefix
 
 SGLANG_US = {"fits": 48.0, 200_000: 74.0}     # shared stream, per request, page size 1 (issue 3)
 TARGET_FRACTION = 1 / 3
@@ -101,7 +105,8 @@ def make_long_stream(trace_path: str | Path, requests: int, keys: str = "list",
     return stream
 
 
-def run_stream(stream, page_size: int, capacity_tokens: int, policy: str) -> dict:
+def run_stream(stream, page_size: int, capacity_tokens: int, policy: str,
+               via_lease: bool = False) -> dict:
     """Time the per-request cache calls over the whole stream; return the figures."""
     tree = RadixCache(page_size, policy)
     memory = PagedMemory(capacity_tokens // page_size, tree)
@@ -110,13 +115,29 @@ def run_stream(stream, page_size: int, capacity_tokens: int, policy: str) -> dic
     clock = time.perf_counter_ns
     cpu0 = time.thread_time_ns()
     t0 = clock()
-    for prompt, full in stream:
-        lease = PrefixLease(memory)
-        lease.acquire(prompt, max_tokens=len(prompt) - 1)
-        lease.grow(-(-len(full) // ps) - len(lease.pages))
-        lease.extend(full, len(full))
-        lease.release()
-        ops += 5                                    # match, lock, alloc(+evict), insert, unlock
+    if via_lease:
+        for prompt, full in stream:
+            lease = PrefixLease(memory)
+            lease.acquire(prompt, max_tokens=len(prompt) - 1)
+            lease.grow(-(-len(full) // ps) - len(lease.pages))
+            lease.release(full, len(full))          # insert, free duplicates, unlock
+            ops += 5
+    else:
+        for prompt, full in stream:
+            m = tree.match_prefix(prompt, max_tokens=len(prompt) - 1)
+            tree.lock(m.node)
+            n_pages = -(-len(full) // ps)
+            new = memory.alloc(n_pages - len(m.pages))
+            pages = np.concatenate((m.pages, new)) if len(m.pages) else new
+            pages.flags.writeable = False           # never written: the tree keeps a view
+            n_whole = len(full) // ps
+            whole_pages = pages[:n_whole]
+            r = tree.insert(prefix(full, n_whole * ps), whole_pages, start=m.node)
+            dup = r.duplicates(whole_pages)
+            if len(dup) or n_whole != n_pages:
+                memory.free(np.concatenate((dup, pages[n_whole:])))
+            tree.unlock(m.node)
+            ops += 5                                # match, lock, alloc(+evict), insert, unlock
     elapsed = (clock() - t0) / 1e9
     cpu = (time.thread_time_ns() - cpu0) / 1e9
     tree.check_invariants()
@@ -134,7 +155,8 @@ def per_request_us(runs: list[dict]) -> tuple[float, float, float]:
 
 
 def compare(name: str, stream, capacities: dict, page_sizes: list[int], repeats: int,
-            policy: str, run_sglang, sglang_path: str | None, issue_figures: dict) -> None:
+            policy: str, run_sglang, sglang_path: str | None, issue_figures: dict,
+            via_lease: bool) -> None:
     """Time ours (each page size) and SGLang's, interleaved per pass; print one table."""
     print(f"{'stream':>6} {'page':>4} {'capacity':>9} {'us/req':>8} {'median':>7} {'cpu us':>7} "
           f"{'req/s':>9} {'hit rate':>8} {'evicted':>9} {'vs SGLang':>10} {'target':>7}")
@@ -143,7 +165,7 @@ def compare(name: str, stream, capacities: dict, page_sizes: list[int], repeats:
         theirs: list[dict] = []
         for _ in range(repeats):                # interleaved, so drift hits both alike
             for ps in page_sizes:
-                ours[ps].append(run_stream(stream, ps, cap, policy))
+                ours[ps].append(run_stream(stream, ps, cap, policy, via_lease))
             if run_sglang is not None:
                 theirs.append(run_sglang(stream, cap, sglang_path, "minimal", policy))
         if theirs:
@@ -184,8 +206,18 @@ def main() -> int:
                     help="an unpacked SGLang wheel (see scripts/sglang_radix_ref.py): time its "
                          "RadixCache on the same stream, interleaved with ours, and compare "
                          "with that instead of the issue's stated figures")
+    ap.add_argument("--keep-freed-memory", action="store_true",
+                    help="raise glibc's mmap/trim thresholds first, as the engine does on CPU "
+                         "(engine/host_memory.py): fresh page arrays stop page-faulting; "
+                         "applies to both sides of the comparison")
+    ap.add_argument("--via-lease", action="store_true",
+                    help="make the calls through PrefixLease, as the engine does")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.keep_freed_memory:
+        from radixserve.engine.host_memory import keep_freed_host_memory
+
+        keep_freed_host_memory()
     run_sglang = None
     if args.sglang_path:
         from sglang_radix_ref import load_sglang, run_sglang_stream
@@ -196,7 +228,9 @@ def main() -> int:
     page_sizes = [int(x) for x in args.page_sizes.split(",")]
     streams = args.streams.split(",")
     print(f"policy {args.policy}, token ids as {args.keys}s"
-          f"{' of fresh int objects' if args.fresh_ints else ''}, best of {repeats}")
+          f"{' of fresh int objects' if args.fresh_ints else ''}, best of {repeats}"
+          f"{', glibc keeps freed memory' if args.keep_freed_memory else ''}"
+          f"{', through PrefixLease' if args.via_lease else ''}")
     for name in streams:
         if name == "shared":
             groups, prompts, system, question, output = 64, 16, 2048, 128, 256
@@ -220,7 +254,7 @@ def main() -> int:
         gc.collect()
         gc.freeze()
         compare(name, stream, capacities, page_sizes, repeats, args.policy, run_sglang,
-                args.sglang_path, figures)
+                args.sglang_path, figures, args.via_lease)
         del stream
         gc.unfreeze()
         gc.collect()

@@ -1,8 +1,8 @@
 """The scheduler's own CPU time per step, with a stand-in model whose forward costs nothing.
 
 Measures Scheduler.schedule() + Scheduler.complete() (admission, page reservation, batch
-assembly, sampling bookkeeping, stop checks, streaming) and, separately, the page-table
-metadata the runner builds, at 1, 64 and 256 running decodes.
+assembly, sampling bookkeeping) plus the output processor (stop checks, streaming) and,
+separately, the page-table metadata the runner builds, at 1, 64 and 256 running decodes.
 
     python scripts/bench_scheduler.py [--steps 200] [--quick]
 """
@@ -15,32 +15,16 @@ import statistics
 import time
 
 from radixserve.attention.metadata import build_metadata
-from radixserve.cache.memory import PagedMemory
-from radixserve.cache.radix_cache import RadixCache
-from radixserve.cache.token_keys import new_token_array
-from radixserve.engine.outputs import EngineStats
-from radixserve.engine.request import Request, Sequence
-from radixserve.engine.sampler import SampleResult
+from radixserve.engine.core import EngineCore
+from radixserve.engine.null_model import NullRunner, null_core
+from radixserve.engine.request import new_request
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.engine.scheduler import Scheduler, SchedulerConfig
-from radixserve.engine.seq_memory import SequenceMemory
-from radixserve.engine.text_stream import TextStream
 
 
-class OneCharDetokenizer:
-    """Stands in for the tokenizer: each token is one character."""
-
-    def push(self, token_id: int) -> str:
-        return chr(97 + token_id % 26)
-
-
-def build(running: int, page_size: int, prompt_len: int, shared: int):
+def build(running: int, page_size: int, prompt_len: int, shared: int) -> tuple[EngineCore, list]:
     pages = (running * (prompt_len + 4096)) // page_size + 1024
-    tree = RadixCache(page_size=page_size)
-    memory = SequenceMemory(PagedMemory(pages, tree), use_cache=True)
-    stats = EngineStats()
-    sched = Scheduler(SchedulerConfig(page_size=page_size, max_running=running,
-                                      token_budget=8192, max_model_len=1 << 20), memory, stats)
+    core = null_core(num_pages=pages, page_size=page_size, max_running=running,
+                     token_budget=8192)
     rng = random.Random(0)
     prefix = [rng.randrange(1000) for _ in range(shared)]
     params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True,
@@ -48,32 +32,25 @@ def build(running: int, page_size: int, prompt_len: int, shared: int):
     sink = []
     for r in range(running):
         prompt = prefix + [rng.randrange(1000) for _ in range(prompt_len - shared)]
-        req = Request(f"r{r}", prompt, params, None, emit=sink.append)
-        stream = TextStream(params, OneCharDetokenizer(), frozenset({2}))
-        req.sequences = [Sequence(req, 0, new_token_array(prompt), stream, None,
-                                   page_size=page_size)]
-        sched.add(req)
-    return sched, sink, rng
-
-
-def fake_forward(plan, rng) -> SampleResult:
-    n = len(plan.batch.sample_rows)
-    return SampleResult(token_ids=[rng.randrange(3, 1000) for _ in range(n)], logprobs=[None] * n)
+        core.add(new_request(f"r{r}", prompt, params, None, sink.append, page_size))
+    return core, sink
 
 
 def measure(running: int, steps: int, page_size: int) -> dict:
-    sched, sink, rng = build(running, page_size, prompt_len=256, shared=128)
+    core, sink = build(running, page_size, prompt_len=256, shared=128)
+    runner = NullRunner(page_size=page_size)
+    sched = core.scheduler
     while any(s.in_prefill for s in sched.running) or sched.waiting:   # reach steady decode
-        plan = sched.schedule()
-        sched.complete(plan, fake_forward(plan, rng))
+        plan = core.schedule()
+        core.complete(plan, runner.execute(plan.batch))
     sched_times, meta_times = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
-        plan = sched.schedule()
+        plan = core.schedule()
         t1 = time.perf_counter()
-        result = fake_forward(plan, rng)
+        result = runner.execute(plan.batch)
         t2 = time.perf_counter()
-        sched.complete(plan, result)
+        core.complete(plan, result)
         t3 = time.perf_counter()
         build_metadata(plan.batch.spans, page_size, "cpu")
         t4 = time.perf_counter()

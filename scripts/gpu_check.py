@@ -444,6 +444,7 @@ class TeacherForced:
         import numpy as np
         import torch
 
+        from radixserve.attention.context import ForwardContext
         from radixserve.attention.metadata import SeqSpan, build_metadata
 
         key = (backend, tuple(tokens))
@@ -453,11 +454,10 @@ class TeacherForced:
             meta = build_metadata([SeqSpan(np.arange(n, dtype=np.int32), 0, n)], 1,
                                   runner.device)
             with torch.inference_mode():
-                prepared = runner.backend.prepare(meta)
+                ctx = ForwardContext.prepare(runner.backend, meta, runner.kv_pool)
                 ids = torch.tensor(tokens, dtype=torch.long, device=runner.device)
                 rows = torch.arange(n, device=runner.device)
-                self._memo[key] = runner.model(ids, rows, meta, runner.backend, prepared,
-                                               runner.kv_pool, logits_indices=rows)
+                self._memo[key] = runner.model(ids, rows, ctx, rows)
         return self._memo[key]
 
     def compare(self, ref: str, other: str, prompt: list[int], reply: list[int],

@@ -268,6 +268,10 @@ def run_sglang_stream(stream: Sequence[tuple[Sequence[int], Sequence[int]]],
     sg = load_sglang(sglang_path)
     import torch
 
+    # Its index tensors (at most a prompt's slots) gain nothing from intra-op threads, and
+    # on a busy machine OpenMP's spinning helpers would bill SGLang for time it does not
+    # need (~8x its CPU time at load 8 on 2 cores): one thread, as a fair floor.
+    torch.set_num_threads(1)
     RadixKey, MatchPrefixParams = sg.RadixKey, sg.MatchPrefixParams
     InsertParams, EvictParams = sg.InsertParams, sg.EvictParams
     # SGLang's Req keeps token ids as array('q'); convert before the clock starts.

@@ -1,7 +1,8 @@
 """The attention backend interface and the factory that picks an implementation.
 
 A step calls ``prepare(meta)`` once (flashinfer plans its kernels there; the torch backend
-builds its gather indices) and ``forward(prepared, layer, ...)`` once per layer.
+builds its gather indices) and ``forward(plan, layer, ...)`` once per layer. Each backend
+names its own plan type (``AttentionBackend[TorchPlan]``), so the plan is typed end to end.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import importlib.util
 import logging
 import warnings
 from abc import ABC, abstractmethod
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
@@ -25,15 +27,24 @@ FLASHINFER_HEAD_DIMS = (64, 128, 256)
 FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
 
 
-class AttentionBackend(ABC):
+class AttentionPlan(Protocol):
+    """What every backend's per-step plan carries: the page table it was made for."""
+
+    meta: AttentionMetadata
+
+
+PlanT = TypeVar("PlanT", bound=AttentionPlan)
+
+
+class AttentionBackend(ABC, Generic[PlanT]):
     name: str
 
     @abstractmethod
-    def prepare(self, meta: AttentionMetadata) -> object:
+    def prepare(self, meta: AttentionMetadata) -> PlanT:
         """Once per step: everything that does not depend on the layer."""
 
     @abstractmethod
-    def forward(self, prepared: object, layer: int, q: torch.Tensor, k: torch.Tensor,
+    def forward(self, plan: PlanT, layer: int, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D]: write k/v at meta.write_slots, attend -> [T, Hq, D]."""
 
@@ -68,7 +79,7 @@ def flashinfer_unsupported_reason(num_qo_heads: int, num_kv_heads: int, head_dim
 def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                    dtype: torch.dtype, device: torch.device | str,
                    sm_scale: float | None = None,
-                   kv_format: KVFormat | None = None) -> AttentionBackend:
+                   kv_format: KVFormat | None = None) -> AttentionBackend[AttentionPlan]:
     """Build "torch", "flashinfer" or "auto" (flashinfer when CUDA and the package exist).
 
     An explicitly requested flashinfer on a machine without CUDA or without the package is an

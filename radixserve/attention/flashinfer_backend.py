@@ -97,14 +97,16 @@ def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads
 
 
 @dataclass
-class FlashInferPrepared:
+class FlashInferPlan:
+    """A step's plan: the wrappers hold the kernel plans; this says how to split q."""
+
     meta: AttentionMetadata
     num_prefill_tokens: int   # tokens [0, n) go to the prefill wrapper, the rest to decode
     has_prefill: bool
     has_decode: bool
 
 
-class FlashInferBackend(AttentionBackend):
+class FlashInferBackend(AttentionBackend[FlashInferPlan]):
     """flashinfer paged kernels; the plan lives in the wrappers, so steps run one at a time."""
 
     name = "flashinfer"
@@ -148,7 +150,7 @@ class FlashInferBackend(AttentionBackend):
                   kv_dtype=self.kv_dtype)
         return prefill_plan_call(meta, **kw), decode_plan_call(meta, **kw)
 
-    def prepare(self, meta: AttentionMetadata) -> FlashInferPrepared:
+    def prepare(self, meta: AttentionMetadata) -> FlashInferPlan:
         prefill, decode = self.plan_calls(meta)
         if prefill is not None or decode is not None:
             self._ensure_wrappers()
@@ -156,19 +158,19 @@ class FlashInferBackend(AttentionBackend):
             prefill.apply(self._prefill_wrapper)
         if decode is not None:
             decode.apply(self._decode_wrapper)
-        return FlashInferPrepared(meta, num_prefill_tokens=int(meta.qo_indptr[meta.num_prefills]),
-                                  has_prefill=prefill is not None, has_decode=decode is not None)
+        return FlashInferPlan(meta, num_prefill_tokens=int(meta.qo_indptr[meta.num_prefills]),
+                              has_prefill=prefill is not None, has_decode=decode is not None)
 
-    def forward(self, prepared: FlashInferPrepared, layer: int, q: torch.Tensor,
+    def forward(self, plan: FlashInferPlan, layer: int, q: torch.Tensor,
                 k: torch.Tensor, v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
-        kv_pool.write(layer, prepared.meta.write_slots, k, v)
+        kv_pool.write(layer, plan.meta.write_slots, k, v)
         cache = (kv_pool.k[layer], kv_pool.v[layer])
         q = q.contiguous()   # the model's q may be a view of a fused qkv projection
-        n = prepared.num_prefill_tokens
-        if not prepared.has_decode:
-            return self._prefill_wrapper.run(q, cache, **self._run_kw) if prepared.has_prefill \
+        n = plan.num_prefill_tokens
+        if not plan.has_decode:
+            return self._prefill_wrapper.run(q, cache, **self._run_kw) if plan.has_prefill \
                 else torch.empty_like(q)
-        if not prepared.has_prefill:
+        if not plan.has_prefill:
             return self._decode_wrapper.run(q, cache, **self._run_kw)
         out = torch.empty_like(q)
         out[:n] = self._prefill_wrapper.run(q[:n], cache, **self._run_kw)

@@ -14,6 +14,9 @@ load without torch).
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 from radixserve.attention.kv_quant import SCALE_DTYPE, KVCodec
@@ -42,6 +45,22 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled tensor: padded gathers read unwritten slots with weight 0, and
+    0 * NaN garbage would still poison the output.
+
+    On CPU the memory is an anonymous mapping, which the kernel zero-fills page by page on
+    first touch: a 4 GiB pool costs nothing until tokens are written, where torch.zeros
+    writes every byte up front (~7 s for the default CPU pool on 2 cores).
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = math.prod(shape)
+    return torch.frombuffer(mmap.mmap(-1, numel * itemsize), dtype=dtype,
+                            count=numel).view(shape)
+
+
 class KVPool:
     """K and V storage for every layer, addressed by slot = page * page_size + offset."""
 
@@ -65,21 +84,18 @@ class KVPool:
         self.k_codec = KVCodec.of(self.kv_format.k, fixed_scale)
         self.v_codec = KVCodec.of(self.kv_format.v, fixed_scale)
         shape = (num_pages, page_size, num_kv_heads, head_dim)
-        flat = (num_pages * page_size, num_kv_heads, head_dim)
-        # Zero-filled, not empty: padded gathers read unwritten slots with weight 0, and
-        # 0 * NaN garbage would still poison the output.
         self.k, self.k_flat, self.k_scale, self.k_scale_flat = self._side(self.k_codec, shape)
         self.v, self.v_flat, self.v_scale, self.v_scale_flat = self._side(self.v_codec, shape)
 
     def _side(self, codec: KVCodec, shape: tuple[int, ...]):
         """Per-layer storage of one side, its token-granular views (what write() and the
         torch backend index), and the scales with theirs (None when not quantized)."""
-        data = [torch.zeros(shape, dtype=codec.storage, device=self.device)
+        data = [_zeros(shape, codec.storage, self.device)
                 for _ in range(self.num_layers)]
         flat = [t.view(-1, *shape[2:]) for t in data]
         if not codec.quantized:
             return data, flat, None, None
-        scales = [torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=self.device)
+        scales = [_zeros(shape[:3], SCALE_DTYPE, self.device)
                   for _ in range(self.num_layers)]
         return data, flat, scales, [t.view(-1, shape[2]) for t in scales]
 

@@ -12,14 +12,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from radixserve.attention.spans import SeqSpan
 
-@dataclass(slots=True)
-class SeqSpan:
-    """One sequence's part of a step."""
-
-    pages: np.ndarray   # int32; covers cached_len + new_len tokens (extra ids ignored)
-    cached_len: int     # tokens already in the pages before this step
-    new_len: int        # tokens computed this step (>= 1)
+__all__ = ["AttentionMetadata", "SeqSpan", "build_metadata"]
 
 
 @dataclass
@@ -45,6 +40,10 @@ class AttentionMetadata:
     @property
     def num_decodes(self) -> int:
         return self.batch_size - self.num_prefills
+
+    def last_token_rows(self) -> torch.Tensor:
+        """int64 [B]: each sequence's last new token in the step's flat token order."""
+        return self.qo_indptr[1:].to(torch.int64) - 1
 
 
 def _cpu_tensor(a: np.ndarray, pin: bool) -> torch.Tensor:

@@ -37,7 +37,7 @@ from radixserve.attention.causal_blocks import causal_attention_blocked
 from radixserve.attention.metadata import AttentionMetadata
 from radixserve.attention.partial_attention import (DEFAULT_MAX_SCORE_ELEMS, attend_with_lse,
                                                     merge_attention_states, softmax_with_lse)
-from radixserve.attention.torch_plans import StepTables, TorchPrepared, Window
+from radixserve.attention.torch_plans import StepTables, TorchPlan, Window
 from radixserve.attention.workspace import Workspace
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.kv_quant import gather_decoded
@@ -52,10 +52,10 @@ DEFAULT_MAX_GATHER_ELEMS = 2**20
 DEFAULT_MIN_SHARED_TOKENS = 64
 
 __all__ = ["DEFAULT_MAX_GATHER_ELEMS", "DEFAULT_MIN_SHARED_TOKENS", "TorchAttentionBackend",
-           "TorchPrepared"]
+           "TorchPlan"]
 
 
-class TorchAttentionBackend(AttentionBackend):
+class TorchAttentionBackend(AttentionBackend[TorchPlan]):
     name = "torch"
 
     def __init__(self, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
@@ -85,7 +85,7 @@ class TorchAttentionBackend(AttentionBackend):
         self._ws = Workspace()                  # the cascade path's temporaries, likewise
 
     # ---------------------------------------------------------------- per step
-    def prepare(self, meta: AttentionMetadata) -> TorchPrepared:
+    def prepare(self, meta: AttentionMetadata) -> TorchPlan:
         t = StepTables.of(meta)
         hkv = self.num_kv_heads
         groups = self._find_groups(t) if self.cascade else []
@@ -95,7 +95,7 @@ class TorchAttentionBackend(AttentionBackend):
             kv_start[list(g.members)] = g.shared_tokens
         prefills = np.arange(meta.num_prefills)
         in_group = kv_start[prefills] > 0
-        prepared = TorchPrepared(
+        plan = TorchPlan(
             meta, cascade_groups=groups,
             prefills=[plans.prefill_plan(t, int(b), hkv) for b in prefills[~in_group]],
             rests=self._window_chunks(t, [self._rest_window(t, int(b), int(kv_start[b]))
@@ -105,10 +105,10 @@ class TorchAttentionBackend(AttentionBackend):
             first = meta.num_prefills
             windows = t.kv_lens - kv_start
             order = first + np.argsort(windows[first:], kind="stable")
-            prepared.decodes = [
+            plan.decodes = [
                 plans.decode_chunk(t, chunk, kv_start, hkv)
                 for chunk in plans.chunk_by_budget(order, windows * hkv, self.max_gather_rows)]
-        return prepared
+        return plan
 
     def _find_groups(self, t: StepTables) -> list[CascadeGroup]:
         pages = [t.pages(b) for b in range(len(t.kv_lens))]
@@ -165,22 +165,22 @@ class TorchAttentionBackend(AttentionBackend):
         torch.index_select(vh, 0, rows, out=vb)
         return kb.view(dtype), vb.view(dtype)
 
-    def forward(self, prepared: TorchPrepared, layer: int, q: torch.Tensor, k: torch.Tensor,
+    def forward(self, plan: TorchPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
         # Quantized sides come back as their stored codes decode: what later steps read.
-        k, v = kv_pool.write(layer, prepared.meta.write_slots, k, v)
+        k, v = kv_pool.write(layer, plan.meta.write_slots, k, v)
         out = torch.empty_like(q)
         # Cascade members' log-sum-exps over their own windows, for the merge.
-        lse = q.new_empty(q.shape[:2], dtype=torch.float32) if prepared.shared else None
-        for p in prepared.prefills:
+        lse = q.new_empty(q.shape[:2], dtype=torch.float32) if plan.shared else None
+        for p in plan.prefills:
             self._prefill(p, layer, q, k, v, kv_pool, out)
-        for c in prepared.decodes:
+        for c in plan.decodes:
             self._decode(c, layer, q, kv_pool, out, lse)
-        for c in prepared.rests:
+        for c in plan.rests:
             o, o_lse = self._attend_windows(c, layer, q, kv_pool)
             out.index_copy_(0, c.dst, o)
             lse.index_copy_(0, c.dst, o_lse)
-        for c in prepared.shared:
+        for c in plan.shared:
             self._merge_shared(c, layer, q, kv_pool, out, lse)
         return out
 

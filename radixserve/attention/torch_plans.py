@@ -131,7 +131,9 @@ class WindowChunk:
 
 
 @dataclass
-class TorchPrepared:
+class TorchPlan:
+    """A step's plan for the torch backend: gather rows and masks for every layer."""
+
     meta: AttentionMetadata
     prefills: list[PrefillPlan] = field(default_factory=list)   # spans in no cascade group
     decodes: list[DecodeChunk] = field(default_factory=list)

@@ -23,7 +23,9 @@ returns minus the position of the node's next use in the trace, which only chang
 the node is used, i.e. exactly when the cache re-keys it.
 
 Policies here: "lru" (default), "lfu" (frequency with exponential aging) and "gdsf"
-(frequency x recompute cost per cached token, with the same aging).
+(frequency x recompute cost per cached token, with the same aging); "adaptive" lives in
+adaptive_policy.py (reuse odds per class of leaf, learned online; its key depends on what it
+learned later, so it memoizes each node's key with the fields it was computed from).
 """
 
 from __future__ import annotations
@@ -100,6 +102,16 @@ class GDSFPolicy(LFUPolicy):
 
 POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRUPolicy, "lfu": LFUPolicy,
                                               "gdsf": GDSFPolicy}
+
+
+def _register_adaptive() -> None:
+    # Imported here: adaptive_policy.py subclasses EvictionPolicy from this module.
+    from .adaptive_policy import AdaptivePolicy
+
+    POLICIES[AdaptivePolicy.name] = AdaptivePolicy
+
+
+_register_adaptive()
 
 
 def make_policy(policy: str | EvictionPolicy) -> EvictionPolicy:

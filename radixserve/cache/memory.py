@@ -51,12 +51,17 @@ class PagedMemory:
     def alloc(self, n: int) -> np.ndarray:
         """`n` private pages, evicting unlocked leaves when short; OutOfPages changes nothing.
 
-        Evicted pages pass straight from the tree to the caller (tree -> private): they are
-        owned by nobody else, so a round trip through the free list would only cost time.
+        The ids come as a read-only array (page id arrays are values: nobody writes into
+        them, so the tree may keep views). Evicted pages pass straight from the tree to
+        the caller (tree -> private): they are owned by nobody else, so a round trip
+        through the free list would only cost time -- and when one evicted edge covers the
+        request, its array is handed over without a copy.
         """
         free = self._free_list.num_free
         if n <= free:
-            return self._free_list.alloc(n)
+            pages = self._free_list.alloc(n)
+            pages.flags.writeable = False
+            return pages
         short = n - free
         evictable = self.tree.evictable_tokens // self.page_size
         if short > evictable:
@@ -64,10 +69,12 @@ class PagedMemory:
         parts = self.tree.evict_pages(short * self.page_size)
         if free:
             parts.insert(0, self._free_list.alloc(free))
-        pages = np.concatenate(parts)       # one copy, writeable: the tree's arrays are not
+        pages = parts[0] if len(parts) == 1 else np.concatenate(parts)
         if len(pages) != n:          # evict frees exactly what whole pages need; be safe anyway
             self._free_list.free(pages[n:])
-            pages = pages[:n].copy()
+            pages = pages[:n]
+        if pages.flags.writeable:
+            pages.flags.writeable = False
         return pages
 
     def free(self, pages: np.ndarray) -> None:

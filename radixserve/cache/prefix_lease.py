@@ -10,6 +10,7 @@ exactly the server's cache logic. Steps:
     ... compute KV into the private pages (first run lease.take_copy_orders()) ...
     lease.extend(tokens, num_tokens)    # the computed whole pages go into the tree
     lease.release()                     # unlock; private pages back to the free list
+                                        # (release(tokens, n): extend first, same result)
 
 Which pages the lease owns, at each moment
 -----------------------------------------
@@ -138,11 +139,40 @@ class PrefixLease:
         turned out whole) ours is a duplicate and goes back to the free list. The lock then
         moves to the node ending the inserted prefix.
         """
+        node = self._insert(tokens, num_tokens)
+        if node is not None:
+            self.tree.lock(node)
+            if self.node is not None:
+                self.tree.unlock(self.node)
+            self.node = node
+
+    def release(self, tokens: TokenIds | None = None, num_tokens: int = 0) -> None:
+        """Give back everything: unlock the prefix, free the private pages. Idempotent.
+
+        With `tokens`, first keep the computed KV: as `extend(tokens, num_tokens)`, minus
+        moving the lock that is dropped right after.
+        """
+        if tokens is not None:
+            self._insert(tokens, num_tokens)
+        if self.node is not None:
+            self.tree.unlock(self.node)
+            self.node = None
+        private = self.private_pages
+        if len(private):
+            self.memory.free(private)
+        self.pages = EMPTY_PAGES
+        self.num_tree_pages = 0
+        self.matched_tokens = 0
+        self._cow = None
+        self._orders = []
+
+    def _insert(self, tokens: TokenIds, num_tokens: int) -> TreeNode | None:
+        """The insert of `extend`; the node ending it, or None when there was nothing new."""
         if not self.use_cache:
-            return
+            return None
         full = num_tokens // self.page_size
         if full <= self.num_tree_pages:
-            return
+            return None
         if full > len(self.pages):
             raise ValueError(f"extend over {full} pages, the lease holds {len(self.pages)}")
         own = self.pages[:full]
@@ -159,21 +189,4 @@ class PrefixLease:
         else:
             self.pages = result.pages
         self.num_tree_pages = full
-        self.tree.lock(result.node)
-        if self.node is not None:
-            self.tree.unlock(self.node)
-        self.node = result.node
-
-    def release(self) -> None:
-        """Give back everything: unlock the prefix, free the private pages. Idempotent."""
-        if self.node is not None:
-            self.tree.unlock(self.node)
-            self.node = None
-        private = self.private_pages
-        if len(private):
-            self.memory.free(private)
-        self.pages = EMPTY_PAGES
-        self.num_tree_pages = 0
-        self.matched_tokens = 0
-        self._cow = None
-        self._orders = []
+        return result.node

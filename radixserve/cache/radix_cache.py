@@ -61,6 +61,7 @@ EMPTY_PAGES.flags.writeable = False
 _INT32 = np.dtype(np.int32)
 _ITEM = ITEM_BYTES
 _FIRST_WINDOW = 512         # tokens compared at once before the windows grow
+_WHOLE_EDGE = 4096          # edges up to this many tokens are compared in one window
 
 
 class CacheLockedError(RuntimeError):
@@ -103,28 +104,25 @@ class InsertResult:
         return own[own != self.pages]
 
 
-@dataclass(slots=True)
-class _Walk:
-    """Where a walk down the tree stopped (see RadixCache._walk)."""
-
-    node: TreeNode              # the last node whose edge matched whole
-    pos: int                    # byte offset in the key just after that edge
-    parts: list[np.ndarray]     # the page ids of the edges passed, in order
-    partial: TreeNode | None    # the child whose edge matched only in part (or None)
-    partial_tokens: int         # tokens of `partial`'s edge that matched (0 when None)
-    same_pages: bool            # every edge passed was taken on the caller's own page ids
-
-
-def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int) -> int:
+def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int, edge_b: int) -> int:
     """Tokens shared by the key from byte `pos` (up to byte `end_b`) and the start of the
-    node's edge.
+    node's edge (`edge_b` bytes long).
 
     Compares windows growing 4x from _FIRST_WINDOW tokens, so neither the key nor an edge
     still held as the caller's ids is packed much beyond the first difference, then
     bisects inside the window that differs.
     """
-    n = min(edge.num_tokens, (end_b - pos) // _ITEM)
-    lo, width = 0, _FIRST_WINDOW
+    n = min(edge_b, end_b - pos) // _ITEM
+    buf, packed = key.buf, edge._key
+    if packed is not None and len(buf) >= pos + n * _ITEM:
+        # Both sides packed that far already (the usual case on short prompts): one memcmp.
+        whole = packed if n * _ITEM == len(packed) else memoryview(packed)[:n * _ITEM]
+        if buf.startswith(whole, pos):
+            return n
+    lo = 0
+    # What is packed costs nothing to compare; an edge up to _WHOLE_EDGE tokens is compared
+    # in one go (if it differs early, at most that much was packed in vain).
+    width = max(_FIRST_WINDOW, (len(buf) - pos) // _ITEM, n if n <= _WHOLE_EDGE else 0)
     while lo < n:
         hi = min(n, lo + width)
         buf = key.upto(pos + hi * _ITEM)
@@ -243,19 +241,18 @@ class RadixCache:
             return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
         ps = self.page_size
         limit_b = limit * _ITEM
-        w = self._walk(node, key, limit_b - limit_b % self._page_bytes, limit_b)
-        node, pos, parts = w.node, w.pos, w.parts
+        node, pos, parts, partial, m, _ = self._walk(node, key,
+                                                     limit_b - limit_b % self._page_bytes, limit_b)
         cow_node: TreeNode | None = None
         cow_tokens = 0
-        if w.partial is not None:
+        if partial is not None:
             # The match ends inside this edge (its first page matched, so m >= page_size).
-            m = w.partial_tokens
             m_full = m - m % ps
-            node = self._split(w.partial, m_full)
+            node = self._split(partial, m_full)
             parts.append(node.pages)
             pos += m_full * _ITEM
             if m > m_full:
-                cow_node, cow_tokens = w.partial, m - m_full
+                cow_node, cow_tokens = partial, m - m_full
         if ps > 1 and cow_node is None and pos < limit_b and node.cow_index:
             cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b)
         handle = cow_node or node
@@ -278,16 +275,17 @@ class RadixCache:
         if node is None or limit == 0:
             return 0
         limit_b = limit * _ITEM
-        w = self._walk(node, key, limit_b - limit_b % self._page_bytes, limit_b)
-        if w.partial is not None:
+        node, pos, _, partial, m, _ = self._walk(node, key,
+                                                 limit_b - limit_b % self._page_bytes, limit_b)
+        if partial is not None:
             # Full pages of the edge plus the copy-on-write part of the next: pos + m.
-            return w.pos // _ITEM + w.partial_tokens
-        if self.page_size > 1 and w.pos < limit_b and w.node.cow_index:
-            return w.pos // _ITEM + self._best_cow(w.node, key, w.pos, limit_b)[1]
-        return w.pos // _ITEM
+            return pos // _ITEM + m
+        if self.page_size > 1 and pos < limit_b and node.cow_index:
+            return pos // _ITEM + self._best_cow(node, key, pos, limit_b)[1]
+        return pos // _ITEM
 
     def _walk(self, node: TreeNode, key: LazyKey, full_b: int, end_b: int,
-              pages: np.ndarray | None = None, first_page: int = 0) -> _Walk:
+              pages: np.ndarray | None = None, first_page: int = 0) -> tuple:
         """Follow the edges that the key matches whole and that end by byte `full_b`.
 
         The one edge walk of match, peek and insert; no side effects. Tokens are compared
@@ -296,13 +294,22 @@ class RadixCache:
         key's start), an edge whose page ids equal the caller's is taken without comparing
         tokens: a page holds the KV of one token sequence, so equal ids at the same
         position prove equal tokens.
+
+        Returns (node, pos, parts, partial, partial_tokens, same_pages): the last node
+        whose edge matched whole, the byte offset after it, the page arrays of the edges
+        passed, the child whose edge matched only in part (or None) with its matched token
+        count, and whether every edge passed was taken on the caller's own page ids. (A
+        plain tuple: this runs on every match, peek and insert.)
         """
         pb = self._page_bytes
         parts: list[np.ndarray] = []
         same = True
         pos = 0
         while pos < full_b:
-            child = node.children.get(key.upto(pos + pb)[pos:pos + pb])
+            buf = key.buf
+            if len(buf) < pos + pb:
+                buf = key.upto(pos + pb)
+            child = node.children.get(buf[pos:pos + pb])
             if child is None:
                 break
             cp = child.pages
@@ -313,14 +320,18 @@ class RadixCache:
                     parts.append(cp)
                     node, pos = child, end
                     continue
-            m = _common_tokens(key, pos, child, end_b)
-            if end > full_b or pos + m * _ITEM < end:
-                return _Walk(node, pos, parts, child, m, same)
-            child.pack()            # matched whole: likely shared, so compared again
+            edge = child._key
+            if not (end <= full_b and edge is not None and len(buf) >= end
+                    and buf.startswith(edge, pos)):     # the usual hit: one memcmp
+                m = _common_tokens(key, pos, child, end_b, end - pos)
+                if end > full_b or pos + m * _ITEM < end:
+                    return node, pos, parts, child, m, same
+                if child._pending is not None:
+                    child.pack()    # matched whole: likely shared, so compared again
             same = False
             parts.append(cp)
             node, pos = child, end
-        return _Walk(node, pos, parts, None, 0, same)
+        return node, pos, parts, None, 0, same
 
     def _best_cow(self, node: TreeNode, key: LazyKey, pos: int,
                   limit_b: int) -> tuple[TreeNode | None, int]:
@@ -328,7 +339,7 @@ class RadixCache:
         best, best_len = None, 0
         end_b = min(limit_b, pos + self._page_bytes)       # within the first page only
         for child in node.cow_index.get(key.upto(pos + _ITEM)[pos:pos + _ITEM], ()):
-            n = _common_tokens(key, pos, child, end_b)
+            n = _common_tokens(key, pos, child, end_b, len(child.pages) * self._page_bytes)
             if n > best_len or (n == best_len and best is not None and child.id < best.id):
                 best, best_len = child, n
         return best, best_len
@@ -362,13 +373,13 @@ class RadixCache:
         key = LazyKey(tokens, base, n - base)   # the rest; positions below are offsets in it
         nb = (n - base) * _ITEM
         first_page = base // self.page_size
-        w = self._walk(node, key, nb, nb, pages, first_page)
-        parts = [pages[:first_page], *w.parts] if first_page else w.parts
-        node, pos, same_pages = w.node, w.pos, w.same_pages
-        if w.partial is not None:           # the key leaves the tree inside this edge
-            m = w.partial_tokens
+        node, pos, parts, partial, m, same_pages = self._walk(node, key, nb, nb, pages,
+                                                              first_page)
+        if first_page:
+            parts.insert(0, pages[:first_page])
+        if partial is not None:             # the key leaves the tree inside this edge
             m -= m % self.page_size
-            node = self._split(w.partial, m)
+            node = self._split(partial, m)
             same_pages = False
             parts.append(node.pages)
             pos += m * _ITEM
@@ -399,7 +410,7 @@ class RadixCache:
         copied)."""
         if parent.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
             self._remove_evictable(parent)
-        if not _frozen(pages):
+        if pages.flags.writeable or not _frozen(pages):
             pages = pages.copy()
             pages.flags.writeable = False
         packed, pending = key.edge_from(pos)

@@ -134,27 +134,35 @@ class LazyKey:
     """The packed key of tokens[start:start + num_tokens], packed only as far as it is read.
 
     `upto(end_b)` returns bytes holding at least the first `end_b` bytes of the key (byte
-    offsets are relative to `start`), re-packing a prefix at least twice as long as the
-    last one, so reading k tokens in any number of steps packs fewer than 2k + FIRST.
+    offsets are relative to `start`), re-packing a prefix at least four times as long as
+    the last one (or the whole key once that is past half of it), so reading k tokens in
+    any number of steps packs fewer than 2k + FIRST. A key that packs by memcpy (array,
+    numpy) and is short is packed whole on the first read: one allocation beats several.
     `tail(pos_b)` is the rest of the key from a byte offset, packed once.
     """
 
     __slots__ = ("tokens", "start", "num_bytes", "buf")
     FIRST = 64                  # tokens packed by the first read (a child lookup or more)
+    EAGER_BYTES = 64 << 10      # memcpy-packed keys up to this size are packed whole
 
     def __init__(self, tokens: TokenIds, start: int, num_tokens: int):
         self.tokens = tokens
         self.start = start
         self.num_bytes = num_tokens * ITEM_BYTES
         self.buf = b""
-        if type(tokens) is bytes:           # packed already: no copy to save
+        if type(tokens) is bytes or (self.num_bytes <= self.EAGER_BYTES
+                                     and type(tokens) is not list):
+            # Packed already (no copy to save), or short and packed by memcpy: whole, now.
             self.buf = pack_range(tokens, start, start + num_tokens)
 
     def upto(self, end_b: int) -> bytes:
         buf = self.buf
         if len(buf) >= end_b:
             return buf
-        want = min(max(end_b, 2 * len(buf), self.FIRST * ITEM_BYTES), self.num_bytes)
+        want = max(end_b, 4 * len(buf), self.FIRST * ITEM_BYTES)
+        if 2 * want > self.num_bytes or (self.num_bytes <= self.EAGER_BYTES
+                                         and type(self.tokens) is not list):
+            want = self.num_bytes
         self.buf = buf = pack_range(self.tokens, self.start, self.start + want // ITEM_BYTES)
         return buf
 

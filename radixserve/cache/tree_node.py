@@ -11,6 +11,9 @@ from .token_keys import ITEM_BYTES, pack_range, unpack
 
 __all__ = ["TreeNode"]
 
+_PACK_WHOLE = 8192          # tokens: an edge held as an array/numpy ids packs whole up to this
+_PACK_WHOLE_LIST = 1024     #   and as a list (packing a list costs ~10x a memcpy)
+
 
 @dataclass(slots=True, eq=False)
 class TreeNode:
@@ -71,11 +74,17 @@ class TreeNode:
         return pack_range(ids, start, min(start + num_tokens, stop))
 
     def window(self, lo: int, hi: int):
-        """Tokens lo..hi of the edge, packed (bytes-like; no copy when packed already)."""
-        if self._key is not None:
-            return memoryview(self._key)[lo * ITEM_BYTES:hi * ITEM_BYTES]
-        ids, start, stop = self._pending
-        return pack_range(ids, start + lo, min(start + hi, stop))
+        """Tokens lo..hi of the edge, packed (bytes-like; no copy when packed already).
+
+        A short edge is packed whole on its first comparison: it will likely be compared
+        again, and one pack costs less than a few windows.
+        """
+        if self._pending is not None:
+            ids, start, stop = self._pending
+            if stop - start > (_PACK_WHOLE_LIST if type(ids) is list else _PACK_WHOLE):
+                return pack_range(ids, start + lo, min(start + hi, stop))
+            self.pack()
+        return memoryview(self._key)[lo * ITEM_BYTES:hi * ITEM_BYTES]
 
     def cut(self, num_tokens: int) -> tuple[bytes | None, tuple | None]:
         """Drop the first `num_tokens` tokens from the edge; return them as (key, pending)

@@ -1,17 +1,26 @@
-"""StepBatch: everything one forward pass needs, built by the scheduler, read by the runner.
+"""What goes into one forward pass and what comes out of it.
 
-It is a snapshot: the scheduler may change its sequences after the step, never the batch.
+`StepBatch` is built by the scheduler and read by the runner on the compute thread. It is a
+snapshot: the scheduler may change its sequences after the step, never the batch.
+`SampleResult` is what the runner returns; `StepUpdate` is what the scheduler reports once
+it has applied a result, for the output processor. No torch here (only in type hints), so
+the scheduler imports without it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from radixserve.attention.metadata import SeqSpan
+from radixserve.attention.spans import SeqSpan
 from radixserve.cache.prefix_lease import CopyOrder
+from radixserve.engine.outputs import TokenLogprob
 from radixserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from radixserve.engine.request import SeqState
 
 
 @dataclass
@@ -30,3 +39,28 @@ class StepBatch:
 
     def __bool__(self) -> bool:
         return bool(self.spans)
+
+
+@dataclass(slots=True)
+class SampleResult:
+    """One token per sampled row of the batch, in `sample_rows` order."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]   # None where params.logprobs is None
+
+
+@dataclass(slots=True)
+class SampledToken:
+    """A token the scheduler appended to a sequence this step."""
+
+    seq: SeqState
+    token: int
+    logprob: TokenLogprob | None
+
+
+@dataclass(slots=True)
+class StepUpdate:
+    """What a completed step changed, for the output processor."""
+
+    sampled: list[SampledToken] = field(default_factory=list)
+    aborted: list[SeqState] = field(default_factory=list)   # retired: request aborted

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
+from radixserve.cache.eviction import POLICIES
 from radixserve.kv_sizing import KV_DTYPE_CHOICES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -29,12 +30,17 @@ class EngineConfig:
     chunked_prefill_size: int = 2048     # token budget per step
     schedule_policy: str = "lpm"         # lpm | fcfs
     disable_radix_cache: bool = False
-    eviction_policy: str = "lru"         # lru | lfu | gdsf
+    eviction_policy: str = "lru"         # lru | lfu | gdsf | adaptive
     max_model_len: int | None = None     # None: the model's context length
     max_queue_len: int = 4096            # waiting requests beyond this are refused
     seed: int = 0
     debug_invariants: bool = False       # check page conservation whenever idle
-    warmup_tokens: int | None = None     # start-up prefill; None: chunked_prefill_size; 0: off
+    # Start-up prefill; None: chunked_prefill_size; 0: off. Small by default: it proves the
+    # forward pass runs before /health says ready (~0.05 s); a full-size one cost ~1.8 CPU-s
+    # and saved under 0.1 s on the first request (docs/benchmarks.md, "Startup").
+    warmup_tokens: int | None = 32
+    weights_cache_dir: str | None = None  # dequantized GGUF weights; None: default directory
+    no_weights_cache: bool = False       # dequantize at every start instead
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -66,11 +72,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
     g.add_argument("--schedule-policy", default=d.schedule_policy, choices=["lpm", "fcfs"])
     g.add_argument("--disable-radix-cache", action="store_true")
-    g.add_argument("--eviction-policy", default=d.eviction_policy, choices=["lru", "lfu", "gdsf"])
+    g.add_argument("--eviction-policy", default=d.eviction_policy, choices=sorted(POLICIES),
+                   help="which unlocked prefix the cache evicts first (docs/replay.md)")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-queue-len", type=int, default=d.max_queue_len)
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--debug-invariants", action="store_true")
     g.add_argument("--warmup-tokens", type=int, default=None,
-                   help="tokens of a throw-away prefill run at start-up, so the first requests "
-                        "find memory and kernels ready (default: --chunked-prefill-size; 0: off)")
+                   help=f"tokens of a throw-away prefill run at start-up, before /health says "
+                        f"ready (default: {d.warmup_tokens}; 0: off; --chunked-prefill-size "
+                        f"grows the heap to a full step's size, for benchmarks)")
+    g.add_argument("--weights-cache-dir", default=None,
+                   help="where a GGUF's dequantized weights are kept between starts (default: "
+                        "$RADIXSERVE_CACHE_DIR, else ~/.cache/radixserve)")
+    g.add_argument("--no-weights-cache", action="store_true",
+                   help="dequantize GGUF weights at every start; write no cache")

@@ -10,24 +10,27 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 import uuid
-from typing import AsyncIterator, Sequence as Seq
+from collections.abc import AsyncIterator, Sequence
 
 import torch
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.radix_cache import CacheLockedError, RadixCache
-from radixserve.cache.token_keys import new_token_array
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
+from radixserve.engine.core import EngineCore
+from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
+                                      QueueFull)
+from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.outputs import EngineStats, RequestOutput
-from radixserve.engine.request import Request, Sequence
+from radixserve.engine.request import Request, new_request
 from radixserve.engine.runner import ModelRunner
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
+from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
-from radixserve.engine.text_stream import TextStream
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -50,14 +53,17 @@ class Engine:
             SchedulerConfig(page_size=config.page_size,
                             max_running=config.max_running_requests,
                             token_budget=config.chunked_prefill_size,
-                            policy=config.schedule_policy,
-                            max_model_len=self.max_model_len),
+                            policy=config.schedule_policy),
             self.seq_memory, self._stats)
+        self.outputs = OutputProcessor(self.tokenizer, self._stats, self.max_model_len)
+        self.core = EngineCore(self.scheduler, self.outputs)
         self._ids = itertools.count()
+        self._seeds = SampleSeeds(config.seed)
         self._executor = compute_executor()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._failure: str | None = None
 
     def _max_model_len(self) -> int:
         model_len = self.loaded.config.max_position_embeddings
@@ -73,6 +79,12 @@ class Engine:
         return wanted
 
     # ---- lifecycle ----------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """True from the end of `start` (warm-up done, loop running) until `shutdown`:
+        what the server's /health reports."""
+        return self._task is not None and not self._stopping
 
     async def start(self) -> None:
         if self._task is None:
@@ -119,29 +131,33 @@ class Engine:
 
     # ---- requests -----------------------------------------------------------------
 
-    def generate(self, prompt_ids: Seq[int], params: SamplingParams,
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  namespace: str | None = None,
                  request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Queue a request and return its stream of outputs.
 
         Raises InvalidRequest / QueueFull / EngineStopped here, before anything is queued.
         """
+        if self._failure is not None:
+            raise EngineUnhealthy(f"the engine stopped after an internal error: {self._failure}")
         if self._stopping or self._task is None:
             raise EngineStopped("the engine is not running")
         prompt = self._validate(prompt_ids, params)
-        if len(self.scheduler.waiting) >= self.config.max_queue_len:
-            raise QueueFull(f"{len(self.scheduler.waiting)} requests are waiting")
+        waiting = self.scheduler.num_waiting_requests
+        if waiting >= self.config.max_queue_len:
+            raise QueueFull(f"{waiting} requests are waiting "
+                            f"(the queue holds {self.config.max_queue_len})")
         request_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if request_id in self.scheduler.requests:
             raise InvalidRequest("request_id", f"request id {request_id!r} is already running")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        request = Request(request_id, prompt, params, namespace, emit=queue.put_nowait)
-        request.sequences = [self._new_sequence(request, i) for i in range(params.n)]
-        self.scheduler.add(request)
+        request = new_request(request_id, prompt, params, namespace, queue.put_nowait,
+                              self.page_size, self._generators(params))
+        self.core.add(request)
         self._wake.set()
         return self._stream(request, queue)
 
-    def _validate(self, prompt_ids: Seq[int], params: SamplingParams) -> list[int]:
+    def _validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         vocab = self.tokenizer.vocab_size
         params.validate(vocab)
         prompt = [int(t) for t in prompt_ids]
@@ -157,16 +173,9 @@ class Engine:
                 f"exceeds the maximum context length ({self.max_model_len} tokens)")
         return prompt
 
-    def _new_sequence(self, request: Request, index: int) -> Sequence:
-        params = request.params
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator().manual_seed(params.seed + index)
-        detok = self.tokenizer.detokenizer(request.prompt_ids)
-        stream = TextStream(params, detok, self.tokenizer.eos_token_ids)
-        return Sequence(request=request, index=index,
-                        token_ids=new_token_array(request.prompt_ids), text_stream=stream,
-                        generator=generator, page_size=self.page_size)
+    def _generators(self, params: SamplingParams) -> list[torch.Generator | None]:
+        return [None if seed is None else torch.Generator().manual_seed(seed)
+                for seed in self._seeds.for_request(params)]
 
     async def _stream(self, request: Request, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         remaining = len(request.sequences)
@@ -186,6 +195,42 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------
 
     async def _run_loop(self) -> None:
+        """Step until cancelled. Anything that escapes a step's own error handling (a
+        failed invariant check, a bug in failing a step) stops the engine loudly."""
+        try:
+            await self._steps()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail_engine(exc)
+
+    def _fail_engine(self, error: Exception) -> None:
+        """Log, mark the engine unhealthy, and end every live request with an error."""
+        log.critical("engine stopped: %s: %s", type(error).__name__, error, exc_info=error)
+        self._failure = f"{type(error).__name__}: {error}"
+        try:
+            self.core.fail_all(error)
+        except Exception:
+            log.exception("could not release the live requests' pages")
+        # Whatever failing them left open still gets its final event.
+        seqs = [s for r in self.scheduler.requests.values() for s in r.sequences]
+        self.outputs.finish(seqs, "error", time.monotonic(), error)
+
+    @property
+    def error(self) -> str | None:
+        """Why the engine cannot serve (None while it can): an internal failure stopped it,
+        or its loop ended while it was not shutting down. /health reports this."""
+        if self._failure is not None:
+            return self._failure
+        if self._task is not None and self._task.done() and not self._stopping:
+            return "the engine loop is not running"
+        return None
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None
+
+    async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self.scheduler.has_work():
@@ -195,10 +240,10 @@ class Engine:
                 await self._wake.wait()
                 continue
             try:
-                plan = self.scheduler.schedule()
+                plan = self.core.schedule()
             except Exception as exc:  # a scheduler bug must not leave requests hanging
                 log.exception("scheduling step %d failed", self.scheduler.step)
-                self.scheduler.fail_all(exc)
+                self.core.fail_all(exc)
                 continue
             if not plan.batch:
                 # Nothing fits right now (all waiting, memory short): let aborts arrive.
@@ -208,20 +253,20 @@ class Engine:
                 result = await loop.run_in_executor(self._executor, self.runner.execute, plan.batch)
             except Exception as exc:  # a failed step fails its requests, not the engine
                 log.exception("step %d failed", self.scheduler.step)
-                self.scheduler.fail(plan, exc)
+                self.core.fail_step(plan, exc)
                 continue
             try:
-                self.scheduler.complete(plan, result)
+                self.core.complete(plan, result)
             except Exception as exc:
                 log.exception("completing step %d failed", self.scheduler.step)
-                self.scheduler.fail_all(exc)
+                self.core.fail_all(exc)
 
     # ---- introspection ------------------------------------------------------------
 
     def stats(self) -> EngineStats:
         s = self._stats
-        s.running = len(self.scheduler.running)
-        s.waiting = len(self.scheduler.waiting)
+        s.running = self.scheduler.num_running_requests    # requests, as the metrics say
+        s.waiting = self.scheduler.num_waiting_requests
         s.pages_free = self.memory.num_free
         s.pages_cached = self.tree.total_tokens // self.page_size
         s.pages_locked = self.tree.locked_tokens // self.page_size

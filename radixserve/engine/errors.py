@@ -26,3 +26,8 @@ class CacheBusy(EngineError):
 
 class EngineStopped(EngineError):
     """The engine is shutting down and accepts no new requests (HTTP 503)."""
+
+
+class EngineUnhealthy(EngineStopped):
+    """The engine stopped itself after an internal failure (HTTP 503); `Engine.error` says
+    why, and `Engine.healthy` is False until the process restarts."""

@@ -49,8 +49,8 @@ class EngineStats:
     recompute_hit_tokens: int = 0  # cache hits of sequences re-admitted after preemption
     evicted_tokens: int = 0
     steps: int = 0
-    running: int = 0
-    waiting: int = 0
+    running: int = 0               # requests with a sample running (not samples)
+    waiting: int = 0               # requests with a sample waiting
     pages_total: int = 0
     pages_free: int = 0
     pages_cached: int = 0          # held by the tree

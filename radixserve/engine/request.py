@@ -1,8 +1,9 @@
 """Requests and their sequences: the state the scheduler keeps for each running sample.
 
 A `Request` is what a caller submitted (one prompt, `n` samples); each sample is a
-`Sequence` that the scheduler admits, computes, preempts and retires on its own. All of
-this state lives on the event-loop thread.
+`SeqState` that the scheduler admits, computes, preempts and retires on its own. All of
+this state lives on the event-loop thread. Nothing here imports torch, so the scheduler and
+its tests run without it.
 """
 
 from __future__ import annotations
@@ -11,17 +12,18 @@ import enum
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from radixserve.cache.prefix_lease import PrefixLease
+from radixserve.cache.token_keys import new_token_array
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from radixserve.engine.text_stream import TextStream
+    import torch
 
 NO_PAGES = np.zeros(0, dtype=np.int32)
 
@@ -43,7 +45,7 @@ class Request:
     emit: Callable[[RequestOutput], None]
     arrival_time: float = field(default_factory=time.monotonic)
     arrival_step: int = 0
-    sequences: list["Sequence"] = field(default_factory=list)
+    sequences: list["SeqState"] = field(default_factory=list)
     aborted: bool = False
 
     @property
@@ -52,7 +54,7 @@ class Request:
 
 
 @dataclass(eq=False)
-class Sequence:
+class SeqState:
     """One sample of a request: its tokens, its pages and its place in the schedule.
 
     Pages: `lease` (a cache PrefixLease, None while waiting) holds them: `pages[:num_tree_pages]`
@@ -67,15 +69,14 @@ class Sequence:
     request: Request
     index: int
     token_ids: array
-    text_stream: "TextStream"
-    generator: torch.Generator | None
+    generator: "torch.Generator | None"     # seeded sampling; None: the global generator
     page_size: int = 1
     status: SeqStatus = SeqStatus.WAITING
     lease: PrefixLease | None = None
     num_computed: int = 0
-    cached_tokens: int | None = None       # prefix hit at first admission (usage)
+    prompt_cache_hit: int | None = None    # prompt tokens served from the prefix cache at
+                                           # first admission (usage); None before it
     num_generated: int = 0
-    first_token_time: float | None = None
     preemptions: int = 0
 
     @property
@@ -106,3 +107,17 @@ class Sequence:
     @property
     def private_pages(self) -> np.ndarray:
         return self.lease.private_pages if self.lease is not None else NO_PAGES
+
+
+def new_request(request_id: str, prompt_ids: list[int], params: SamplingParams,
+                namespace: str | None, emit: Callable[[RequestOutput], None], page_size: int,
+                generators: "Sequence[torch.Generator | None] | None" = None,
+                arrival_time: float | None = None) -> Request:
+    """A request with its `params.n` samples (sample i samples with generators[i])."""
+    request = Request(request_id, prompt_ids, params, namespace, emit)
+    if arrival_time is not None:
+        request.arrival_time = arrival_time
+    gens = generators if generators is not None else [None] * params.n
+    request.sequences = [SeqState(request, i, new_token_array(prompt_ids), gen,
+                                  page_size=page_size) for i, gen in enumerate(gens)]
+    return request

@@ -14,19 +14,21 @@ import numpy as np
 import torch
 
 from radixserve.attention.backend import create_backend
+from radixserve.attention.context import ForwardContext
 from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.kv_quant import describe_kv_cache
-from radixserve.engine.batch import StepBatch
+from radixserve.engine.batch import SampleResult, StepBatch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
-from radixserve.engine.sampler import SampleResult, Sampler
+from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.kv_sizing import (CPU_KV_BUDGET_BYTES, KVFormat, budget_bytes,  # noqa: F401
                                   pool_pages, resolve_kv_format)
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
+
 
 def cuda_free_bytes(device: torch.device) -> int:
     """Free memory on a CUDA device, after handing torch's cached blocks back: blocks the
@@ -126,13 +128,12 @@ class ModelRunner:
             for order in batch.copies:      # copy-on-write pages this step computes into
                 self.kv_pool.copy_prefix(order.src_page, order.dst_page, order.num_tokens)
             meta = build_metadata(batch.spans, self.page_size, self.device)
-            prepared = self.backend.prepare(meta)
+            ctx = ForwardContext.prepare(self.backend, meta, self.kv_pool)
             input_ids = to_device(batch.input_ids, self.device)
             positions = to_device(batch.positions, self.device)
             logits_indices = to_device(logits_rows(meta.qo_lens, batch.sample_rows),
                                        self.device)
-            logits = self.model(input_ids, positions, meta, self.backend, prepared,
-                                self.kv_pool, logits_indices=logits_indices)
+            logits = self.model(input_ids, positions, ctx, logits_indices)
             if not batch.sample_rows:
                 return SampleResult(token_ids=[], logprobs=[])
             return self.sampler.sample(logits, batch.sample_params, batch.generators)

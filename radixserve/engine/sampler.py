@@ -15,23 +15,19 @@ the same tokens whatever it is batched with:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
+from radixserve.engine.batch import SampleResult
 from radixserve.engine.outputs import TokenLogprob
 from radixserve.engine.sampling_params import SamplingParams
+
+__all__ = ["NUCLEUS_WINDOW", "SampleResult", "Sampler"]
 
 # Top-p rows first look for their nucleus among this many most likely tokens (a topk is far
 # cheaper than sorting the vocabulary); rows whose nucleus is wider retry with a window 8x
 # as wide, up to a full sort.
 NUCLEUS_WINDOW = 1024
-
-
-@dataclass(slots=True)
-class SampleResult:
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None]   # None where params.logprobs is None
 
 
 class Sampler:

@@ -1,5 +1,9 @@
 """Scheduler: decides what each step computes. Pure Python, synchronous, event-loop owned.
 
+It only schedules: output (detokenizing, stop checks, events, usage) is the output
+processor's (engine/output_processor.py), which tells the engine which sequences to
+`finish`. It imports no torch, so it is tested against a null model in milliseconds.
+
 One step = decodes of the running sequences (one token each), continued prefill chunks,
 then new admissions, all within a token budget. Admission is by memory: free + evictable
 pages must cover the new tokens plus a decode reserve for everything running. When a
@@ -9,15 +13,14 @@ KV goes into the tree, so its recompute later hits.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from radixserve.attention.metadata import SeqSpan
+from radixserve.attention.spans import SeqSpan
 from radixserve.cache.page_allocator import OutOfPages
-from radixserve.engine.batch import StepBatch
-from radixserve.engine.outputs import EngineStats, RequestOutput, Usage
-from radixserve.engine.request import Request, Sequence, SeqStatus
-from radixserve.engine.sampler import SampleResult
+from radixserve.engine.batch import SampledToken, SampleResult, StepBatch, StepUpdate
+from radixserve.engine.outputs import EngineStats
+from radixserve.engine.request import Request, SeqState, SeqStatus
 from radixserve.engine.seq_memory import SequenceMemory
 
 DECODE_RESERVE_TOKENS = 16      # per running sequence, held back from admission
@@ -26,7 +29,7 @@ AGING_TOKENS_PER_STEP = 32      # lpm: a waiting step is worth this many cached 
 SHARED_PREFIX_PROBE = 32        # tokens compared to spot a prefix another request computes
 
 
-def _progress_order(seq: Sequence) -> tuple:
+def _progress_order(seq: SeqState) -> tuple:
     return (-seq.num_generated, seq.request.arrival_time)
 
 
@@ -36,15 +39,16 @@ class SchedulerConfig:
     max_running: int
     token_budget: int
     policy: str = "lpm"
-    max_model_len: int = 8192
 
 
 @dataclass
 class StepPlan:
     batch: StepBatch
-    seqs: list[Sequence] = field(default_factory=list)     # in span order
+    seqs: list[SeqState] = field(default_factory=list)     # in span order
     new_lens: list[int] = field(default_factory=list)
     samples: list[bool] = field(default_factory=list)
+    aborted: list[SeqState] = field(default_factory=list)  # retired before the step
+    deferred: list[SeqState] = field(default_factory=list)  # held back: prefix in flight
 
 
 class Scheduler:
@@ -52,11 +56,10 @@ class Scheduler:
         self.config = config
         self.memory = memory
         self.stats = stats
-        self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
+        self.waiting: list[SeqState] = []
+        self.running: list[SeqState] = []
         self.requests: dict[str, Request] = {}
         self.step = 0
-        self.schedule_seconds = 0.0
 
     # ---- intake -------------------------------------------------------------------
 
@@ -79,14 +82,23 @@ class Scheduler:
     def num_live(self) -> int:
         return len(self.requests)
 
+    @property
+    def num_waiting_requests(self) -> int:
+        """Requests with a sample waiting (the queue cap counts requests, not samples)."""
+        return len({id(s.request) for s in self.waiting})
+
+    @property
+    def num_running_requests(self) -> int:
+        """Requests with a sample running."""
+        return len({id(s.request) for s in self.running})
+
     # ---- building a step ----------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        started = time.perf_counter()
         self.step += 1
-        self._retire_aborted()
+        aborted = self._retire_aborted()
         budget = self.config.token_budget
-        work: list[tuple[Sequence, int]] = []
+        work: list[tuple[SeqState, int]] = []
 
         # Most progressed first, so preemption victims come from the tail. Sorting costs
         # little but is only needed when this step's decodes could run out of pages.
@@ -108,16 +120,15 @@ class Scheduler:
             work.append((seq, want))
             i += 1
 
-        self._admit(budget, work)
+        deferred = self._admit(budget, work)
         # Multi-token spans first, single-token ones after (the layout attention expects).
         work.sort(key=lambda item: item[1] == 1)
-        plan = StepPlan(batch=StepBatch())
+        plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred)
         for seq, n in work:
             self._add_span(plan, seq, n)
-        self.schedule_seconds += time.perf_counter() - started
         return plan
 
-    def _reserve_or_preempt(self, seq: Sequence, want: int) -> bool:
+    def _reserve_or_preempt(self, seq: SeqState, want: int) -> bool:
         """Get pages for `want` more tokens of a running sequence, preempting from the tail."""
         while True:
             try:
@@ -129,9 +140,12 @@ class Scheduler:
                 if victim is seq:
                     return False
 
-    def _admit(self, budget: int, work: list[tuple[Sequence, int]]) -> None:
+    def _admit(self, budget: int, work: list[tuple[SeqState, int]]) -> list[SeqState]:
+        """Admit waiting sequences in policy order until budget, running cap or memory
+        stops it; return those held back because a running one computes their prefix."""
+        deferred: list[SeqState] = []
         if not self.waiting or budget <= 0:
-            return
+            return deferred
         candidates = self._ordered_waiting()
         reserve_pages = self.memory.pages_for(
             sum(min(DECODE_RESERVE_TOKENS, s.params.max_tokens - s.num_generated)
@@ -141,6 +155,7 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.config.max_running:
                 break
             if self._shares_prefix_in_flight(seq, cached):
+                deferred.append(seq)
                 continue
             try:
                 hit = self.memory.admit(seq)
@@ -158,8 +173,8 @@ class Scheduler:
                 break
             self.stats.prefix_query_tokens += len(seq.token_ids)
             self.stats.prefix_hit_tokens += hit
-            if seq.cached_tokens is None:
-                seq.cached_tokens = hit
+            if seq.prompt_cache_hit is None:
+                seq.prompt_cache_hit = hit
                 self.stats.prompt_tokens += seq.prompt_len
             else:
                 self.stats.recompute_hit_tokens += hit
@@ -171,8 +186,9 @@ class Scheduler:
             work.append((seq, chunk))
         if admitted:
             self.waiting = [s for s in self.waiting if id(s) not in admitted]
+        return deferred
 
-    def _ordered_waiting(self) -> list[tuple[Sequence, int | None]]:
+    def _ordered_waiting(self) -> list[tuple[SeqState, int | None]]:
         """Waiting sequences in admission order, with their cached prefix when it was
         looked up for the ordering (lpm), so admission need not look it up again."""
         if self.config.policy == "fcfs" or len(self.waiting) > LPM_QUEUE_LIMIT:
@@ -187,7 +203,7 @@ class Scheduler:
         scored.sort(key=lambda item: item[0])
         return [(s, cached) for _, s, cached in scored]
 
-    def _shares_prefix_in_flight(self, seq: Sequence, cached: int | None) -> bool:
+    def _shares_prefix_in_flight(self, seq: SeqState, cached: int | None) -> bool:
         """True when a running sequence is computing the very prefix `seq` would compute.
 
         Deferring `seq` lets it hit those pages once they are inserted (after each chunk),
@@ -205,7 +221,7 @@ class Scheduler:
                 return True
         return False
 
-    def _add_span(self, plan: StepPlan, seq: Sequence, n: int) -> None:
+    def _add_span(self, plan: StepPlan, seq: SeqState, n: int) -> None:
         start = seq.num_computed
         batch = plan.batch
         samples = start + n == len(seq.token_ids)
@@ -227,10 +243,10 @@ class Scheduler:
 
     # ---- after the forward pass ---------------------------------------------------
 
-    def complete(self, plan: StepPlan, result: SampleResult) -> None:
-        """Advance every sequence of the step, sample, stream, retire finished ones."""
-        started = time.perf_counter()
-        now = time.monotonic()
+    def complete(self, plan: StepPlan, result: SampleResult) -> StepUpdate:
+        """Advance every sequence of the step: count its computed tokens, insert computed
+        pages into the tree, append sampled tokens. Aborted sequences are retired."""
+        update = StepUpdate()
         row = 0
         for seq, n, samples in zip(plan.seqs, plan.new_lens, plan.samples):
             token = result.token_ids[row] if samples else None
@@ -240,102 +256,63 @@ class Scheduler:
                 continue        # preempted or retired meanwhile
             seq.num_computed += n
             if seq.request.aborted:
-                self._finish(seq, "abort", None, now)
+                self._retire(seq, keep=True)
+                update.aborted.append(seq)
                 continue
             if not samples:
                 self.memory.commit(seq)     # insert after each prefill chunk
                 continue
             if n > 1:
                 self.memory.commit(seq)
-            self._append_token(seq, token, logprob, now)
+            seq.token_ids.append(token)
+            seq.num_generated += 1
+            update.sampled.append(SampledToken(seq, token, logprob))
         self.stats.steps += 1
-        self.schedule_seconds += time.perf_counter() - started
+        return update
 
-    def _append_token(self, seq: Sequence, token: int, logprob, now: float) -> None:
-        seq.token_ids.append(token)
-        seq.num_generated += 1
-        self.stats.generation_tokens += 1
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        delta = seq.text_stream.push(token, seq.num_generated)
-        text = delta.text
-        if not delta.finished and len(seq.token_ids) >= self.config.max_model_len:
-            end = seq.text_stream.finish("length")     # the context is full
-            text += end.text
-            delta = end
-        finished, reason, stop_reason = delta.finished, delta.finish_reason, delta.stop_reason
-        out = self._output(seq, [token], text, now)
-        out.logprobs = [logprob] if logprob is not None else None
-        if finished:
-            self._retire(seq, reason, keep=True)
-            self._mark_final(out, seq, reason, stop_reason)
-        seq.request.emit(out)
-
-    def fail(self, plan: StepPlan, error: BaseException) -> None:
-        """A step raised: its sequences fail, their pages (maybe half-written) are freed."""
-        self._fail_sequences(plan.seqs, error)
-
-    def fail_all(self, error: BaseException) -> None:
-        """The scheduler itself raised: fail every live sequence rather than hang them."""
-        self._fail_sequences(self.running + self.waiting, error)
-
-    def _fail_sequences(self, seqs: list[Sequence], error: BaseException) -> None:
-        now = time.monotonic()
-        message = f"{type(error).__name__}: {error}"
+    def finish(self, seqs: Iterable[SeqState]) -> None:
+        """Retire sequences whose output ended (stop, length): their KV stays cached."""
         for seq in seqs:
-            if seq.status is SeqStatus.FINISHED:
-                continue
-            self._retire(seq, "error", keep=False)
-            out = self._output(seq, [], "", now)
-            self._mark_final(out, seq, "error", None)
-            out.error = message
-            seq.request.emit(out)
+            self._retire(seq, keep=True)
+
+    def fail(self, plan: StepPlan) -> list[SeqState]:
+        """A step raised: retire its sequences, freeing their (maybe half-written) pages."""
+        return self._fail_sequences(plan.seqs)
+
+    def fail_all(self) -> list[SeqState]:
+        """The scheduler itself raised: retire every live sequence rather than hang them."""
+        return self._fail_sequences(self.running + self.waiting)
+
+    def _fail_sequences(self, seqs: list[SeqState]) -> list[SeqState]:
+        failed = [seq for seq in seqs if seq.status is not SeqStatus.FINISHED]
+        for seq in failed:
+            self._retire(seq, keep=False)
+        return failed
 
     # ---- retiring -----------------------------------------------------------------
 
-    def _retire_aborted(self) -> None:
+    def _retire_aborted(self) -> list[SeqState]:
         if not any(r.aborted for r in self.requests.values()):
-            return
-        now = time.monotonic()
-        for seq in [s for s in self.waiting + self.running if s.request.aborted]:
-            self._finish(seq, "abort", None, now)
+            return []
+        aborted = [s for s in self.waiting + self.running if s.request.aborted]
+        for seq in aborted:
+            self._retire(seq, keep=True)
+        return aborted
 
-    def _finish(self, seq: Sequence, reason: str, stop_reason, now: float) -> None:
-        self._retire(seq, reason, keep=reason != "error")
-        out = self._output(seq, [], "", now)
-        self._mark_final(out, seq, reason, stop_reason)
-        seq.request.emit(out)
-
-    def _retire(self, seq: Sequence, reason: str, keep: bool) -> None:
+    def _retire(self, seq: SeqState, keep: bool) -> None:
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
         self.memory.release(seq, keep=keep)
         seq.status = SeqStatus.FINISHED
-        finished = self.stats.requests_finished
-        finished[reason] = finished.get(reason, 0) + 1
         if seq.request.finished:
             self.requests.pop(seq.request.request_id, None)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: SeqState) -> None:
         self.running.remove(seq)
         self.memory.release(seq, keep=True)
         seq.status = SeqStatus.WAITING
         seq.preemptions += 1
         self.stats.preemptions += 1
         self.waiting.insert(0, seq)
-
-    def _output(self, seq: Sequence, tokens: list[int], text: str, now: float) -> RequestOutput:
-        return RequestOutput(request_id=seq.request.request_id, index=seq.index,
-                             token_ids=tokens, text=text,
-                             arrival_time=seq.request.arrival_time,
-                             first_token_time=seq.first_token_time, time=now)
-
-    @staticmethod
-    def _mark_final(out: RequestOutput, seq: Sequence, reason: str, stop_reason) -> None:
-        out.finished = True
-        out.finish_reason = reason
-        out.stop_reason = stop_reason
-        out.usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=seq.num_generated,
-                          cached_tokens=seq.cached_tokens or 0)

@@ -13,7 +13,7 @@ from typing import Iterable
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.prefix_lease import CopyOrder, PrefixLease
-from radixserve.engine.request import Sequence
+from radixserve.engine.request import SeqState
 
 LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
 
@@ -34,14 +34,14 @@ class SequenceMemory:
         """Pages an allocation could get now: free + evictable (see PagedMemory)."""
         return self.memory.available_pages()
 
-    def cached_prefix_len(self, seq: Sequence) -> int:
+    def cached_prefix_len(self, seq: SeqState) -> int:
         """How much of the sequence the tree holds now (for scheduling priority)."""
         if not self.use_cache:
             return 0
         return self.tree.peek_prefix(seq.token_ids, seq.request.namespace,
                                      max_tokens=len(seq.token_ids) - 1)
 
-    def admit(self, seq: Sequence) -> int:
+    def admit(self, seq: SeqState) -> int:
         """Lease the cached prefix; returns the tokens served from the cache.
 
         Takes no page: a copy-on-write page comes with the first `reserve`.
@@ -53,7 +53,7 @@ class SequenceMemory:
         seq.num_computed = lease.matched_tokens
         return seq.num_computed
 
-    def reserve(self, seq: Sequence, new_tokens: int) -> None:
+    def reserve(self, seq: SeqState, new_tokens: int) -> None:
         """Make the page table cover `new_tokens` more tokens (raises OutOfPages).
 
         While a quarter of the pool is free, small pages are taken a few tokens ahead, so a
@@ -66,25 +66,26 @@ class SequenceMemory:
             missing += self.lookahead_pages
         seq.lease.grow(missing)
 
-    def take_copy_orders(self, seq: Sequence) -> list[CopyOrder]:
+    def take_copy_orders(self, seq: SeqState) -> list[CopyOrder]:
         """Copy-on-write orders the next step must execute before computing `seq`."""
         return seq.lease.take_copy_orders()
 
-    def commit(self, seq: Sequence) -> None:
+    def commit(self, seq: SeqState) -> None:
         """Insert the computed whole pages into the tree (the lease adopts the tree's)."""
         seq.lease.extend(seq.token_ids, seq.num_computed)
 
-    def release(self, seq: Sequence, keep: bool) -> None:
+    def release(self, seq: SeqState, keep: bool) -> None:
         """Give back everything the sequence holds; `keep` first caches its computed KV."""
         lease = seq.lease
         if lease is not None:
             if keep:
-                lease.extend(seq.token_ids, seq.num_computed)
-            lease.release()
+                lease.release(seq.token_ids, seq.num_computed)
+            else:
+                lease.release()
         seq.lease = None
         seq.num_computed = 0
 
-    def check(self, live: Iterable[Sequence]) -> None:
+    def check(self, live: Iterable[SeqState]) -> None:
         """Page conservation: free + tree + private pages of live sequences == total."""
         self.memory.check_conservation([s.private_pages for s in live])
         self.tree.check_invariants()

@@ -17,6 +17,7 @@ import torch
 
 from .config import ModelConfig, config_from_gguf
 from .errors import ModelLoadError
+from .gguf_file import read_gguf_header, tensor_array
 from .weights import LazyWeights, check_weights
 
 _GLOBAL_NAMES = {
@@ -63,53 +64,40 @@ def unpermute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
              .transpose(1, 2).reshape(w.shape))
 
 
-def read_metadata(reader) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    for key, f in reader.fields.items():
-        try:
-            meta[key] = f.contents()
-        except Exception:          # exotic field types we never read: skip, don't fail
-            continue
-    return meta
-
-
 def load_gguf(path: str | Path, dtype: torch.dtype) -> GGUFContents:
+    """The header is read now (fast: no tensor data); weights are dequantized on access."""
     import gguf
     from gguf.quants import dequantize
 
-    path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"GGUF file not found: {path}")
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:
-        raise ModelLoadError(f"{path} is not a readable GGUF file: {e}") from None
-    meta = read_metadata(reader)
-    tensors = {t.name: t for t in reader.tensors}
+    header = read_gguf_header(path)
+    header.check_complete()
+    path, meta, tensors = header.path, header.metadata, dict(header.tensors)
     if "token_embd.weight" not in tensors:
         raise ModelLoadError(f"{path}: GGUF file has no token_embd.weight tensor")
-    vocab_size = int(tensors["token_embd.weight"].shape[-1])
+    vocab_size = int(tensors["token_embd.weight"].dims[-1])
     config = config_from_gguf(meta, vocab_size, tied="output.weight" not in tensors)
     if "blk.0.attn_q.bias" in tensors or "blk.0.attn_output.bias" in tensors:
         config = replace(config, attention_bias="blk.0.attn_q.bias" in tensors,
                          o_proj_bias="blk.0.attn_output.bias" in tensors)
 
+    file = np.memmap(path, mode="r")
     if "rope_freqs.weight" in tensors:   # llama 3.x: rope scaling stored as per-dim factors
-        factors = dequantize(tensors.pop("rope_freqs.weight").data, gguf.GGMLQuantizationType.F32)
+        info = tensors.pop("rope_freqs.weight")
+        factors = dequantize(tensor_array(file, info), gguf.GGMLQuantizationType(info.type))
         config = _with_freq_factors(config, factors)
 
     unknown = [n for n in tensors if hf_name(n) is None]
     if unknown:
         raise ModelLoadError(
             f"{path}: unexpected tensor(s) for a llama model, e.g. {', '.join(unknown[:3])}")
-    shapes = {hf_name(n): tuple(int(x) for x in reversed(t.shape)) for n, t in tensors.items()}
+    shapes = {hf_name(n): t.shape for n, t in tensors.items()}
     check_weights(config, shapes, str(path))
 
     by_hf_name = {hf_name(n): t for n, t in tensors.items()}
 
     def read(name: str) -> torch.Tensor:
         t = by_hf_name[name]
-        arr = dequantize(t.data, t.tensor_type)
+        arr = dequantize(tensor_array(file, t), gguf.GGMLQuantizationType(t.type))
         if not arr.flags.writeable:          # a view of the read-only file mapping
             arr = np.array(arr)
         w = torch.from_numpy(arr).reshape(shapes[name])

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ModelLoadError
+from .tokenizer import Tokenizer
 
 # llama.cpp pre-tokenizer names whose regexes are "split each digit, then GPT-2's regex".
 _DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
@@ -33,13 +34,14 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], path: Path):
 
 
 def _byte_level_bpe(meta: Mapping[str, Any], digits_first: bool):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer as RustTokenizer
     from transformers import PreTrainedTokenizerFast
 
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+    tk = RustTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                               fuse_unk=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tk.pre_tokenizer = (pre_tokenizers.Sequence(
@@ -72,6 +74,11 @@ def _transformers_converter(path: Path):
                                              local_files_only=True)
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot build a tokenizer from GGUF metadata: {e}") from None
+
+
+def gguf_tokenizer(meta: Mapping[str, Any], path: Path) -> Tokenizer:
+    """The engine's Tokenizer for a GGUF file, from its (already read) metadata."""
+    return Tokenizer.from_hf(tokenizer_from_gguf(meta, path), gguf_eos_ids(meta))
 
 
 def gguf_eos_ids(meta: Mapping[str, Any]) -> set[int]:

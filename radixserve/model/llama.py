@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.attention.context import ForwardContext
+
 from .config import ModelConfig
 from .rope import RotaryEmbedding, apply_rotary
 from .weights import check_weights
@@ -46,14 +48,14 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend,
-                prepared, kv_pool) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:
         t = h.shape[0]
         q, k, v = self.qkv_proj(self.input_layernorm(h)).split(self.split, dim=-1)
         q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        o = backend.forward(prepared, self.index, q, k, v, kv_pool)
+        o = ctx.attention(self.index, q, k, v)
         h = h + self.o_proj(o.reshape(t, -1))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)
         return h + self.down_proj(F.silu(gate) * up)
@@ -65,7 +67,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         with torch.device("meta"):     # no init cost: load_weights fills everything
-            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            # _weight: no random init (normal_ on meta imports ~800 torch modules, ~1 s)
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                             _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
             self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -84,17 +88,17 @@ class LlamaForCausalLM(nn.Module):
         return self.embed_tokens.weight.device
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, backend,
-                prepared, kv_pool, logits_indices: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids/positions int64 [T] -> float32 logits [len(logits_indices), vocab]
-        (default: each sequence's last token, from meta.qo_indptr)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                logits_indices: torch.Tensor) -> torch.Tensor:
+        """input_ids/positions int64 [T] -> float32 logits [len(logits_indices), vocab].
+
+        logits_indices: the rows of the step's flat tokens to compute logits for (each
+        sequence's last token: `ctx.meta.last_token_rows()`)."""
         dev = self.device
         h = self.embed_tokens(input_ids.to(dev, non_blocking=True))
         cos, sin = self.rotary.lookup(positions.to(dev, non_blocking=True))
         for layer in self.layers:
-            h = layer(h, cos, sin, backend, prepared, kv_pool)
-        if logits_indices is None:
-            logits_indices = meta.qo_indptr[1:].to(torch.int64) - 1
+            h = layer(h, cos, sin, ctx)
         h = self.norm(h[logits_indices.to(h.device)])   # norm is per token: select first
         return self.lm_head(h).float()
 

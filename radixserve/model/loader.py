@@ -10,15 +10,17 @@ from pathlib import Path
 
 import torch
 
+from radixserve.phase_timer import PhaseTimer
+
 from .config import ModelConfig
 from .dtype import resolve_device, resolve_dtype
-from .errors import ModelLoadError
 from .gguf_loader import load_gguf
-from .gguf_tokenizer import gguf_eos_ids, tokenizer_from_gguf
+from .gguf_tokenizer import gguf_tokenizer
 from .hf_loader import load_hf_weights, read_hf_config
 from .llama import LlamaForCausalLM
-from .registry import SHORT_NAMES, resolve_short_name
+from .registry import resolve_model_path
 from .tokenizer import Tokenizer
+from .weights_cache import WeightsCache
 
 
 @dataclass
@@ -38,42 +40,46 @@ class LoadedModel:
 
 
 def load_model(model: str, dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "cpu") -> LoadedModel:
+               device: str | torch.device = "cpu", weights_cache: WeightsCache | None = None,
+               timer: PhaseTimer | None = None) -> LoadedModel:
+    """`weights_cache`: where a GGUF's dequantized weights are kept between loads (None:
+    dequantize every time). `timer` gets a lap per loading phase."""
+    timer = timer or PhaseTimer()
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    path = resolve_short_name(model)
-    if path is None:
-        path = Path(model).expanduser()
-        if not path.exists():
-            raise ModelLoadError(
-                f"model {model!r} not found: not a short name ({', '.join(SHORT_NAMES)}), "
-                f"a directory, or a .gguf file")
+    path = resolve_model_path(model)
+    timer.lap("device and dtype")
     if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if not (path / "config.json").is_file() and len(ggufs) == 1:
-            path = ggufs[0]
-        else:
-            return _load_hf_directory(model, path, dt, dev)
-    if path.suffix.lower() != ".gguf":
-        raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model directory")
-    return _load_gguf_file(model, path, dt, dev)
+        return _load_hf_directory(model, path, dt, dev, timer)
+    return _load_gguf_file(model, path, dt, dev, weights_cache, timer)
 
 
-def _load_gguf_file(name: str, path: Path, dtype: torch.dtype,
-                    device: torch.device) -> LoadedModel:
+def _load_gguf_file(name: str, path: Path, dtype: torch.dtype, device: torch.device,
+                    weights_cache: WeightsCache | None, timer: PhaseTimer) -> LoadedModel:
     contents = load_gguf(path, dtype)
-    hf_tok = tokenizer_from_gguf(contents.metadata, path)
-    tokenizer = Tokenizer.from_hf(hf_tok, gguf_eos_ids(contents.metadata))
-    model = _build(contents.config, contents.weights, str(path), dtype, device)
-    return LoadedModel(name, contents.config, model, tokenizer)
+    timer.lap("GGUF header")
+    tokenizer = gguf_tokenizer(contents.metadata, path)
+    timer.lap("tokenizer")
+    model = LlamaForCausalLM(contents.config, dtype=dtype, device=device)
+    entry = weights_cache.entry(path, dtype) if weights_cache is not None else None
+    if entry is not None and entry.restore(model):
+        timer.note("weights cache: hit")
+    else:
+        model.load_weights(contents.weights, str(path))     # dequantizes, tensor by tensor
+        if entry is not None:
+            timer.note(f"weights cache: {'stored' if entry.save(model) else 'not stored'}")
+    timer.lap("weights")
+    return LoadedModel(name, contents.config, model.eval(), tokenizer)
 
 
-def _load_hf_directory(name: str, directory: Path, dtype: torch.dtype,
-                       device: torch.device) -> LoadedModel:
+def _load_hf_directory(name: str, directory: Path, dtype: torch.dtype, device: torch.device,
+                       timer: PhaseTimer) -> LoadedModel:
     config = read_hf_config(directory)
     tokenizer = Tokenizer.from_directory(directory)   # before the weights: fail fast
+    timer.lap("tokenizer")
     weights = load_hf_weights(directory, config, dtype)
     model = _build(config, weights, str(directory), dtype, device)
+    timer.lap("weights")
     return LoadedModel(name, config, model, tokenizer)
 
 

@@ -61,3 +61,23 @@ def resolve_short_name(name: str) -> Path | None:
     Raises ModelLoadError (with the install command) when its package is missing."""
     entry = SHORT_NAMES.get(name.lower())
     return entry.locate() if entry else None
+
+
+def resolve_model_path(model: str) -> Path:
+    """A short name, a .gguf file, or a directory -> the .gguf file or the Hugging Face
+    directory to read. A directory holding one .gguf and no config.json means that file."""
+    path = resolve_short_name(model)
+    if path is None:
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise ModelLoadError(
+                f"model {model!r} not found: not a short name ({', '.join(SHORT_NAMES)}), "
+                f"a directory, or a .gguf file")
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").is_file() and len(ggufs) == 1:
+            return ggufs[0]
+        return path
+    if path.suffix.lower() != ".gguf":
+        raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model directory")
+    return path

@@ -178,15 +178,14 @@ def _read_json(path: Path) -> Any:
 
 
 def spec_from_gguf(path: Path, name: str) -> ModelSpec:
-    import gguf
-
-    from radixserve.model.gguf_loader import read_metadata
+    from radixserve.model.errors import ModelLoadError
+    from radixserve.model.gguf_file import read_gguf_header
 
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:
+        header = read_gguf_header(path)
+    except (ModelLoadError, OSError, ValueError) as exc:
         raise PlanInputError(f"{path} is not a readable GGUF file ({exc})") from None
-    meta = read_metadata(reader)
+    meta = header.metadata
     arch = str(meta.get("general.architecture", "unknown"))
 
     def get(key: str, default: Any = None) -> Any:
@@ -206,7 +205,12 @@ def spec_from_gguf(path: Path, name: str) -> ModelSpec:
             cfg[hf] = get(key)
     if "kv_lora_rank" not in cfg:
         cfg.pop("qk_rope_head_dim", None)
-    params = sum(int(t.n_elements) for t in reader.tensors)
+    params = 0
+    for info in header.tensors.values():
+        n = 1
+        for dim in info.dims:
+            n *= int(dim)
+        params += n
     spec = spec_from_hf_config(cfg, name, params, "GGUF tensors")
     if arch == "llama":       # the server's GGUF parser is the judge of what it can serve
         from radixserve.model.config import config_from_gguf

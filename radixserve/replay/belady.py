@@ -1,10 +1,13 @@
 """Belady's offline-optimal eviction, plugged into the RadixCache's policy interface.
 
 Evicting the page whose next use is farthest in the future is optimal for a cache that
-must admit every request (Belady 1966). In a prefix tree any request that uses a node
-uses all its ancestors, so next use grows with depth and the farthest page is always at
-a leaf: Belady on evictable leaves is Belady on pages. A leaf's next use is that of its
-last key, looked up in an index built from the whole trace before the replay starts.
+must admit every request (Belady 1966). In a prefix tree any request that uses a page
+uses all its ancestors, so next use never decreases with depth: the farthest page is the
+last page of some evictable leaf, and evicting it is always legal. The unit is the page,
+not the leaf: a leaf's head pages may be needed much sooner than its tail, so the replay
+evicts one page at a time (``PageAtATimeMemory``) and the leaf is re-ranked by its new
+last page after each. A leaf's rank is the next use of its last page, looked up in an
+index built from the whole trace before the replay starts.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import numpy as np
 
 from radixserve.cache.eviction import EvictionPolicy
 from radixserve.cache.eviction import make_policy as cache_policy
+from radixserve.cache.memory import PagedMemory
+from radixserve.cache.page_allocator import OutOfPages
 from radixserve.cache.token_keys import token_at
 
 from .workload import Workload
@@ -63,15 +68,22 @@ class NextUseIndex:
         return self._uses[j] if j < hi else NEVER
 
     @classmethod
-    def for_workload(cls, workload: Workload
+    def for_workload(cls, workload: Workload, capacity_pages: int | None = None
                      ) -> tuple[NextUseIndex, Callable[[int, int], int]]:
-        """The index and the next-use function of a node's last key, for either mode."""
+        """The index and the next-use function of a node's last key, for either mode.
+
+        A request whose pages exceed ``capacity_pages`` never fits, so it uses nothing: it
+        is left out of the index (keeping a page for it would waste the room).
+        """
         space = workload.space
         trace = workload.trace
+        ps = space.page_size
+        fits = [capacity_pages is None or math.ceil((L + m) / ps) <= capacity_pages
+                for L, m in workload.lengths()]
         if space.mode == "block":
-            ps = space.page_size
             index = cls(np.asarray(item.prompt_keys)[0::2][: math.ceil(
-                (item.prompt_len - 1) / ps)] for item in workload)
+                (item.prompt_len - 1) / ps) if fit else 0]
+                for item, fit in zip(workload, fits))
             # A block-mode edge ends with [symbol, PAGE_MARK]: its last page's symbol.
             return index, lambda key, now: index.next_use(token_at(key, -2), now)
         if trace.format != "hash":
@@ -79,17 +91,15 @@ class NextUseIndex:
                              "use --mode block for text traces")
         bs = trace.block_size
         blocks, extents = [], []
-        for r in trace.requests:
+        for r, fit in zip(trace.requests, fits):
             matchable = r.input_length - 1
-            n = math.ceil(matchable / bs)
+            n = math.ceil(matchable / bs) if fit else 0
             blocks.append(np.asarray(r.hash_ids[:n]))
             ext = np.full(n, bs, dtype=np.int64)
             if n:
                 ext[-1] = matchable - (n - 1) * bs
             extents.append(ext)
         index = cls(blocks, extents)
-
-        ps = space.page_size
 
         def next_use(key, now):
             # A synthesized token names its block; output tokens fall past every block id.
@@ -112,6 +122,7 @@ class BeladyPolicy(EvictionPolicy):
     """
 
     name = "belady"
+    evicts_pages_one_at_a_time = True   # the replay gives it a PageAtATimeMemory
 
     def __init__(self, index: NextUseIndex, next_use: Callable[[int, int], int]):
         self.index = index
@@ -123,6 +134,27 @@ class BeladyPolicy(EvictionPolicy):
 
     def key(self, node) -> int:
         return -self.next_use(node.key, self.now)
+
+
+class PageAtATimeMemory(PagedMemory):
+    """PagedMemory that evicts one page per ranking, for the Belady optimal.
+
+    ``RadixCache.evict(n)`` takes whole leaves in policy order, so a leaf whose last page is
+    needed last also loses head pages that other leaves' pages outrank. Asking it for one
+    page at a time trims the best leaf by its last page and re-ranks it by the page now
+    last, so every evicted page is the farthest-next-use page of the moment.
+    """
+
+    def alloc(self, n: int) -> np.ndarray:
+        free = self.num_free
+        short = n - free
+        if short > 0:
+            evictable = self.tree.evictable_tokens // self.page_size
+            if short > evictable:
+                raise OutOfPages(n, free + evictable)
+            for _ in range(short):
+                self.free(self.tree.evict(self.page_size))
+        return super().alloc(n)             # from the free list alone now
 
 
 class _TokenView:
@@ -152,11 +184,15 @@ class TokenUnitPolicy(EvictionPolicy):
         return self.inner.key(_TokenView(node, self.page_size))
 
 
-def make_policy(name: str, workload: Workload) -> EvictionPolicy:
+def make_policy(name: str, workload: Workload,
+                capacity_pages: int | None = None) -> EvictionPolicy:
     """A fresh policy for one replay: "belady" is built here, the others by the cache."""
     if name == "belady":
-        return BeladyPolicy(*NextUseIndex.for_workload(workload))
+        return BeladyPolicy(*NextUseIndex.for_workload(workload, capacity_pages))
     policy = cache_policy(name)
     if workload.space.mode == "block":
+        if hasattr(policy, "tokens_per_key"):    # reads sizes itself (the adaptive policy)
+            policy.tokens_per_key = workload.space.page_size / 2
+            return policy
         return TokenUnitPolicy(policy, workload.space.page_size)
     return policy

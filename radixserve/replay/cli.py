@@ -2,7 +2,9 @@
 
 Replays a request trace through the real RadixCache and reports, per capacity and eviction
 policy, the token and request hit rates, the prefill tokens saved, the offline optimal
-(Belady) and the ceiling (an unbounded cache). See docs/replay.md.
+(Belady) and the ceiling (an unbounded cache). With --replicas it simulates a cluster of
+caches behind a router; with --host-capacity-tokens / --disk-capacity-tokens a cache with
+lower tiers. See docs/replay.md.
 """
 
 from __future__ import annotations
@@ -49,20 +51,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="tokenizer for text traces (a short name, HF dir or .gguf)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--plot", metavar="PNG", default=None,
-                        help="draw hit rate against capacity per policy to this file")
+    parser.add_argument("--plot", metavar="FILE", default=None,
+                        help="draw the report to this file (.png, .svg, .pdf, ...): hit rate "
+                        "against capacity per policy; against replicas per router with "
+                        "--replicas; stacked by tier with tier capacities")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--check-every", type=int, default=0, metavar="N",
                         help="debug: check tree invariants and page conservation every "
                         "N requests")
+    parser.add_argument("--tile", type=int, default=1, metavar="N",
+                        help="replay the trace N times over, one copy after another, each "
+                        "with its own hash ids (a bigger trace of the same kind)")
+    cluster = parser.add_argument_group(
+        "cluster simulation", "N replicas, each with its own cache of --capacity-tokens, fed "
+        "by a router at the trace's timestamps")
+    cluster.add_argument("--replicas", default=None, metavar="N[,N...]",
+                         help="replica counts to simulate, e.g. 1,4,16,64,256")
+    cluster.add_argument("--router", default="all",
+                         help="comma list of: cache-aware, prefix-affinity, pow2, "
+                         "round-robin, consistent-hash; or all (default)")
+    cluster.add_argument("--prefill-seconds-per-token", type=float, default=5e-5,
+                         metavar="SECONDS",
+                         help="service model: seconds per computed prompt token "
+                         "(default 5e-5: 20k tokens/s; measure with scripts/bench_model.py)")
+    cluster.add_argument("--decode-seconds-per-token", type=float, default=1e-3,
+                         metavar="SECONDS",
+                         help="service model: seconds per output token (default 1e-3)")
+    cluster.add_argument("--time-unit", choices=("ms", "s"), default="ms",
+                         help="unit of the trace's timestamps (default ms, as Mooncake)")
+    cluster.add_argument("--cache-weight", type=float, default=4.0, metavar="W",
+                         help="cache-aware router: weight of the prefill a cached prefix "
+                         "saves against queued seconds (default 4; 1 = least estimated TTFT)")
+    cluster.add_argument("--seed", type=int, default=0, help="seed of the random routers")
+    tiers = parser.add_argument_group(
+        "tier simulation", "host memory and disk below the cache: evicted pages are demoted, "
+        "a hit there is loaded instead of recomputed")
+    tiers.add_argument("--host-capacity-tokens", default=None, metavar="TOKENS",
+                       help="host-memory tier size (suffixes as --capacity-tokens)")
+    tiers.add_argument("--disk-capacity-tokens", default=None, metavar="TOKENS",
+                       help="disk tier size (suffixes as --capacity-tokens)")
+    tiers.add_argument("--kv-bytes-per-token", type=int, default=131072, metavar="BYTES",
+                       help="KV bytes per token, for the bytes moved (default 131072: "
+                       "Llama-3-8B in fp16)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from .report import format_table, parse_capacities
-    from .sweep import SweepOptions, run_sweep
+    from .report import parse_capacities
+    from .sweep import SweepOptions
     from .traces import TraceError
 
     try:
+        if args.plot:
+            from .plot import check_plot_path
+
+            check_plot_path(args.plot)
         capacities = parse_capacities(args.capacity_tokens)
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         options = SweepOptions(
@@ -71,23 +113,70 @@ def run(args: argparse.Namespace) -> int:
             policies=policies, optimal=not args.no_optimal, concurrency=args.concurrency,
             include_outputs=args.include_outputs, warmup_fraction=args.warmup_fraction,
             limit=args.limit, on_error=args.on_error, model=args.model,
-            progress=not args.no_progress and not args.json, check_every=args.check_every)
-        report = run_sweep(options, warn=lambda msg: print(msg, file=sys.stderr))
+            progress=not args.no_progress and not args.json, check_every=args.check_every,
+            tile=args.tile)
+        report, table, plot = _simulate(args, options)
     except (TraceError, ValueError, OSError) as exc:
-        print(f"radixserve replay: error: {exc}", file=sys.stderr)
-        return 2
-    if args.plot:
-        from .plot import plot_curve
-
-        plot_curve(report, args.plot)
+        return _fail(exc)
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=1)
         print()
     else:
-        print(format_table(report))
-        if args.plot:
-            print(f"curve written to {args.plot}")
+        print(table(report))
+    if args.plot:     # after the report: a plot that fails loses nothing
+        try:
+            plot(report, args.plot)
+        except (OSError, ValueError) as exc:
+            return _fail(f"the report is above, but the plot failed: {exc}")
+        if not args.json:
+            print(f"plot written to {args.plot}")
     return 0
+
+
+def _simulate(args: argparse.Namespace, options):
+    """Run what the flags ask for: (report, its table function, its plot function)."""
+    warn = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    if args.replicas is not None:
+        if args.host_capacity_tokens is not None or args.disk_capacity_tokens is not None:
+            raise ValueError("simulate either a cluster (--replicas) or tiers "
+                             "(--host/--disk-capacity-tokens), not both at once")
+        from . import plot
+        from .cluster import ServiceModel
+        from .cluster_report import format_cluster_table
+        from .cluster_sweep import (ClusterOptions, parse_replicas, parse_routers,
+                                    run_cluster_sweep)
+
+        cluster = ClusterOptions(
+            replicas=parse_replicas(args.replicas), routers=parse_routers(args.router),
+            service=ServiceModel(args.prefill_seconds_per_token,
+                                 args.decode_seconds_per_token),
+            seconds_per_time_unit=1e-3 if args.time_unit == "ms" else 1.0,
+            cache_weight=args.cache_weight, seed=args.seed)
+        return (run_cluster_sweep(options, cluster, warn), format_cluster_table,
+                lambda r, path: plot.plot_cluster(r, path))
+    if args.host_capacity_tokens is not None or args.disk_capacity_tokens is not None:
+        from . import plot
+        from .report import parse_capacity
+        from .tier_sweep import format_tier_table, run_tier_sweep
+        from .tiers import TierConfig
+
+        sizes = [parse_capacity(v) if v is not None else 0
+                 for v in (args.host_capacity_tokens, args.disk_capacity_tokens)]
+        if None in sizes:
+            raise ValueError("tier capacities must be finite")
+        tiers = TierConfig(sizes[0], sizes[1], args.kv_bytes_per_token)
+        return (run_tier_sweep(options, tiers, warn), format_tier_table,
+                lambda r, path: plot.plot_tiers(r, path))
+    from . import plot
+    from .report import format_table
+    from .sweep import run_sweep
+
+    return run_sweep(options, warn), format_table, lambda r, path: plot.plot_curve(r, path)
+
+
+def _fail(reason) -> int:
+    print(f"radixserve replay: error: {reason}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from radixserve.cache.page_allocator import OutOfPages
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.radix_cache import RadixCache
 
-from .belady import make_policy
+from .belady import PageAtATimeMemory, make_policy
 from .workload import ReplayItem, Workload
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +43,42 @@ class ReplayConfig:
             raise ValueError("capacity must be >= 0 tokens")
 
 
+class HitCounts:
+    """Rates from the counts a stats object keeps over its measured requests."""
+
+    __slots__ = ()
+    measured_requests: int
+    query_tokens: int
+    hit_tokens: int
+    hit_requests: int
+    unfit_requests: int
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hit_requests / self.measured_requests if self.measured_requests else 0.0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens that still had to be computed."""
+        return self.query_tokens - self.hit_tokens
+
+    def count(self, prompt_len: int, hit: int | None) -> None:
+        """One measured request: its prompt length and hit tokens (None: it did not fit)."""
+        self.measured_requests += 1
+        self.query_tokens += prompt_len
+        if hit is None:
+            self.unfit_requests += 1
+        elif hit:
+            self.hit_tokens += hit
+            self.hit_requests += 1
+
+
 @dataclass(slots=True)
-class ReplayStats:
+class ReplayStats(HitCounts):
     """Counts over the measured requests (those after the warm-up)."""
 
     policy: str
@@ -60,19 +94,6 @@ class ReplayStats:
     hit_requests: int = 0        # measured requests with any hit
     unfit_requests: int = 0      # measured requests too big for the capacity (misses)
     seconds: float = 0.0
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-
-    @property
-    def request_hit_rate(self) -> float:
-        return self.hit_requests / self.measured_requests if self.measured_requests else 0.0
-
-    @property
-    def prefill_tokens(self) -> int:
-        """Prompt tokens that still had to be computed."""
-        return self.query_tokens - self.hit_tokens
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -92,17 +113,22 @@ class _InFlight:
 class _Run:
     """State of one replay: a fresh cache and page pool, and the requests in flight."""
 
-    def __init__(self, workload: Workload, config: ReplayConfig):
+    def __init__(self, workload: Workload, config: ReplayConfig,
+                 memory: Callable[[int, RadixCache], PagedMemory] | None = None):
         space = workload.space
         self.space = space
         self.config = config
-        self.policy = make_policy(config.policy, workload)
         if config.capacity_tokens is None:
             num_pages = workload.page_demand()
         else:
             num_pages = config.capacity_tokens // space.page_size
+        self.policy = make_policy(config.policy, workload, num_pages)
         self.cache = RadixCache(page_size=space.tree_page_size, policy=self.policy)
-        self.mem = PagedMemory(num_pages, self.cache)
+        if memory is None:
+            memory = (PageAtATimeMemory
+                      if getattr(self.policy, "evicts_pages_one_at_a_time", False)
+                      else PagedMemory)
+        self.mem = memory(num_pages, self.cache)
         self.inflight: deque[_InFlight] = deque()
 
     def admit(self, item: ReplayItem) -> int | None:
@@ -135,14 +161,36 @@ class _Run:
     def complete(self, flight: _InFlight) -> None:
         """The request finished: insert prompt + output, unlock, free what is left."""
         item = flight.item
-        if item.full_keys is not None:
+        if item.full_keys is None:
+            flight.lease.release()
+        else:
             total = (item.prompt_len + item.output_len) // self.space.page_size
-            flight.lease.extend(item.full_keys, self.space.keys_for_pages(total))
-        flight.lease.release()
+            flight.lease.release(item.full_keys, self.space.keys_for_pages(total))
+
+    def serve(self, item: ReplayItem) -> int | None:
+        """One request as the replay runs it: complete the oldest requests in flight down to
+        concurrency - 1, then admit it. Its hit tokens, or None when it cannot fit."""
+        while len(self.inflight) >= self.config.concurrency:
+            self.complete(self.inflight.popleft())
+        return self.admit(item)
 
     def drain(self) -> None:
         while self.inflight:
             self.complete(self.inflight.popleft())
+
+    def after_request(self, index: int, progress: Callable[[int], None] | None) -> None:
+        """Bookkeeping after request `index`: the periodic checks and the progress bar."""
+        every = self.config.check_every
+        if every and (index + 1) % every == 0:
+            self.check()
+        if progress is not None:
+            progress(1)
+
+    def finish(self) -> None:
+        """Complete every request in flight (and check, when checks are on)."""
+        self.drain()
+        if self.config.check_every:
+            self.check()
 
     def check(self) -> None:
         self.cache.check_invariants()
@@ -162,24 +210,11 @@ def replay(workload: Workload, config: ReplayConfig,
     for i, item in enumerate(workload):
         if set_now is not None:
             set_now(i)
-        while len(run.inflight) >= config.concurrency:
-            run.complete(run.inflight.popleft())
-        hit = run.admit(item)
+        hit = run.serve(item)
         if i >= warmup:
-            stats.measured_requests += 1
-            stats.query_tokens += item.prompt_len
-            if hit is None:
-                stats.unfit_requests += 1
-            elif hit:
-                stats.hit_tokens += hit
-                stats.hit_requests += 1
-        if config.check_every and (i + 1) % config.check_every == 0:
-            run.check()
-        if progress is not None:
-            progress(1)
-    run.drain()
-    if config.check_every:
-        run.check()
+            stats.count(item.prompt_len, hit)
+        run.after_request(i, progress)
+    run.finish()
     stats.requests = len(workload)
     stats.seconds = time.perf_counter() - start
     return stats

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from .replayer import ReplayStats
 
 OPTIMAL = "belady"
+BASELINE = "lru"     # the policy the "gap closed" column measures from
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9,
            "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -67,11 +68,25 @@ class ReplayReport:
     ceiling: ReplayStats
     points: list[ReplayStats] = field(default_factory=list)
 
-    def optimal_at(self, capacity: int | None) -> ReplayStats | None:
+    def point(self, policy: str, capacity: int | None) -> ReplayStats | None:
         for p in self.points:
-            if p.policy == OPTIMAL and p.capacity_tokens == capacity:
+            if p.policy == policy and p.capacity_tokens == capacity:
                 return p
         return None
+
+    def optimal_at(self, capacity: int | None) -> ReplayStats | None:
+        return self.point(OPTIMAL, capacity)
+
+    def gap_closed(self, p: ReplayStats) -> float | None:
+        """(policy - LRU) / (optimal - LRU) at p's capacity: the share of the gap closed.
+
+        None unless LRU and the optimal are both in the sweep and the gap is not empty.
+        """
+        lru = self.point(BASELINE, p.capacity_tokens)
+        opt = self.optimal_at(p.capacity_tokens)
+        if lru is None or opt is None or opt.hit_tokens == lru.hit_tokens:
+            return None
+        return (p.hit_tokens - lru.hit_tokens) / (opt.hit_tokens - lru.hit_tokens)
 
     def to_dict(self) -> dict:
         points = []
@@ -82,6 +97,7 @@ class ReplayReport:
                                         if opt and opt.hit_tokens else None)
             d["fraction_of_ceiling"] = (p.hit_tokens / self.ceiling.hit_tokens
                                         if self.ceiling.hit_tokens else None)
+            d["gap_closed"] = self.gap_closed(p)
             points.append(d)
         return {
             "trace": self.trace, "format": self.format, "mode": self.mode,
@@ -96,7 +112,8 @@ class ReplayReport:
 def format_table(report: ReplayReport) -> str:
     """A fixed-width table: one row per (capacity, policy), the ceiling last."""
     head = (f"{'capacity':>10} {'policy':>8} {'token hit':>9} {'req hit':>8} "
-            f"{'saved tokens':>13} {'of optimal':>10} {'unfit':>6} {'time s':>7}")
+            f"{'saved tokens':>13} {'of optimal':>10} {'gap closed':>10} {'unfit':>6} "
+            f"{'time s':>7}")
     lines = [f"trace {report.trace} ({report.format}, {report.requests} requests, "
              f"{report.mode} mode, page size {report.page_size}, concurrency "
              f"{report.concurrency}, warm-up {report.warmup_fraction:g}"
@@ -106,13 +123,15 @@ def format_table(report: ReplayReport) -> str:
         opt = report.optimal_at(p.capacity_tokens)
         of_opt = f"{p.hit_tokens / opt.hit_tokens:10.1%}" if opt and opt.hit_tokens else \
             f"{'-':>10}"
+        gap = report.gap_closed(p)
+        gap_text = f"{gap:10.1%}" if gap is not None else f"{'-':>10}"
         lines.append(f"{human_tokens(p.capacity_tokens):>10} {p.policy:>8} "
                      f"{p.token_hit_rate:9.2%} {p.request_hit_rate:8.2%} "
-                     f"{p.hit_tokens:13,d} {of_opt} {p.unfit_requests:6d} "
+                     f"{p.hit_tokens:13,d} {of_opt} {gap_text} {p.unfit_requests:6d} "
                      f"{p.seconds:7.2f}")
     c = report.ceiling
     lines.append(f"{'ceiling':>10} {'-':>8} {c.token_hit_rate:9.2%} "
-                 f"{c.request_hit_rate:8.2%} {c.hit_tokens:13,d} {'-':>10} "
+                 f"{c.request_hit_rate:8.2%} {c.hit_tokens:13,d} {'-':>10} {'-':>10} "
                  f"{c.unfit_requests:6d} {c.seconds:7.2f}")
     lines.append(f"prompt tokens measured: {c.query_tokens:,d} over "
                  f"{c.measured_requests:,d} requests")

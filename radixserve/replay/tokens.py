@@ -81,10 +81,7 @@ class TextTokenizer:
 
 
 def load_tokenizer(model: str):
-    """The model's tokenizer, without its weights when the model package allows it."""
-    import radixserve.model as model_pkg  # lazy: imports torch
+    """The model's tokenizer, without its weights (nor torch): see model.load_tokenizer."""
+    from radixserve.model import load_tokenizer as load_model_tokenizer
 
-    loader = getattr(model_pkg, "load_tokenizer", None)
-    if loader is not None:
-        return loader(model)
-    return model_pkg.load_model(model).tokenizer
+    return load_model_tokenizer(model)

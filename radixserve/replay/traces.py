@@ -25,6 +25,11 @@ import msgspec
 OnError = Literal["stop", "skip"]
 TraceFormat = Literal["auto", "hash", "text"]
 
+# Lengths and token ids a replay can represent: prompts, outputs and token ids live in
+# int64 arrays next to synthesized ids (text outputs start at 2**40: tokens.py).
+MAX_TOKENS = 1 << 40
+MAX_TOKEN_ID = 1 << 40
+
 
 class TraceError(ValueError):
     """A malformed trace line, named by file and line number."""
@@ -111,12 +116,12 @@ def parse_hash_line(raw: bytes, block_size: int) -> HashRequest | str:
         return f"input_length must be >= 1, got {rec.input_length}"
     if rec.output_length < 0:
         return f"output_length must be >= 0, got {rec.output_length}"
+    if max(rec.input_length, rec.output_length) >= MAX_TOKENS:
+        return f"input_length and output_length must be < 2**40 tokens"
     need = math.ceil(rec.input_length / block_size)
     if len(rec.hash_ids) != need:
         return (f"{len(rec.hash_ids)} hash_ids but input_length {rec.input_length} needs "
                 f"{need} blocks of {block_size} tokens (wrong --block-size?)")
-    if any(h < 0 for h in rec.hash_ids):
-        return "hash_ids must be non-negative integers"
     if rec.timestamp is not None and not math.isfinite(rec.timestamp):
         return "timestamp must be a finite number"
     return HashRequest(0, rec.input_length, rec.output_length, tuple(rec.hash_ids),
@@ -135,6 +140,10 @@ def parse_text_line(raw: bytes) -> TextRequest | str:
                 + (f", got {', '.join(given)}" if given else ""))
     if rec.input_ids is not None and (not rec.input_ids or min(rec.input_ids) < 0):
         return "input_ids must be a non-empty list of non-negative integers"
+    for name in ("input_ids", "output_ids"):
+        ids = getattr(rec, name)
+        if ids and (max(ids) >= MAX_TOKEN_ID or min(ids) < 0):
+            return f"{name} must be integers in [0, 2**40) (token ids of a vocabulary)"
     if rec.prompt is not None and not rec.prompt:
         return "prompt is empty"
     if rec.messages is not None:
@@ -143,8 +152,8 @@ def parse_text_line(raw: bytes) -> TextRequest | str:
         for i, msg in enumerate(rec.messages):
             if not isinstance(msg.get("role"), str) or "content" not in msg:
                 return f"messages[{i}] needs a 'role' string and a 'content'"
-    if rec.output_length is not None and rec.output_length < 0:
-        return f"output_length must be >= 0, got {rec.output_length}"
+    if rec.output_length is not None and not 0 <= rec.output_length < MAX_TOKENS:
+        return f"output_length must be in [0, 2**40), got {rec.output_length}"
     if rec.timestamp is not None and not math.isfinite(rec.timestamp):
         return "timestamp must be a finite number"
     return TextRequest(0, rec.prompt, rec.messages,
@@ -152,6 +161,48 @@ def parse_text_line(raw: bytes) -> TextRequest | str:
                        rec.output_length, rec.output,
                        None if rec.output_ids is None else tuple(rec.output_ids),
                        rec.timestamp)
+
+
+def dense_hash_ids(requests: list[HashRequest]) -> list[HashRequest]:
+    """The same requests with hash ids renumbered 0, 1, 2, ... in order of first use.
+
+    A trace's ids may be any integers (64-bit hashes, 1e12, beyond 2**64); equal ids stay
+    equal and different ids stay different, and every array sized or indexed by an id
+    (Belady's next-use index, synthesized token ids) stays as small as the trace.
+    """
+    dense: dict[int, int] = {}
+    out = []
+    for r in requests:
+        ids = tuple(dense.setdefault(h, len(dense)) for h in r.hash_ids)
+        out.append(dataclasses.replace(r, hash_ids=ids))
+    return out
+
+
+def tile_trace(trace: Trace, copies: int) -> Trace:
+    """The trace `copies` times over, one copy after another: a bigger trace of the same kind.
+
+    Each copy gets hash ids of its own (offset past the previous copy's), so copies share
+    nothing, and timestamps shifted by the trace's span plus one mean gap between requests.
+    """
+    if copies < 1:
+        raise ValueError(f"--tile must be >= 1, got {copies}")
+    if copies == 1:
+        return trace
+    if trace.format != "hash":
+        raise ValueError("--tile needs a hash-id trace")
+    reqs = trace.requests
+    id_step = 1 + max(max(r.hash_ids) for r in reqs)
+    stamps = [r.timestamp for r in reqs]
+    timed = all(t is not None for t in stamps)
+    span = max(stamps) - min(stamps) if timed else 0.0
+    shift = span + (span / (len(reqs) - 1) if len(reqs) > 1 else 1.0)
+    out = []
+    for c in range(copies):
+        for r in reqs:
+            out.append(dataclasses.replace(
+                r, hash_ids=tuple(h + c * id_step for h in r.hash_ids),
+                timestamp=r.timestamp + c * shift if timed else None))
+    return dataclasses.replace(trace, requests=out)
 
 
 def _looks_like_hash_trace(raw: bytes) -> bool | None:
@@ -201,6 +252,8 @@ def read_trace(path: str | Path, fmt: TraceFormat = "auto", block_size: int = 51
             requests.append(dataclasses.replace(parsed, line=line_no))
     if not requests:
         raise TraceError(path, line_no, "no valid request in the trace")
+    if kind == "hash":
+        requests = dense_hash_ids(requests)
     # Replay order is timestamp order (stable: ties keep file order); file order when any
     # request has no timestamp.
     if all(r.timestamp is not None for r in requests):

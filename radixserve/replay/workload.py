@@ -101,6 +101,12 @@ class Workload:
         self._tokenized: list[tuple[list[int], Sequence[int] | None, int]] | None = None
         if trace.format == "hash":
             self.max_block_id = max(max(r.hash_ids) for r in trace.requests)
+            if mode == "token":
+                top = (self.max_block_id + 1) * bs + sum(m for _, m in self.lengths())
+                if top >= 1 << 62:
+                    raise ValueError(f"{self.max_block_id + 1} blocks of {bs} tokens are too "
+                                     "many synthesized token ids for token mode; use "
+                                     "--mode block")
 
     def __len__(self) -> int:
         return len(self.trace.requests)

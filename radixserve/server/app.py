@@ -126,11 +126,15 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
 
 @web.middleware
 async def gate_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Refuse new work while draining; check the API key everywhere but /health."""
+    """Refuse new work while draining or starting; check the API key everywhere but /health."""
     state = request.app[STATE]
     if state.draining:
         raise ApiError(503, "the server is shutting down", type="service_unavailable",
                        code="shutting_down")
+    if not state.engine.ready:               # listening, but the engine is still warming up
+        raise ApiError(503, "the server is starting: the model is warming up",
+                       type="service_unavailable", code="starting",
+                       headers={"Retry-After": str(state.config.retry_after_s)})
     auth = state.config.auth
     if auth.enabled and request.path not in PUBLIC_PATHS:
         key = auth.check(request.headers.get("Authorization"))

@@ -223,10 +223,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _main(config: EngineConfig, args: argparse.Namespace, lines: list[bytes]) -> Summary:
     from radixserve.engine.engine import Engine
-    from radixserve.engine.compute_thread import on_compute_thread
-    from radixserve.model import load_model
+    from radixserve.engine.model_loading import load_engine_model
 
-    loaded = on_compute_thread(load_model, config.model, dtype=config.dtype, device=config.device)
+    loaded = load_engine_model(config)
     engine = Engine(config, loaded)
     await engine.start()
     try:

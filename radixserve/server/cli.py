@@ -1,5 +1,9 @@
 """`radixserve serve`: load the model, start the engine, serve HTTP until SIGTERM / SIGINT.
 
+Start-up: load the model (dequantized weights come from the weights cache), build the
+engine, listen (/health says 503 meanwhile), warm up, then /health says 200 and the
+time of each phase is printed.
+
 On a signal: stop accepting, let running requests finish within --shutdown-grace-s, abort
 the rest, stop the engine, exit 0.
 """
@@ -13,9 +17,12 @@ import os
 import signal
 import sys
 
+from aiohttp import web
+
 from radixserve.engine.config import EngineConfig, add_engine_arguments
-from radixserve.server.app import (DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState, bound_address,
-                                   drain_and_stop, start_server)
+from radixserve.phase_timer import PhaseTimer
+from radixserve.server.app import (DEFAULT_MAX_BODY_BYTES, STATE, ServerConfig, ServerState,
+                                   bound_address, drain_and_stop, start_server)
 from radixserve.server.auth import AuthConfig
 
 API_KEY_ENV = "RADIXSERVE_API_KEY"
@@ -64,25 +71,40 @@ def describe_pool(engine) -> str:
             f"{size / 2**20:.1f} MiB ({size} bytes)")
 
 
-async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
-    from radixserve.engine.engine import Engine
-    from radixserve.engine.compute_thread import on_compute_thread
-    from radixserve.model import load_model
-
-    loaded = on_compute_thread(load_model, engine_config.model,
-                               dtype=engine_config.dtype, device=engine_config.device)
-    engine = Engine(engine_config, loaded)
-    await engine.start()
+async def start_serving(engine, config: ServerConfig, timer: PhaseTimer) -> web.AppRunner:
+    """Listen first, then warm the engine up: /health answers 503 until `engine.start`
+    returns (warm-up done, loop running), 200 from then on."""
     state = ServerState.create(engine, config)
+    runner = await start_server(state, config.host, config.port)
+    timer.lap("listen")
+    try:
+        await engine.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    timer.lap("warm-up")
+    return runner
+
+
+async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseTimer) -> None:
+    from radixserve.engine.engine import Engine
+    from radixserve.engine.model_loading import load_engine_model
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = await start_server(state, config.host, config.port)
+    timer.lap("python and imports")
+    loaded = load_engine_model(engine_config, timer)
+    engine = Engine(engine_config, loaded)
+    timer.lap("engine and KV pool")
+    runner = await start_serving(engine, config, timer)
+    state = runner.app[STATE]
     host, port = bound_address(runner)
     print(f"radixserve: serving {state.info.name!r} on http://{host}:{port} "
           f"(context {state.info.max_model_len} tokens)", flush=True)
     print(f"radixserve: {describe_pool(engine)}", flush=True)
+    print(f"radixserve: {timer.summary()}", flush=True)
     print(f"radixserve: {engine.runner.describe_kv_cache()}", flush=True)
     try:
         await stop.wait()
@@ -94,11 +116,12 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    timer = PhaseTimer.since_process_start()
     logging.basicConfig(level=logging.INFO if args.access_log else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = server_config(args)
     try:
-        asyncio.run(serve(EngineConfig.from_args(args), config))
+        asyncio.run(serve(EngineConfig.from_args(args), config, timer))
     except KeyboardInterrupt:
         pass
     except Exception as exc:                     # ModelLoadError and friends: say it plainly

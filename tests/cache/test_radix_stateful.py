@@ -364,3 +364,21 @@ TestPageSize2LFU = PageSize2LFU.TestCase
 TestPageSize2LFU.settings = settings(SETTINGS, max_examples=40)
 TestPageSize4GDSF = PageSize4GDSF.TestCase
 TestPageSize4GDSF.settings = settings(SETTINGS, max_examples=40)
+
+
+class PageSize2Adaptive(RadixMachine):
+    """The learned policy: memoized keys must survive every rule (check_invariants recomputes
+    them); explore=2 so both explorers and class-keyed leaves (and admission) show up."""
+
+    page_size = 2
+    num_pages = 16
+
+    def __init__(self):
+        from radixserve.cache.adaptive_policy import AdaptivePolicy
+
+        self.policy = AdaptivePolicy(explore=2, admission_threshold=0.3)
+        super().__init__()
+
+
+TestPageSize2Adaptive = PageSize2Adaptive.TestCase
+TestPageSize2Adaptive.settings = settings(SETTINGS, max_examples=60)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from radixserve.attention.backend import BackendUnavailable
+from radixserve.attention.context import ForwardContext
 from radixserve.attention.metadata import SeqSpan
 from radixserve.engine import runner as runner_mod
 from radixserve.engine.batch import StepBatch
@@ -218,8 +219,9 @@ def test_execute_samples_the_requested_spans_last_tokens(tiny_loaded):
         batch = _greedy_batch(spans, rng, sample_rows)
         got = runner.execute(batch).token_ids
         meta = build_metadata(spans, 1, "cpu")
-        logits = ref.model(torch.tensor(batch.input_ids), torch.tensor(batch.positions), meta,
-                           ref.backend, ref.backend.prepare(meta), ref.kv_pool)  # all spans
+        ctx = ForwardContext.prepare(ref.backend, meta, ref.kv_pool)
+        logits = ref.model(torch.tensor(batch.input_ids), torch.tensor(batch.positions), ctx,
+                           meta.last_token_rows())                          # all spans
         assert got == logits.argmax(-1)[sample_rows].tolist()
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from radixserve.attention import SeqSpan, build_metadata, create_backend
+from radixserve.attention.context import ForwardContext
 from radixserve.attention.kv_pool import KVPool
 
 
@@ -47,8 +48,9 @@ class PagedRunner:
         pos = torch.cat([torch.arange(s.cached_len, s.cached_len + len(toks))
                          for s, toks in work])
         meta = build_metadata(spans, self.page_size, self.model.device)
-        logits = self.model(ids, pos, meta, self.backend, self.backend.prepare(meta),
-                            self.pool, logits_indices)
+        ctx = ForwardContext.prepare(self.backend, meta, self.pool)
+        rows = meta.last_token_rows() if logits_indices is None else logits_indices
+        logits = self.model(ids, pos, ctx, rows)
         for s, toks in work:
             s.cached_len += len(toks)
         return logits

@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REAL_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / \
-    "mooncake_fast25_synthetic_trace.jsonl"
+def _shared_trace() -> Path:
+    """The shared trace beside the checkout (a worktree may sit one level deeper)."""
+    name = Path("shared") / "traces" / "mooncake_fast25_synthetic_trace.jsonl"
+    for parent in Path(__file__).resolve().parents[3:5]:
+        if (parent / name).is_file():
+            return parent / name
+    return Path(__file__).resolve().parents[3] / name
+
+
+REAL_TRACE = _shared_trace()
 
 
 def write_jsonl(path: Path, records: list) -> Path:

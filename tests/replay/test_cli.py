@@ -50,6 +50,12 @@ def test_json_report(cycle_trace, capsys):
     assert points[12, "lru"]["hit_tokens"] == 0
     assert points[12, "belady"]["hit_tokens"] == 12
     assert points[12, "belady"]["fraction_of_optimal"] == 1.0
+    # Share of the LRU-to-optimal gap closed: 0 for LRU, 1 for the optimal, none where
+    # the gap is empty (1k tokens hold everything).
+    assert points[12, "lru"]["gap_closed"] == 0.0
+    assert points[12, "belady"]["gap_closed"] == 1.0
+    assert points[12, "gdsf"]["gap_closed"] == pytest.approx(points[12, "gdsf"]["hit_tokens"] / 12)
+    assert points[1000, "gdsf"]["gap_closed"] is None
     # 1k tokens hold all three blocks: every repeat hits, as in the unbounded ceiling.
     assert points[1000, "lru"]["hit_tokens"] == report["ceiling"]["hit_tokens"] == 6 * 4
     assert report["ceiling"]["token_hit_rate"] == pytest.approx(24 / 45)
@@ -66,6 +72,7 @@ def test_table_plot_and_options(cycle_trace, tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "token mode" in out and "concurrency 2" in out and "belady" in out
+    assert "gap closed" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000
 
@@ -84,6 +91,8 @@ import sys
 from radixserve.cli import main
 assert main(["replay", {str(cycle_trace)!r}, "--block-size", "4", "--capacity-tokens",
              "12", "--no-progress"]) == 0
+assert main(["replay", {str(cycle_trace)!r}, "--block-size", "4", "--capacity-tokens",
+             "12", "--no-progress", "--replicas", "1,2", "--router", "all"]) == 0
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "radixserve.model"))
 assert not heavy, heavy
 assert "radixserve.model" not in sys.modules
@@ -93,3 +102,38 @@ assert "radixserve.model" not in sys.modules
                           str(cycle_trace), "--block-size", "4", "--json"],
                          check=True, capture_output=True, text=True, timeout=120).stdout
     assert json.loads(out)["ceiling"]["hit_tokens"] == 24
+
+
+def test_bad_plot_paths_fail_before_the_sweep(cycle_trace, tmp_path, capsys):
+    base = [str(cycle_trace), "--block-size", "4", "--capacity-tokens", "12", "--no-progress"]
+    assert replay_main(base + ["--plot", str(tmp_path / "no" / "such" / "c.png")]) == 2
+    out, err = capsys.readouterr()
+    assert "does not exist" in err and "Traceback" not in err
+    assert replay_main(base + ["--plot", str(tmp_path / "curve.xyz")]) == 2
+    err = capsys.readouterr().err
+    assert "unsupported file type '.xyz'" in err and ".png" in err
+
+
+def test_a_plot_that_fails_late_keeps_the_report(cycle_trace, tmp_path, capsys):
+    # The folder exists when checked, but the file cannot be written: the table is printed
+    # first, then one line says why the plot failed.
+    target = tmp_path / "curve.png"
+    target.mkdir()                      # a folder where the file should go
+    code = replay_main([str(cycle_trace), "--block-size", "4", "--capacity-tokens", "12",
+                        "--no-progress", "--plot", str(target)])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "belady" in out and "ceiling" in out
+    assert "plot failed" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--page-size", "0"], "--page-size must be >= 1"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--capacity-tokens", "3"], "less than one page (4 tokens)"),
+    (["--capacity-tokens", "12,2"], "capacity 2 tokens is less than one page"),
+])
+def test_bad_numbers_get_clear_messages(cycle_trace, capsys, flags, message):
+    assert replay_main([str(cycle_trace), "--block-size", "4", "--no-progress"] + flags) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

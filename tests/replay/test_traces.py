@@ -60,7 +60,7 @@ def test_wrong_block_size_is_explained(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", [rec([1, 2, 3], 1000)])
     with pytest.raises(TraceError, match=r"t.jsonl:1: .*wrong --block-size"):
         read_trace(path)                               # default block size 512
-    assert read_trace(path, block_size=400).requests[0].hash_ids == (1, 2, 3)
+    assert read_trace(path, block_size=400).requests[0].hash_ids == (0, 1, 2)  # dense ids
 
 
 def test_replay_order_is_timestamp_order(tmp_path):
@@ -69,7 +69,7 @@ def test_replay_order_is_timestamp_order(tmp_path):
                                               rec([3], 4, timestamp=30),
                                               rec([4], 4, timestamp=20)])
     trace = read_trace(path, block_size=4)
-    assert [r.hash_ids[0] for r in trace.requests] == [2, 4, 1, 3]   # stable on ties
+    assert [r.line for r in trace.requests] == [2, 4, 1, 3]   # stable on ties
     assert read_trace(path, block_size=4, limit=2).num_lines == 3
 
 
@@ -98,3 +98,70 @@ def test_a_trace_without_requests_is_an_error(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", ["", "{bad"])
     with pytest.raises(TraceError, match="no valid request"):
         read_trace(path, on_error="skip")
+
+
+@pytest.mark.parametrize("mode", ["block", "token"])
+def test_hash_ids_of_any_size(tmp_path, mode):
+    # Ids far beyond int64 (and negative: signed 64-bit hashes) are names, nothing more:
+    # they are renumbered densely when read, so equal ids share and different ids do not.
+    from radixserve.replay.replayer import ReplayConfig, replay
+    from radixserve.replay.workload import Workload
+
+    big, huge = 10**12, 2**64 + 5
+    records = [rec([big, 2**63], 8), rec([big, 2**63], 8), rec([huge, -7], 8),
+               rec([huge, -7, 10**30], 12)]
+    trace = read_trace(write_jsonl(tmp_path / "t.jsonl", records), block_size=4)
+    assert [r.hash_ids for r in trace.requests] == [(0, 1), (0, 1), (2, 3), (2, 3, 4)]
+    for policy in ("lru", "belady"):
+        got = replay(Workload(trace, mode, 4), ReplayConfig(None if policy == "lru" else 40,
+                                                            policy, check_every=1))
+        assert got.hit_tokens == 7 + 8, policy    # repeat: 7 of 8; [huge, -7] then 8 of 11
+
+
+@pytest.mark.parametrize("mode", ["block", "token"])
+def test_ids_that_would_wrap_around_int64_do_not_collide(tmp_path, mode):
+    # Token mode synthesizes id * block_size + j: without dense ids, 2**55 + 1 blocks of 512
+    # wrap around int64 onto block 1's tokens and fake a hit.
+    from radixserve.replay.replayer import ReplayConfig, replay
+    from radixserve.replay.workload import Workload
+
+    records = [rec([1], 512), rec([2**55 + 1], 512), rec([1], 512)]
+    trace = read_trace(write_jsonl(tmp_path / "t.jsonl", records), block_size=512)
+    got = replay(Workload(trace, mode, 512), ReplayConfig(None))
+    assert got.hit_tokens == 511          # only the true repeat, request 2, hits (L-1)
+    assert got.hit_requests == 1
+
+
+def test_what_cannot_be_represented_is_refused_with_its_line(tmp_path):
+    lines = [rec([1], 4), {"input_length": 2**41, "hash_ids": [1]}]
+    with pytest.raises(TraceError) as info:
+        read_trace(write_jsonl(tmp_path / "t.jsonl", lines), block_size=4)
+    assert info.value.line == 2 and "2**40" in info.value.reason
+    lines = [{"input_ids": [1, 2]}, {"input_ids": [1, 2**63]}]
+    with pytest.raises(TraceError) as info:
+        read_trace(write_jsonl(tmp_path / "t.jsonl", lines), "text")
+    assert info.value.line == 2 and "input_ids" in info.value.reason
+    lines = [{"input_ids": [1, 2], "output_length": 2**50}]
+    with pytest.raises(TraceError) as info:
+        read_trace(write_jsonl(tmp_path / "t.jsonl", lines), "text")
+    assert info.value.line == 1 and "output_length" in info.value.reason
+
+
+def test_tile_repeats_the_trace_with_its_own_ids_and_later_times(tmp_path):
+    from radixserve.replay.replayer import ReplayConfig, replay
+    from radixserve.replay.traces import tile_trace
+    from radixserve.replay.workload import Workload
+
+    records = [rec([1, 2], 8, timestamp=0), rec([1, 3], 8, timestamp=10),
+               rec([1, 2], 8, timestamp=30)]
+    trace = read_trace(write_jsonl(tmp_path / "t.jsonl", records), block_size=4)
+    tiled = tile_trace(trace, 3)
+    assert len(tiled.requests) == 9
+    assert [r.timestamp for r in tiled.requests] == [0, 10, 30, 45, 55, 75, 90, 100, 120]
+    ids = [set(h for r in tiled.requests[3 * c: 3 * c + 3] for h in r.hash_ids)
+           for c in range(3)]
+    assert not (ids[0] & ids[1]) and not (ids[1] & ids[2])
+    one = replay(Workload(trace, "block", 4), ReplayConfig(None)).hit_tokens
+    assert replay(Workload(tiled, "block", 4), ReplayConfig(None)).hit_tokens == 3 * one > 0
+    with pytest.raises(ValueError, match="--tile"):
+        tile_trace(trace, 0)

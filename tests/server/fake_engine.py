@@ -61,6 +61,10 @@ class FakeEngine:
         self._stats = EngineStats(pages_total=1024, page_size=1)
         self._stats.kv_pool_bytes = 1024 * 100
 
+    @property
+    def ready(self) -> bool:
+        return not self.stopped
+
     async def start(self) -> None:
         self.stopped = False
 

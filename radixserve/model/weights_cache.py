@@ -1,0 +1,153 @@
+"""WeightsCache: a model's parameters as loaded from a GGUF, kept on disk between starts.
+
+Loading SmolLM2's Q4_1 GGUF dequantizes 135M weights (~1.8 s on 2 cores) and copies them
+into the model (~0.5 s, mostly page faults). From a cache entry the parameters instead
+become views of the entry's file mapping: checking it (sha256 of the GGUF, crc32 of the
+entry) takes ~0.2 s and nothing is copied; the pages come from the OS page cache, shared
+by every process that maps the entry.
+
+The key is the GGUF's sha256, the dtype, and a fingerprint of the code that turns a GGUF
+into parameters (our loader and model modules, the `gguf` dequantizer, torch's version):
+a changed file or changed code never matches an old entry. Entries are checked safetensors
+files (`checked_safetensors.py`): written atomically and crc32-verified at every load; a
+bad one is deleted and rebuilt, never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .checked_safetensors import DTYPE_NAMES, BadFile, read_checked, write_checked
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR_ENV = "RADIXSERVE_CACHE_DIR"
+# Modules whose code decides what a GGUF's parameters hold: editing one retires old entries.
+_FINGERPRINTED = ("radixserve.model.gguf_loader", "radixserve.model.gguf_file",
+                  "radixserve.model.llama", "radixserve.model.weights", "gguf.quants")
+
+
+def default_cache_dir() -> Path:
+    """$RADIXSERVE_CACHE_DIR, else $XDG_CACHE_HOME/radixserve, else ~/.cache/radixserve."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "radixserve"
+
+
+def file_sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)              # releases the GIL: other threads run
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    import importlib
+
+    digest = hashlib.sha256(torch.__version__.encode())
+    for name in _FINGERPRINTED:
+        module = sys.modules.get(name) or importlib.import_module(name)
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class WeightsCache:
+    directory: Path
+
+    @classmethod
+    def at(cls, directory: str | Path | None = None) -> "WeightsCache":
+        """The cache in `directory`, or in `default_cache_dir()` when None."""
+        return cls(Path(directory).expanduser() if directory else default_cache_dir())
+
+    def entry(self, source: Path, dtype: torch.dtype) -> "CacheEntry | None":
+        """The entry for `source` (a GGUF) loaded in `dtype`; None for dtypes not cached."""
+        if dtype not in DTYPE_NAMES:
+            return None
+        family = f"{source.stem}-{file_sha256(source)}-{DTYPE_NAMES[dtype]}-"
+        key = family.removeprefix(f"{source.stem}-") + code_fingerprint()
+        return CacheEntry(self.directory / f"{family}{code_fingerprint()}.safetensors", key,
+                          family)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    path: Path
+    key: str
+    family: str        # file-name prefix shared by this GGUF's entries in this dtype
+
+    def restore(self, model: nn.Module) -> bool:
+        """Give `model` the entry's parameters (on CPU: views of its mapping, no copy).
+        False when there is no usable entry; a bad one is deleted (and logged)."""
+        params = dict(model.named_parameters())
+        dtype = next(iter(params.values())).dtype
+        try:
+            tensors = read_checked(self.path, self.key,
+                                   {n: tuple(p.shape) for n, p in params.items()}, dtype)
+        except FileNotFoundError:
+            return False
+        except OSError as e:                      # unreadable: rebuilding may still work
+            log.warning("weights cache: cannot read %s: %s", self.path, e)
+            return False
+        except BadFile as e:
+            log.warning("weights cache: discarding %s: %s", self.path, e)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:
+                pass
+            return False
+        assign_parameters(model, tensors)
+        return True
+
+    def save(self, model: nn.Module) -> bool:
+        """Write `model`'s parameters as this entry; False (logged) where that fails."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_checked(self.path, self.key, dict(model.named_parameters()))
+        except OSError as e:
+            log.warning("weights cache: cannot write %s (%s); the GGUF will be dequantized "
+                        "at every start", self.path, e)
+            return False
+        self._remove_superseded()
+        return True
+
+    def _remove_superseded(self) -> None:
+        """Delete this GGUF's entries in this dtype written by other loading code: no
+        start of this code can use them (processes mapping one keep their pages)."""
+        for old in self.path.parent.glob(f"{self.family}*.safetensors"):
+            if old != self.path:
+                try:
+                    old.unlink()
+                except OSError as e:
+                    log.warning("weights cache: cannot remove %s: %s", old, e)
+
+
+def assign_parameters(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Replace `model`'s parameters by `tensors` (keyed as `named_parameters()` names them),
+    keeping shared parameters (tied embeddings) shared. On another device than the CPU
+    the tensors are copied there."""
+    owners: dict[int, list[str]] = {}
+    old: dict[int, nn.Parameter] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
+        old[id(p)] = p
+    for pid, names in owners.items():
+        data = tensors[names[0]]              # the name named_parameters() reports
+        if data.device != old[pid].device:
+            data = data.to(old[pid].device)
+        new = nn.Parameter(data, requires_grad=old[pid].requires_grad)
+        for name in names:
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, new)

@@ -1,0 +1,235 @@
+"""Cluster simulation: N replicas, each its own cache, fed over time by a routing policy.
+
+Each replica is a plain replay (`_Run`: its own RadixCache, allocator and eviction policy at
+the per-replica capacity), so a replica's cache does exactly what `radixserve replay` does
+with the requests it is sent. Time comes from the trace's timestamps and a service-time
+model: a replica serves its requests one after another, first come first served, each
+taking prefill seconds per computed (uncached) prompt token plus decode seconds per output
+token. The router (radixserve.routing) sees each replica's queue when a request arrives;
+the cache-aware router also sees the prompt tokens each replica holds at that moment.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from radixserve.routing import RouteRequest, make_router
+
+from .replayer import HitCounts, ReplayConfig, _Run
+from .workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceModel:
+    """Seconds a replica spends on a request: per computed prompt token, per output token."""
+
+    prefill_seconds_per_token: float = 5e-5
+    decode_seconds_per_token: float = 1e-3
+
+    def __post_init__(self):
+        if self.prefill_seconds_per_token < 0 or self.decode_seconds_per_token < 0:
+            raise ValueError("service costs must be >= 0 seconds per token")
+
+    def seconds(self, computed_tokens: int, output_tokens: int) -> float:
+        return (computed_tokens * self.prefill_seconds_per_token
+                + output_tokens * self.decode_seconds_per_token)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    replicas: int
+    router: str
+    capacity_tokens: int             # per replica
+    policy: str = "lru"
+    concurrency: int = 1
+    warmup_fraction: float = 0.0
+    service: ServiceModel = ServiceModel()
+    seconds_per_time_unit: float = 1e-3   # trace timestamps in ms (Mooncake)
+    cache_weight: float = 4.0             # cache-aware router: see routing/routers.py
+    seed: int = 0
+    check_every: int = 0                  # check each replica's cache every N requests
+
+    def __post_init__(self):
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.policy == "belady" and self.replicas > 1:
+            raise ValueError("the Belady optimal needs each replica's future requests, which "
+                             "depend on the routing: not available with --replicas > 1")
+
+
+@dataclass(slots=True)
+class ClusterStats(HitCounts):
+    """What one (replicas, router, capacity, policy) simulation measured."""
+
+    replicas: int
+    router: str
+    capacity_tokens: int
+    policy: str
+    requests: int = 0
+    measured_requests: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    hit_requests: int = 0
+    unfit_requests: int = 0
+    replica_requests: list[int] = field(default_factory=list)
+    replica_busy_seconds: list[float] = field(default_factory=list)
+    wait_p50: float = 0.0
+    wait_p99: float = 0.0
+    ttft_p50: float = 0.0
+    ttft_p99: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def load_spread(self) -> float:
+        """Busiest replica's service time over the mean: 1.0 is a perfect spread."""
+        busy = self.replica_busy_seconds
+        mean = sum(busy) / len(busy) if busy else 0.0
+        return max(busy) / mean if mean else 1.0
+
+    @property
+    def request_spread(self) -> float:
+        n = self.replica_requests
+        mean = sum(n) / len(n) if n else 0.0
+        return max(n) / mean if mean else 1.0
+
+    def to_dict(self) -> dict:
+        return {
+            "replicas": self.replicas, "router": self.router,
+            "capacity_tokens": self.capacity_tokens, "policy": self.policy,
+            "requests": self.requests, "measured_requests": self.measured_requests,
+            "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens,
+            "token_hit_rate": self.token_hit_rate, "prefill_tokens": self.prefill_tokens,
+            "hit_requests": self.hit_requests, "request_hit_rate": self.request_hit_rate,
+            "unfit_requests": self.unfit_requests,
+            "load_spread": self.load_spread, "request_spread": self.request_spread,
+            "replica_requests": self.replica_requests,
+            "replica_busy_seconds": self.replica_busy_seconds,
+            "wait_p50_s": self.wait_p50, "wait_p99_s": self.wait_p99,
+            "ttft_p50_s": self.ttft_p50, "ttft_p99_s": self.ttft_p99,
+            "seconds": self.seconds,
+        }
+
+
+class _Replicas:
+    """The replicas' caches and queues, and the ClusterView the router reads."""
+
+    def __init__(self, workload: Workload, config: ClusterConfig):
+        run_config = ReplayConfig(config.capacity_tokens, config.policy, config.concurrency,
+                                  check_every=config.check_every)
+        self.runs = [_Run(workload, run_config) for _ in range(config.replicas)]
+        self.num_replicas = config.replicas
+        self.space = workload.space
+        self.busy_until = [0.0] * config.replicas
+        self.finishes: list[deque[float]] = [deque() for _ in range(config.replicas)]
+        self.now = 0.0
+        self.item = None          # the request being routed (its keys, for cached_tokens)
+
+    def queued_requests(self) -> list[int]:
+        now = self.now
+        for q in self.finishes:
+            while q and q[0] <= now:
+                q.popleft()
+        return [len(q) for q in self.finishes]
+
+    def queued_seconds(self) -> list[float]:
+        now = self.now
+        return [b - now if b > now else 0.0 for b in self.busy_until]
+
+    def cached_tokens(self, request: RouteRequest) -> list[int]:
+        """Each replica's hit tokens for the request being routed (`self.item`, whose page
+        keys `request` carries), read from its cache without touching it."""
+        item, space = self.item, self.space
+        L = item.prompt_len
+        limit = space.max_match_keys(L)
+        out = []
+        for run in self.runs:
+            keys = run.cache.peek_prefix(item.prompt_keys, max_tokens=limit)
+            out.append(space.hit_tokens(keys, keys // space.tree_page_size,
+                                        keys % space.tree_page_size > 0, L))
+        return out
+
+
+def arrival_seconds(workload: Workload, seconds_per_unit: float) -> np.ndarray:
+    """Arrival time of each request from the trace's start; all at 0 without timestamps."""
+    stamps = [r.timestamp for r in workload.trace.requests]
+    if any(t is None for t in stamps):
+        return np.zeros(len(stamps))
+    t = np.asarray(stamps, dtype=np.float64)
+    return (t - t.min()) * seconds_per_unit
+
+
+def output_tokens(workload: Workload) -> list[int]:
+    """Decode length of each request for the service model (whether or not outputs are
+    cached)."""
+    out = []
+    for r in workload.trace.requests:
+        n = getattr(r, "output_length", None)
+        if n is None and getattr(r, "output_ids", None) is not None:
+            n = len(r.output_ids)
+        out.append(n or 0)
+    return out
+
+
+def route_requests(workload: Workload) -> list[RouteRequest]:
+    """The router's view of each request: its chained page keys (block-mode symbols)."""
+    if workload.space.mode != "block":
+        raise ValueError("the cluster and tier simulations run in block mode (--mode block)")
+    return [RouteRequest(np.asarray(item.prompt_keys)[0::2].tolist(), item.prompt_len)
+            for item in workload]
+
+
+def simulate_cluster(workload: Workload, config: ClusterConfig,
+                     requests: Sequence[RouteRequest] | None = None,
+                     progress: Callable[[int], None] | None = None) -> ClusterStats:
+    """Route and serve the whole workload once; every replica starts cold."""
+    if requests is None:
+        requests = route_requests(workload)
+    cluster = _Replicas(workload, config)
+    service = config.service
+    router = make_router(config.router, config.replicas,
+                         capacity_pages=cluster.runs[0].mem.num_pages,
+                         prefill_seconds_per_token=service.prefill_seconds_per_token,
+                         cache_weight=config.cache_weight, seed=config.seed)
+    arrivals = arrival_seconds(workload, config.seconds_per_time_unit).tolist()
+    outputs = output_tokens(workload)
+    stats = ClusterStats(config.replicas, config.router, config.capacity_tokens, config.policy)
+    counts = [0] * config.replicas
+    busy = [0.0] * config.replicas
+    waits: list[float] = []
+    ttfts: list[float] = []
+    warmup = int(config.warmup_fraction * len(workload))
+    start_clock = time.perf_counter()
+    for i, item in enumerate(workload):
+        now = arrivals[i]
+        cluster.now, cluster.item = now, item
+        request = requests[i]
+        r = router.choose(request, cluster)
+        router.routed(request, r)
+        hit = cluster.runs[r].serve(item)
+        computed = item.prompt_len - (hit or 0)
+        seconds = service.seconds(computed, outputs[i])
+        begin = max(now, cluster.busy_until[r])
+        cluster.busy_until[r] = begin + seconds
+        cluster.finishes[r].append(begin + seconds)
+        counts[r] += 1
+        busy[r] += seconds
+        if i >= warmup:
+            stats.count(item.prompt_len, hit)
+            waits.append(begin - now)
+            ttfts.append(begin - now + computed * service.prefill_seconds_per_token)
+        cluster.runs[r].after_request(i, progress)
+    for run in cluster.runs:
+        run.finish()
+    stats.requests = len(workload)
+    stats.replica_requests = counts
+    stats.replica_busy_seconds = busy
+    if waits:
+        stats.wait_p50, stats.wait_p99 = np.percentile(waits, [50, 99]).tolist()
+        stats.ttft_p50, stats.ttft_p99 = np.percentile(ttfts, [50, 99]).tolist()
+    stats.seconds = time.perf_counter() - start_clock
+    return stats

@@ -1,0 +1,247 @@
+"""Routing policies: which replica serves a request.
+
+Every policy implements `Router.choose(request, view) -> replica index` and may keep its
+own state through `Router.routed(request, replica)`, called after each decision. What a
+policy may read is the `ClusterView`: queue lengths and queued work per replica (what any
+load balancer knows) and, for the cache-aware policy only, the prompt tokens each replica
+holds (a serving cluster learns them from the replicas' published prefix hashes).
+
+A request is described by its chained page keys: key i names page i of the prompt together
+with everything before it (block ids of a hash-id trace, or a hash chained over pages), so
+equal keys mean equal prefixes and a prefix match is a walk over the keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from abc import ABC, abstractmethod
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    page_keys: Sequence[int]   # chained key of each prompt page, in order
+    prompt_tokens: int
+
+
+class ClusterView(Protocol):
+    """What a router may know about the replicas when it decides."""
+
+    num_replicas: int
+
+    def queued_requests(self) -> Sequence[int]:
+        """Requests waiting or running on each replica."""
+
+    def queued_seconds(self) -> Sequence[float]:
+        """Work left on each replica, in seconds (queued prefill and decode)."""
+
+    def cached_tokens(self, request: RouteRequest) -> Sequence[int]:
+        """Prompt tokens of `request` each replica would serve from its cache."""
+
+
+def stable_hash(*parts: int) -> int:
+    """A 64-bit hash that is the same in every process (Python's hash() is salted)."""
+    data = b"".join(int(p).to_bytes(16, "little", signed=True) for p in parts)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def rendezvous(key: int, candidates: Sequence[int]) -> int:
+    """The candidate with the highest hash of (key, candidate): a stable, spread-out pick."""
+    return max(candidates, key=lambda r: stable_hash(key, r))
+
+
+class Router(ABC):
+    name = "router"
+
+    def __init__(self, num_replicas: int):
+        if num_replicas < 1:
+            raise ValueError(f"need at least one replica, got {num_replicas}")
+        self.num_replicas = num_replicas
+
+    @abstractmethod
+    def choose(self, request: RouteRequest, view: ClusterView) -> int:
+        """The replica that serves `request`."""
+
+    def routed(self, request: RouteRequest, replica: int) -> None:
+        """Called after each decision (policies with memory update it here)."""
+
+
+class RoundRobinRouter(Router):
+    """Replicas in turn, blind to load and cache."""
+
+    name = "round-robin"
+
+    def __init__(self, num_replicas: int):
+        super().__init__(num_replicas)
+        self._next = 0
+
+    def choose(self, request, view):
+        r = self._next
+        self._next = (r + 1) % self.num_replicas
+        return r
+
+
+class PowerOfTwoRouter(Router):
+    """Two replicas at random, the one with the shorter queue (Mitzenmacher's two choices)."""
+
+    name = "pow2"
+
+    def __init__(self, num_replicas: int, seed: int = 0):
+        super().__init__(num_replicas)
+        self._rng = random.Random(seed)
+
+    def choose(self, request, view):
+        return self.pick(range(self.num_replicas), view.queued_requests())
+
+    def pick(self, candidates: Sequence[int], queued: Sequence[int]) -> int:
+        if len(candidates) == 1:
+            return candidates[0]
+        a, b = self._rng.sample(candidates, 2)
+        return a if queued[a] <= queued[b] else b
+
+
+class ConsistentHashRouter(Router):
+    """The request's first pages hashed onto a ring of replicas: sticky, load-blind."""
+
+    name = "consistent-hash"
+
+    def __init__(self, num_replicas: int, key_pages: int = 1, virtual_nodes: int = 64):
+        super().__init__(num_replicas)
+        self.key_pages = key_pages
+        ring = sorted((stable_hash(r, v), r) for r in range(num_replicas)
+                      for v in range(virtual_nodes))
+        self._points = [p for p, _ in ring]
+        self._owners = [r for _, r in ring]
+
+    def choose(self, request, view):
+        keys = request.page_keys[: self.key_pages]
+        h = stable_hash(*keys) if len(keys) else 0
+        i = bisect_right(self._points, h) % len(self._points)
+        return self._owners[i]
+
+
+class PrefixAffinityRouter(Router):
+    """Ray Serve LLM's PrefixCacheAffinityRouter, on page keys: the router's own prefix view.
+
+    The router remembers which pages it sent where (per replica, least recently routed
+    pages forgotten beyond `capacity_pages`), not what the replicas hold. As in Ray: while
+    queues are balanced (longest - shortest <= `imbalance`, unbounded by default) a request
+    goes to the replica(s) whose routed history shares its longest prefix when that covers
+    at least `match_threshold` of the prompt, and otherwise to the replica(s) with the
+    smallest history (the least used cache); ties, an empty history and imbalanced queues
+    go to power of two choices.
+    """
+
+    name = "prefix-affinity"
+
+    def __init__(self, num_replicas: int, capacity_pages: int, imbalance: float = math.inf,
+                 match_threshold: float = 0.1, seed: int = 0):
+        super().__init__(num_replicas)
+        self.capacity_pages = max(1, capacity_pages)
+        self.imbalance = imbalance
+        self.match_threshold = match_threshold
+        self._pow2 = PowerOfTwoRouter(num_replicas, seed)
+        self._holders: dict[int, set[int]] = {}          # page key -> replicas sent it
+        self._history = [OrderedDict() for _ in range(num_replicas)]
+
+    def longest_match(self, request: RouteRequest) -> tuple[list[int], int]:
+        """Replicas whose routed history shares the longest prefix, and its length in pages."""
+        best: set[int] = set()
+        depth = 0
+        for key in request.page_keys:
+            holders = self._holders.get(key)
+            if not holders:
+                break
+            narrowed = holders & best if depth else holders
+            if not narrowed:
+                break
+            best, depth = narrowed, depth + 1
+        return sorted(best), depth
+
+    def choose(self, request, view):
+        queued = view.queued_requests()
+        if self._holders and max(queued) - min(queued) <= self.imbalance:
+            best, depth = self.longest_match(request)
+            if best and depth / max(1, len(request.page_keys)) >= self.match_threshold:
+                return self._pow2.pick(best, queued)
+            sizes = [len(h) for h in self._history]
+            least = min(sizes)
+            return self._pow2.pick([r for r, n in enumerate(sizes) if n == least], queued)
+        return self._pow2.pick(range(self.num_replicas), queued)
+
+    def routed(self, request, replica):
+        history = self._history[replica]
+        for key in request.page_keys:
+            if key in history:
+                history.move_to_end(key)
+            else:
+                history[key] = None
+                self._holders.setdefault(key, set()).add(replica)
+        while len(history) > self.capacity_pages:
+            key, _ = history.popitem(last=False)
+            holders = self._holders[key]
+            holders.discard(replica)
+            if not holders:
+                del self._holders[key]
+
+
+class CacheAwareRouter(Router):
+    """Least estimated time to first token, from what each replica really holds.
+
+    Score of a replica = its queued work (seconds) + the prefill of the prompt tokens it
+    does not hold (seconds per token from the service model). The cached tokens come from
+    the replicas themselves, so a hit is only counted where the prefix still is. Equal
+    scores (idle replicas holding nothing of the prompt) are broken by a rendezvous hash of
+    the first page key, so new prefixes spread out and their follow-ups find them.
+    """
+
+    name = "cache-aware"
+
+    def __init__(self, num_replicas: int, prefill_seconds_per_token: float,
+                 cache_weight: float = 4.0):
+        super().__init__(num_replicas)
+        if prefill_seconds_per_token < 0 or cache_weight < 0:
+            raise ValueError("prefill cost and cache weight must be >= 0")
+        self.prefill_seconds_per_token = prefill_seconds_per_token
+        self.cache_weight = cache_weight
+
+    def scores(self, request: RouteRequest, view: ClusterView) -> list[float]:
+        cached = view.cached_tokens(request)
+        cost = self.prefill_seconds_per_token * self.cache_weight
+        L = request.prompt_tokens
+        return [q + cost * (L - c) for q, c in zip(view.queued_seconds(), cached)]
+
+    def choose(self, request, view):
+        scores = self.scores(request, view)
+        best = min(scores)
+        tied = [r for r, s in enumerate(scores) if s == best]
+        if len(tied) == 1:
+            return tied[0]
+        key = request.page_keys[0] if len(request.page_keys) else 0
+        return rendezvous(key, tied)
+
+
+ROUTERS = ("cache-aware", "prefix-affinity", "pow2", "round-robin", "consistent-hash")
+
+
+def make_router(name: str, num_replicas: int, *, capacity_pages: int,
+                prefill_seconds_per_token: float, cache_weight: float = 4.0,
+                seed: int = 0) -> Router:
+    """A fresh router by name."""
+    if name == "round-robin":
+        return RoundRobinRouter(num_replicas)
+    if name == "pow2":
+        return PowerOfTwoRouter(num_replicas, seed)
+    if name == "consistent-hash":
+        return ConsistentHashRouter(num_replicas)
+    if name == "prefix-affinity":
+        return PrefixAffinityRouter(num_replicas, capacity_pages, seed=seed)
+    if name == "cache-aware":
+        return CacheAwareRouter(num_replicas, prefill_seconds_per_token, cache_weight)
+    raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")

@@ -1,0 +1,97 @@
+"""Long prompts: the tree packs ids only as far as it reads them, and keeps the caller's ids
+unpacked in new leaves until they are read (issue 11, item 10)."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pytest
+
+from radixserve.cache import PagedMemory, PrefixLease, RadixCache
+from radixserve.cache.token_keys import LazyKey, TokenPrefix, pack, prefix
+
+
+class CountingList(list):
+    """A list that records how many ids each slice of it copied (what packing reads)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read = 0
+
+    def __getitem__(self, item):
+        out = super().__getitem__(item)
+        if isinstance(item, slice):
+            self.read += len(out)
+        return out
+
+
+def pages_for(n: int, ps: int, first: int = 0) -> np.ndarray:
+    return np.arange(first, first + n // ps, dtype=np.int32)
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+@pytest.mark.parametrize("kind", ["list", "array", "numpy"])
+def test_long_leaves_keep_the_callers_ids_and_split_without_packing(ps, kind):
+    ids = list(range(1000, 21000))                                 # 20,000 tokens
+    tokens = {"list": ids, "array": array("q", ids), "numpy": np.array(ids)}[kind]
+    c = RadixCache(ps)
+    r = c.insert(tokens, pages_for(20000, ps))
+    leaf = r.node
+    assert leaf._pending is not None and leaf.num_tokens == 20000   # a reference, unpacked
+    # A request sharing the first 704 tokens, then differing: the match splits the edge.
+    query = ids[:704] + [7] * 100
+    m = c.match_prefix(query)
+    assert m.matched_tokens == 704 and m.pages.tolist() == list(range(704 // ps))
+    upper, lower = m.node, leaf
+    assert upper.num_tokens == 704 and lower.num_tokens == 20000 - 704
+    assert lower._pending is not None              # the long tail still unpacked
+    # Trimming the tail (eviction) cuts the range, still without packing.
+    gone = -(-5000 // ps) * ps
+    c.evict(5000)
+    assert lower.num_tokens == 20000 - 704 - gone and lower._pending is not None
+    assert lower.tokens[:3] == ids[704:707]        # reads back right (packs on demand)
+    assert lower.tokens[-1] == ids[20000 - gone - 1]
+    assert c.peek_prefix(ids) == 20000 - gone
+    c.check_invariants()
+
+
+def test_a_miss_on_a_long_list_packs_only_what_the_walk_reads():
+    c = RadixCache(1)
+    c.insert(list(range(5000)), pages_for(5000, 1))
+    query = CountingList(range(10**6, 10**6 + 12800))             # no shared first token
+    assert c.peek_prefix(query) == 0
+    m = c.match_prefix(query, max_tokens=len(query) - 1)
+    assert m.matched_tokens == 0
+    assert query.read <= 2 * LazyKey.FIRST, query.read            # not 2 x 12,800
+    # A partial hit packs little beyond the first difference, not the whole prompt.
+    query = CountingList([*range(600), *range(10**6, 10**6 + 12200)])
+    assert c.peek_prefix(query) == 600
+    assert query.read <= 4 * 1024, query.read
+
+
+def test_token_prefix_reads_only_its_part():
+    a = array("q", range(100))
+    p = prefix(a, 40)
+    assert isinstance(p, TokenPrefix) and len(p) == 40
+    c = RadixCache(1)
+    r = c.insert(p, pages_for(40, 1))
+    a.append(5)                                    # the caller's array may keep growing
+    assert r.node.num_tokens == 40 and r.node.key == pack(list(range(40)))
+    assert prefix(a, len(a)) is a and prefix(b"12345678" * 3, 2) == b"12345678" * 2
+
+
+def test_page_ids_are_values_and_one_evicted_edge_is_handed_over_whole():
+    tree = RadixCache(4)
+    mem = PagedMemory(8, tree)
+    lease = PrefixLease(mem)
+    lease.acquire(list(range(32)))
+    lease.grow(8)
+    assert not lease.pages.flags.writeable
+    lease.release(list(range(32)), 32)             # all 8 pages into the tree, then unlock
+    assert mem.num_free == 0 and tree.total_tokens == 32
+    got = mem.alloc(3)                             # evicts the tail of the one leaf
+    assert not got.flags.writeable and len(got) == 3
+    with pytest.raises(ValueError):
+        got[0] = 1
+    mem.check_conservation([got])

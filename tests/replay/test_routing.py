@@ -1,0 +1,94 @@
+"""The routing policies on a hand-made view of the replicas (no cache, no clock)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from radixserve.routing import (CacheAwareRouter, ConsistentHashRouter, PowerOfTwoRouter,
+                                PrefixAffinityRouter, RoundRobinRouter, RouteRequest,
+                                make_router)
+
+
+@dataclass
+class View:
+    num_replicas: int
+    queued: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)
+
+    def queued_requests(self):
+        return self.queued or [0] * self.num_replicas
+
+    def queued_seconds(self):
+        return self.seconds or [0.0] * self.num_replicas
+
+    def cached_tokens(self, request):
+        return self.cached or [0] * self.num_replicas
+
+
+def req(*keys, tokens=None):
+    return RouteRequest(list(keys), tokens if tokens is not None else 512 * len(keys))
+
+
+def test_round_robin_cycles():
+    r = RoundRobinRouter(3)
+    assert [r.choose(req(1), View(3)) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_pow2_never_picks_the_longer_of_its_two():
+    r = PowerOfTwoRouter(2, seed=1)
+    assert {r.choose(req(1), View(2, queued=[5, 1])) for _ in range(20)} == {1}
+
+
+def test_consistent_hash_is_sticky_and_the_same_in_every_instance():
+    a, b = ConsistentHashRouter(8), ConsistentHashRouter(8)
+    picks = [a.choose(req(k, 99), View(8)) for k in range(200)]
+    assert picks == [b.choose(req(k, 7), View(8)) for k in range(200)]   # first page only
+    assert len(set(picks)) == 8
+
+
+def test_prefix_affinity_follows_history_while_balanced():
+    r = PrefixAffinityRouter(4, capacity_pages=100, imbalance=2)
+    first = req(1, 2, 3)
+    home = r.choose(first, View(4))
+    r.routed(first, home)
+    follow = req(1, 2, 3, 4)
+    assert r.longest_match(follow) == ([home], 3)
+    assert r.choose(follow, View(4)) == home
+    # Imbalanced queues: power of two choices instead (never the overloaded home).
+    queued = [0, 0, 0, 0]
+    queued[home] = 10
+    assert all(r.choose(follow, View(4, queued=queued)) != home for _ in range(20))
+
+
+def test_prefix_affinity_forgets_beyond_its_capacity():
+    r = PrefixAffinityRouter(2, capacity_pages=2)
+    r.routed(req(1, 2), 0)
+    r.routed(req(5, 6), 0)           # pushes pages 1 and 2 out of replica 0's history
+    assert r.longest_match(req(1, 2)) == ([], 0)
+    assert r.longest_match(req(5, 6)) == ([0], 2)
+
+
+def test_cache_aware_weighs_cached_prefill_against_queued_seconds():
+    r = CacheAwareRouter(2, prefill_seconds_per_token=0.001, cache_weight=1.0)
+    request = req(1, 2, tokens=1000)
+    # Replica 0 holds 900 tokens (saves 0.9 s) but has 0.5 s queued: it wins.
+    assert r.choose(request, View(2, seconds=[0.5, 0.0], cached=[900, 0])) == 0
+    # With 1.0 s queued, the idle replica wins.
+    assert r.choose(request, View(2, seconds=[1.0, 0.0], cached=[900, 0])) == 1
+    # A higher weight keeps the prefix where it is.
+    heavy = CacheAwareRouter(2, prefill_seconds_per_token=0.001, cache_weight=4.0)
+    assert heavy.choose(request, View(2, seconds=[1.0, 0.0], cached=[900, 0])) == 0
+
+
+def test_cache_aware_spreads_new_prefixes_by_hash():
+    r = CacheAwareRouter(8, prefill_seconds_per_token=0.001)
+    picks = {r.choose(req(k), View(8)) for k in range(100)}
+    assert len(picks) == 8
+
+
+def test_unknown_router():
+    with pytest.raises(ValueError, match="unknown router"):
+        make_router("random", 2, capacity_pages=1, prefill_seconds_per_token=0.0)

@@ -1,0 +1,218 @@
+"""Each scheduling rule on its own, against a null model (no torch, milliseconds each).
+
+lpm aging, the arrival-order fallback beyond LPM_QUEUE_LIMIT waiting, in-flight prefix
+deferral, the admission decode reserve, preemption victim choice and chunk budgets. Every
+step of every scenario also checks page conservation (sched_harness.Bench.step).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixserve.engine.scheduler import (AGING_TOKENS_PER_STEP, DECODE_RESERVE_TOKENS,
+                                         LPM_QUEUE_LIMIT)
+from sched_harness import Bench, random_prompt
+
+MARK = 1    # a token random_prompt never draws (it draws from 3 up)
+
+
+def ids(seqs) -> list[str]:
+    return [s.request.request_id for s in seqs]
+
+
+def first_admitted(bench: Bench, candidates: set[str], max_steps: int = 200) -> str:
+    for _ in range(max_steps):
+        got = [r for r in ids(bench.step().admitted) if r in candidates]
+        if got:
+            return got[0]
+    raise AssertionError(f"none of {candidates} was admitted")
+
+
+def cache_prefix(bench: Bench, prefix: list[int]) -> None:
+    """Run one request so that `prefix` (and a marker token) is in the tree."""
+    bench.submit(prefix + [MARK], max_tokens=1)
+    bench.run()
+
+
+# ---- lpm and its aging ------------------------------------------------------------------
+
+@pytest.mark.parametrize("delay, policy, winner", [
+    (7, "lpm", "cached"),       # 256 cached tokens beat 7 steps of age (224 tokens)
+    (9, "lpm", "old"),          # 9 steps of age (288 tokens) beat 256 cached tokens
+    (0, "fcfs", "old"),
+])
+def test_lpm_ages_waiting_requests(delay, policy, winner):
+    assert AGING_TOKENS_PER_STEP * 7 < 256 < AGING_TOKENS_PER_STEP * 9
+    rng = random.Random(1)
+    bench = Bench(max_running=1, policy=policy)
+    shared = random_prompt(rng, 256)
+    cache_prefix(bench, shared)
+    blocker = bench.submit(random_prompt(rng, 8), max_tokens=30)   # holds the one slot
+    bench.step()
+    bench.submit(random_prompt(rng, 20), request_id="old", max_tokens=1)
+    for _ in range(delay):
+        bench.step()
+    bench.submit(shared + random_prompt(rng, 4), request_id="cached", max_tokens=1)
+    assert blocker.request_id in bench.scheduler.requests     # both still wait
+    assert first_admitted(bench, {"old", "cached"}) == winner
+    bench.run()
+    assert bench.final("cached").usage.cached_tokens == 256
+
+
+@pytest.mark.parametrize("waiting, winner", [
+    (LPM_QUEUE_LIMIT, "cached"),        # at the limit: longest cached prefix first
+    (LPM_QUEUE_LIMIT + 1, "oldest"),    # beyond it: arrival order
+])
+def test_lpm_falls_back_to_arrival_order_beyond_the_queue_limit(waiting, winner):
+    rng = random.Random(2)
+    bench = Bench(max_running=1)
+    shared = random_prompt(rng, 64)
+    cache_prefix(bench, shared)
+    bench.submit(random_prompt(rng, 8), request_id="oldest", max_tokens=1)
+    for _ in range(waiting - 2):
+        bench.submit(random_prompt(rng, 8), max_tokens=1)
+    bench.submit(shared + random_prompt(rng, 4), request_id="cached", max_tokens=1)
+    assert len(bench.scheduler.waiting) == waiting
+    assert ids(bench.step().admitted) == [winner]
+
+
+# ---- prefixes another sequence is computing ----------------------------------------------
+
+def test_a_request_waits_for_the_prefix_another_is_computing():
+    rng = random.Random(3)
+    bench = Bench(token_budget=512)
+    shared = random_prompt(rng, 100)
+    bench.submit(shared + random_prompt(rng, 10), request_id="a")
+    bench.submit(shared + random_prompt(rng, 10), request_id="b")
+    first = bench.step()
+    assert ids(first.admitted) == ["a"] and ids(first.plan.deferred) == ["b"]
+    second = bench.step()
+    assert ids(second.admitted) == ["b"]
+    bench.run()
+    assert bench.final("a").usage.cached_tokens == 0
+    assert bench.final("b").usage.cached_tokens == 100     # computed once, by a
+
+
+def test_parallel_samples_wait_for_the_first_to_compute_the_prompt():
+    rng = random.Random(4)
+    bench = Bench(token_budget=512)
+    prompt = random_prompt(rng, 50)
+    bench.submit(prompt, n=3, request_id="p")
+    assert bench.scheduler.num_waiting_requests == 1            # requests, not samples
+    assert [s.index for s in bench.step().admitted] == [0]
+    assert bench.scheduler.num_running_requests == bench.scheduler.num_waiting_requests == 1
+    assert sorted(s.index for s in bench.step().admitted) == [1, 2]
+    bench.run()
+    assert [bench.final("p", i).usage.cached_tokens for i in range(3)] == [0, 49, 49]
+
+
+@pytest.mark.parametrize("use_cache, shared_len", [(True, 0), (False, 100)])
+def test_no_deferral_without_a_shared_prefix_or_without_the_cache(use_cache, shared_len):
+    rng = random.Random(5)
+    bench = Bench(token_budget=512, use_cache=use_cache)
+    shared = random_prompt(rng, shared_len)
+    bench.submit(shared + random_prompt(rng, 10), request_id="a")
+    bench.submit(shared + random_prompt(rng, 10), request_id="b")
+    assert ids(bench.step().admitted) == ["a", "b"]
+    bench.run()
+
+
+# ---- admission by memory ----------------------------------------------------------------
+
+@pytest.mark.parametrize("over_by, admitted", [(0, True), (1, False)])
+def test_admission_keeps_a_decode_reserve_for_running_sequences(over_by, admitted):
+    # Page size 16: no look-ahead pages, and the running decode needs no new page soon.
+    rng = random.Random(6)
+    bench = Bench(page_size=16, num_pages=12)
+    bench.submit(random_prompt(rng, 20), request_id="a", max_tokens=100)
+    bench.step()
+    available = bench.available_pages()
+    reserve = DECODE_RESERVE_TOKENS // 16          # one page held back for a's decodes
+    # b needs pages for its prompt plus its own decode reserve: that many pages.
+    b_pages = available - reserve + over_by
+    assert b_pages <= available                     # it would fit without a's reserve
+    bench.submit(random_prompt(rng, b_pages * 16 - DECODE_RESERVE_TOKENS), request_id="b")
+    step = bench.step()
+    assert ("b" in ids(step.admitted)) is admitted
+    assert ids(step.plan.seqs).count("a") == 1      # a decodes either way
+    bench.run()
+
+
+def test_running_cap_limits_admission():
+    rng = random.Random(7)
+    bench = Bench(max_running=2)
+    for _ in range(5):
+        bench.submit(random_prompt(rng, 8), max_tokens=3)
+    for _ in bench.drain():
+        assert len(bench.scheduler.running) <= 2
+
+
+# ---- preemption -------------------------------------------------------------------------
+
+def test_preemption_takes_the_least_advanced_sequence():
+    rng = random.Random(8)
+    bench = Bench(page_size=16, num_pages=8)
+    order = []
+    for name in ("a", "b", "c"):
+        bench.submit(random_prompt(rng, 16), request_id=name, max_tokens=60)
+        order.append(name)
+        for _ in range(3):
+            bench.step()
+    victims = []
+    for record in bench.drain():
+        for victim in record.preempted:
+            victims.append(victim.request.request_id)
+            others = [s for s in record.running_before if s not in record.preempted]
+            assert all(record.generated_before[victim] <= record.generated_before[s]
+                       for s in others)
+    assert victims and victims[0] == "c"        # the youngest of three running
+    assert bench.scheduler.stats.preemptions == len(victims)
+    for name in order:                          # everyone finished its 60 tokens
+        assert bench.final(name).finish_reason == "length"
+        assert bench.final(name).usage.completion_tokens == 60
+
+
+def test_a_preempted_sequence_recomputes_from_its_own_cached_pages():
+    rng = random.Random(9)
+    bench = Bench(page_size=16, num_pages=8)
+    for name in ("a", "b", "c"):
+        bench.submit(random_prompt(rng, 16), request_id=name, max_tokens=60)
+        bench.step()
+    bench.run()
+    assert bench.scheduler.stats.preemptions > 0
+    assert bench.scheduler.stats.recompute_hit_tokens > 0
+
+
+# ---- chunked prefill --------------------------------------------------------------------
+
+def test_a_long_prompt_is_computed_in_budget_sized_chunks():
+    bench = Bench(token_budget=16)
+    seq, = bench.submit(random_prompt(random.Random(10), 100), request_id="p").sequences
+    chunks = [record.new_lens(seq)[0] for record in (bench.step() for _ in range(7))]
+    assert chunks == [16] * 6 + [4]
+    assert seq.num_generated == 1                  # sampled after the last chunk only
+
+
+def test_decodes_share_the_step_budget_with_a_prefill():
+    rng = random.Random(11)
+    bench = Bench(token_budget=16)
+    bench.submit(random_prompt(rng, 4), request_id="a", max_tokens=50)
+    bench.step()
+    seq, = bench.submit(random_prompt(rng, 40), request_id="b").sequences
+    records = [bench.step() for _ in range(3)]
+    assert [r.new_lens(seq)[0] for r in records] == [15, 15, 10]
+    assert [r.num_tokens for r in records] == [16, 16, 11]     # b's chunk + a's decode
+    # Decodes come after multi-token spans in the batch (the layout attention expects).
+    assert all(r.plan.batch.spans[-1].new_len == 1 for r in records)
+
+
+def test_decodes_run_even_when_the_budget_is_smaller_than_the_running_set():
+    rng = random.Random(12)
+    bench = Bench(token_budget=4)
+    for _ in range(8):
+        bench.submit(random_prompt(rng, 4), max_tokens=10)
+    for record in bench.drain():
+        decoding = [s for s in record.running_before if record.remaining_before[s] == 1]
+        assert all(record.new_lens(s) == [1] for s in decoding)
