@@ -15,11 +15,9 @@ bytes: a page's codes and scales never change (tests/attention/test_kv_quant.py)
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from engine_helpers import QUESTIONS, chat_ids, make_engine, wait_idle
+from engine_helpers import QUESTIONS, chat_ids, make_engine, run_all
 from radixserve.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2)
@@ -31,30 +29,17 @@ FORMATS = {"fp8_e4m3": dict(kv_cache_dtype="fp8_e4m3"),
 LOGPROB_DRIFT = {"fp8_e4m3": 0.25, "int8": 0.12, "k32_v8": 0.08}
 
 
+async def tokens_and_logprobs(stream):
+    """One request's greedy tokens and their TokenLogprobs."""
+    tokens, logprobs = [], []
+    async for out in stream:
+        tokens += out.token_ids
+        logprobs += out.logprobs or []
+    return tokens, logprobs
+
+
 def run_with_logprobs(engine, prompts, stagger: float = 0.0):
-    """Each prompt's greedy tokens and their TokenLogprobs; page conservation checked."""
-    async def one(prompt):
-        tokens, logprobs = [], []
-        async for out in engine.generate(prompt, GREEDY):
-            tokens += out.token_ids
-            logprobs += out.logprobs or []
-        return tokens, logprobs
-
-    async def main():
-        await engine.start()
-        try:
-            tasks = []
-            for p in prompts:
-                tasks.append(asyncio.create_task(one(p)))
-                await asyncio.sleep(stagger)
-            results = await asyncio.gather(*tasks)
-            await wait_idle(engine)
-            engine.check_invariants()
-            return results
-        finally:
-            await engine.shutdown()
-
-    return asyncio.run(main())
+    return run_all(engine, prompts, GREEDY, stagger=stagger, collector=tokens_and_logprobs)
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
