@@ -42,11 +42,13 @@ def _fp8_magnitude_bits(codes: torch.Tensor, storage: torch.dtype, out: torch.Te
     power of two to multiply by. Integer ops only: ~50x faster than torch's CPU fp8 cast."""
     mant8, bias8 = _FP8_BITS[storage]
     itype, mant, bias = _FLOAT_BITS[out.dtype]
-    sign_shift = torch.iinfo(itype).bits - 8
+    shift = mant - mant8
+    # int8 -> int: sign-extends, so after the shift the sign bit is set for negative codes,
+    # as are the bits between it and the code's exponent, which the mask clears.
+    mask = -(1 << (torch.iinfo(itype).bits - 1)) | (0x7F << shift)
     ints = out.view(itype)
-    ints.copy_(codes.view(torch.uint8))
-    sign = torch.bitwise_and(ints, 0x80).bitwise_left_shift_(sign_shift)
-    ints.bitwise_and_(0x7F).bitwise_left_shift_(mant - mant8).bitwise_or_(sign)
+    ints.copy_(codes.view(torch.int8))
+    ints.bitwise_left_shift_(shift).bitwise_and_(mask)
     return 2.0 ** (bias - bias8)
 
 
