@@ -56,6 +56,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--speed-rounds", type=int, default=3)
     p.add_argument("--formats", default=",".join(FORMATS))
     p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
@@ -177,22 +178,23 @@ def main() -> None:
     text_ids = text_ids[:args.text_tokens]
     results: dict = {"model": args.model, "text_tokens": len(text_ids), "formats": {}}
     t0 = time.perf_counter()
-    quality = teacher_forced(loaded, text_ids, args.chunk, names)
-    step = (len(text_ids) - args.prompt_len) // max(1, args.prompts)
-    prompts = [text_ids[i * step:i * step + args.prompt_len] for i in range(args.prompts)]
-    outs = {n: greedy(loaded, prompts, args.greedy_tokens, FORMATS[n]) for n in names}
     for n in names:
         fmt = KVFormat(*FORMATS[n])
-        agree = agreement(outs[n], outs["float32" if n == REFERENCE else REFERENCE])
-        results["formats"][n] = {
-            **quality[n],
-            "greedy_vs": "float32" if n == REFERENCE else REFERENCE,
-            "greedy_tokens_until_divergence_mean": statistics.mean(agree),
-            "greedy_tokens_until_divergence_min": min(agree),
-            "greedy_identical": sum(a == args.greedy_tokens for a in agree),
-            "bytes_per_token": fmt.token_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim),
-            "tokens_per_gib": 2**30 // fmt.token_bytes(cfg.num_layers, cfg.num_kv_heads,
-                                                       cfg.head_dim)}
+        size = fmt.token_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        results["formats"][n] = {"bytes_per_token": size, "tokens_per_gib": 2**30 // size}
+    if not args.skip_quality:
+        quality = teacher_forced(loaded, text_ids, args.chunk, names)
+        step = (len(text_ids) - args.prompt_len) // max(1, args.prompts)
+        prompts = [text_ids[i * step:i * step + args.prompt_len] for i in range(args.prompts)]
+        outs = {n: greedy(loaded, prompts, args.greedy_tokens, FORMATS[n]) for n in names}
+        for n in names:
+            agree = agreement(outs[n], outs["float32" if n == REFERENCE else REFERENCE])
+            results["formats"][n].update({
+                **quality[n],
+                "greedy_vs": "float32" if n == REFERENCE else REFERENCE,
+                "greedy_tokens_until_divergence_mean": statistics.mean(agree),
+                "greedy_tokens_until_divergence_min": min(agree),
+                "greedy_identical": sum(a == args.greedy_tokens for a in agree)})
     results["quality_s"] = round(time.perf_counter() - t0, 1)
     if not args.skip_speed:
         fast = load_model(args.model, dtype=args.speed_dtype)
@@ -215,11 +217,12 @@ def print_table(results: dict) -> None:
         d = r.get("decode_step_ms")
         dec = f"{d:.1f} ({d / base['decode_step_ms']:.2f}x)" if d else "-"
         pre = f"{r['prefill_ms']:.0f}" if "prefill_ms" in r else "-"
-        print(f"| {n} | {r['bytes_per_token']:,} | {r['tokens_per_gib']:,} | "
-              f"{r['max_abs_logit_err']:.4f} | {r['mean_abs_logit_err']:.5f} | "
-              f"{r['mean_kl']:.2e} | {r['greedy_tokens_until_divergence_mean']:.1f} / "
-              f"{r['greedy_tokens_until_divergence_min']} / {r['greedy_identical']} "
-              f"(vs {r['greedy_vs']}) | {dec} | {pre} |")
+        quality = (f"{r['max_abs_logit_err']:.4f} | {r['mean_abs_logit_err']:.5f} | "
+                   f"{r['mean_kl']:.2e} | {r['greedy_tokens_until_divergence_mean']:.1f} / "
+                   f"{r['greedy_tokens_until_divergence_min']} / {r['greedy_identical']} "
+                   f"(vs {r['greedy_vs']})") if "mean_kl" in r else "- | - | - | -"
+        print(f"| {n} | {r['bytes_per_token']:,} | {r['tokens_per_gib']:,} | {quality} | "
+              f"{dec} | {pre} |")
 
 
 if __name__ == "__main__":
