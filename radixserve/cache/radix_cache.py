@@ -529,6 +529,52 @@ class RadixCache:
         self._total = self._evictable_tokens = self._num_nodes = 0
         return pages
 
+    def flush_namespace(self, namespace: str | None) -> np.ndarray:
+        """Drop one namespace and those nested under it (`namespace/...`), return their
+        pages; refused (CacheLockedError) while a request holds a lock in any of them.
+        Other namespaces are untouched: a tenant flushes only its own prefixes."""
+        roots = self._namespace_roots(namespace)
+        nodes = [n for root in roots for n in self._subtree(root)]
+        locked = sum(n.num_tokens for n in nodes if n.lock_ref)
+        if locked:
+            raise CacheLockedError(
+                f"cannot flush namespace {namespace!r}: {locked} cached tokens are locked by "
+                f"running requests; wait until they finish (or abort them)")
+        for node in nodes:
+            if node.evict_key is not None:
+                self._remove_evictable(node)
+            node.parent = None          # stale: a late lock() on it raises
+            self._total -= node.num_tokens
+            self._evictable_tokens -= node.num_tokens
+            self._num_nodes -= 1
+        for root in roots:
+            del self._ns_roots[root.namespace]
+        return _concat([EMPTY_PAGES, *(n.pages for n in nodes)])
+
+    def namespace_counts(self, namespace: str | None) -> dict[str, int]:
+        """`cached_tokens`, `locked_tokens` and `nodes` of one namespace and those nested
+        under it (a walk over them: for stats routes, not hot paths)."""
+        nodes = [n for root in self._namespace_roots(namespace) for n in self._subtree(root)]
+        return {"cached_tokens": sum(n.num_tokens for n in nodes),
+                "locked_tokens": sum(n.num_tokens for n in nodes if n.lock_ref),
+                "nodes": len(nodes)}
+
+    def _namespace_roots(self, namespace: str | None) -> list[TreeNode]:
+        if namespace is None:
+            return [r for ns, r in self._ns_roots.items() if ns is None]
+        nested = namespace + "/"
+        return [r for ns, r in self._ns_roots.items()
+                if ns is not None and (ns == namespace or ns.startswith(nested))]
+
+    @staticmethod
+    def _subtree(root: TreeNode) -> Iterator[TreeNode]:
+        """The token-holding nodes under `root` (the root itself holds none)."""
+        stack = list(root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
     # ------------------------------------------------------------------ introspection
     def iter_nodes(self) -> Iterator[TreeNode]:
         """Every token-holding node, parents before children (a walk: not for hot paths)."""

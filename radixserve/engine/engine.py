@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import torch
 
@@ -24,19 +24,20 @@ from radixserve.engine.core import EngineCore
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
                                       QueueFull)
 from radixserve.engine.output_processor import OutputProcessor
-from radixserve.engine.outputs import EngineStats, RequestOutput
+from radixserve.engine.outputs import EngineStats, OneProcessStats, RequestOutput
 from radixserve.engine.request import Request, new_request
 from radixserve.engine.runner import ModelRunner
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
 from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
+from radixserve.engine.validation import check_request
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(OneProcessStats):
     def __init__(self, config: EngineConfig, loaded: LoadedModel):
         self.config = config
         self.loaded = loaded
@@ -158,19 +159,8 @@ class Engine:
         return self._stream(request, queue)
 
     def _validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
-        vocab = self.tokenizer.vocab_size
-        params.validate(vocab)
         prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise InvalidRequest("prompt", "the prompt is empty")
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequest("input_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
-        if len(prompt) + params.max_tokens > self.max_model_len:
-            raise InvalidRequest(
-                "max_tokens" if len(prompt) < self.max_model_len else "prompt",
-                f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
-                f"exceeds the maximum context length ({self.max_model_len} tokens)")
+        check_request(prompt, params, self.tokenizer.vocab_size, self.max_model_len)
         return prompt
 
     def _generators(self, params: SamplingParams) -> list[torch.Generator | None]:
@@ -287,6 +277,13 @@ class Engine:
     def cache_summary(self, top_k: int = 20) -> dict:
         return self.tree.summary(top_k)
 
+    def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,
+                   reveal: Callable[[str | None], bool]) -> dict:
+        """The bounded tree view behind GET /cache/tree (cache/summary.py: build_tree)."""
+        from radixserve.cache.summary import build_tree
+
+        return build_tree(self.tree, limit, namespace, label_key=label_key, reveal=reveal)
+
     def flush_cache(self) -> None:
         if self.scheduler.has_work():
             raise CacheBusy(f"{self.scheduler.num_live} requests are running")
@@ -294,6 +291,17 @@ class Engine:
             self.memory.flush_cache()
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
+
+    def flush_namespace(self, namespace: str | None) -> int:
+        """Drop one namespace's cached prefixes (and those nested under it); the pages
+        freed. Requests of other namespaces may keep running."""
+        try:
+            return self.memory.flush_namespace(namespace)
+        except CacheLockedError as exc:
+            raise CacheBusy(str(exc)) from exc
+
+    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        return self.tree.namespace_counts(namespace)
 
     def check_invariants(self) -> None:
         """Page conservation; with no live request, no lock may be held."""

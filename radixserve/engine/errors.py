@@ -8,12 +8,14 @@ class EngineError(Exception):
 
 
 class InvalidRequest(EngineError, ValueError):
-    """A request the engine cannot run as given (HTTP 400). `param` names the field."""
+    """A request the engine cannot run as given (HTTP 400). `param` names the field;
+    `code` is the OpenAI error code, when there is a more precise one than the status."""
 
-    def __init__(self, param: str | None, message: str):
+    def __init__(self, param: str | None, message: str, code: str | None = None):
         super().__init__(message)
         self.param = param
         self.message = message
+        self.code = code
 
 
 class QueueFull(EngineError):

@@ -10,6 +10,11 @@ keeps the worker thread's blocks in the same reusable heap as the main thread's.
 
 The cost is that the process keeps its high-water mark of freed activations (a few
 hundred MB for SmolLM2 at a 2,048-token step) instead of returning it to the kernel.
+That mark is bounded by the largest set of blocks live at once, not by how many requests
+came: a step's activations by --chunked-prefill-size, a request being read by the server's
+--max-body-bytes. Freed blocks are reused, so refused requests (which the server frees at
+once, without waiting for a garbage collection) do not raise it: tests/server/test_hostile.py
+asserts RSS within 10% of its level before a hostile mix.
 """
 
 from __future__ import annotations

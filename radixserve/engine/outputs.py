@@ -59,3 +59,17 @@ class EngineStats:
     page_size: int = 1
     kv_pool_bytes: int = 0
     cache: dict = field(default_factory=dict)   # RadixCache counters (cached/evictable/locked tokens, nodes)
+
+
+class OneProcessStats:
+    """The engine-client stats hooks of an engine that lives in this process: no replicas,
+    nothing to fetch first, no extra metrics (the Ray client has all three)."""
+
+    def replica_stats(self) -> dict[str, EngineStats]:
+        return {}
+
+    async def refresh_stats(self) -> None:
+        return None
+
+    def metrics_collector(self) -> None:
+        return None

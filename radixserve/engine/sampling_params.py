@@ -5,12 +5,33 @@ Validated before anything is allocated so a bad request never touches the KV poo
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
 
 from radixserve.engine.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
 MAX_N = 16
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024           # a stop string longer than this is a mistake or an attack
+ECHO_CHARS = 200                # error messages quote at most this much of a bad value
+
+
+def _bounded_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxstring, r.maxlist, r.maxtuple, r.maxdict, r.maxother = 80, 6, 6, 6, 80
+    return r
+
+
+_REPR = _bounded_repr()
+
+
+def shorten(value: object, limit: int = ECHO_CHARS) -> str:
+    """A repr of `value` of at most `limit` characters: error messages echo bad values, and
+    a hostile one (17 stop strings of 450 KB) must not make a megabyte error body.
+    reprlib cuts long strings and lists before building anything large."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass
@@ -46,8 +67,10 @@ class SamplingParams:
              f"must be an integer between 1 and {MAX_N}"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"must be between 0 and {MAX_LOGPROBS}"),
-            ("stop", all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16,
-             "must be at most 16 non-empty strings"),
+            ("stop", len(self.stop) <= MAX_STOP_STRINGS
+             and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in self.stop),
+             f"must be at most {MAX_STOP_STRINGS} non-empty strings of at most "
+             f"{MAX_STOP_CHARS} characters"),
             ("stop_token_ids", all(isinstance(t, int) and 0 <= t < vocab_size
                                    for t in self.stop_token_ids),
              f"must be token ids in [0, {vocab_size})"),
@@ -56,4 +79,4 @@ class SamplingParams:
         ]
         for name, ok, message in checks:
             if not ok:
-                raise InvalidRequest(name, f"'{name}' {message} (got {getattr(self, name)!r})")
+                raise InvalidRequest(name, f"'{name}' {message} (got {shorten(getattr(self, name))})")

@@ -104,6 +104,7 @@ class Scheduler:
         # little but is only needed when this step's decodes could run out of pages.
         if self.memory.available_pages() < 2 * len(self.running) + budget:
             self.running.sort(key=_progress_order)
+        preemptions_before = self.stats.preemptions
         i = 0
         while i < len(self.running):
             seq = self.running[i]
@@ -120,7 +121,10 @@ class Scheduler:
             work.append((seq, want))
             i += 1
 
-        deferred = self._admit(budget, work)
+        # No admissions in a step that had to preempt (as vLLM): memory is short, and a
+        # victim re-admitted at once would only recompute what it just gave back.
+        preempted = self.stats.preemptions != preemptions_before
+        deferred = [] if preempted else self._admit(budget, work)
         # Multi-token spans first, single-token ones after (the layout attention expects).
         work.sort(key=lambda item: item[1] == 1)
         plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred)

@@ -3,6 +3,7 @@ decode, streaming detokenizer), whichever way it was built (tokenizer files or G
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -42,6 +43,13 @@ class Tokenizer:
         except Exception as e:
             raise ModelLoadError(f"{directory}: cannot load the tokenizer: {e}") from None
         return cls.from_hf(hf, _configured_eos(directory))
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry: a text of C characters encodes to at
+        least C / max_token_chars tokens, which lets the server refuse an oversize prompt
+        without tokenizing it (byte-level BPE: an entry's characters are its bytes)."""
+        return max(map(len, self.hf.get_vocab()), default=1)
 
     def encode(self, text: str) -> list[int]:
         """Plain text -> ids, with the special tokens the tokenizer adds itself (e.g. BOS)."""

@@ -1,132 +1,102 @@
-"""The aiohttp application: shared state, middlewares (errors, auth, draining), routes, and
-starting / draining a server.
+"""The aiohttp application: middlewares (errors, gate), route wiring, and starting /
+draining a server.
 
 Errors are rendered in one place (the outermost middleware), so every failure — ours, the
-engine's, aiohttp's own 404/405/413 — reaches the client as an OpenAI error body.
+engine's, aiohttp's own 404/405 — reaches the client as an OpenAI error body. The gate
+refuses, before any handler runs: new work while draining, a missing or wrong key, a POST
+whose body is not declared JSON (415) and a cross-origin POST from a browser page (403) —
+the last two so that a web page cannot drive a server that has no key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from dataclasses import dataclass
 
-import msgspec
 from aiohttp import web
 
-from radixserve.server.auth import AuthConfig
+from radixserve.server import native_api, openai_api, ui_routes
+from radixserve.server.connections import LimitedSite
 from radixserve.server.errors import ApiError, api_error_from
-from radixserve.server.metrics import ServerMetrics
-from radixserve.server.openai_serving import ModelInfo, model_info
+from radixserve.server.state import (CALLER, STATE, Caller, ServerConfig, ServerState,
+                                     error_response)
+
+__all__ = ["ServerConfig", "ServerState", "RunningServer", "build_app", "start_server",
+           "bound_address", "drain_and_stop", "ROUTE_MODULES"]
 
 log = logging.getLogger("radixserve.server")
 
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/ui"})   # /ui: the page shell, no data (ui_routes.py)
+LINGER_S = 1.0
+# Route modules, each with add_routes(app). Another module (e.g. a UI) appends itself here.
+ROUTE_MODULES = [openai_api, native_api, ui_routes]
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    auth: AuthConfig = field(default_factory=AuthConfig)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    shutdown_grace_s: float = 30.0
-    served_model_name: str | None = None
-    retry_after_s: int = 1
-    access_log: bool = False
-
-
-@dataclass(eq=False)
-class ServerState:
-    """Everything a handler needs, reached through `request.app[STATE]`."""
-
-    engine: Any
-    config: ServerConfig
-    info: ModelInfo
-    metrics: ServerMetrics
-    draining: bool = False
-    active: set[str] = field(default_factory=set)     # request ids being served
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self.idle.set()
-
-    @classmethod
-    def create(cls, engine, config: ServerConfig) -> "ServerState":
-        return cls(engine=engine, config=config,
-                   info=model_info(engine, config.served_model_name),
-                   metrics=ServerMetrics(engine.stats))
-
-    @contextmanager
-    def track(self) -> Iterator[str]:
-        """A fresh request id, known to the server until the handler is done with it."""
-        request_id = uuid.uuid4().hex
-        self.active.add(request_id)
-        self.idle.clear()
-        try:
-            yield request_id
-        finally:
-            self.active.discard(request_id)
-            if not self.active:
-                self.idle.set()
-
-
-STATE = web.AppKey("radixserve_state", ServerState)
-# request-scoped: the API key's namespace (web.RequestKey exists from aiohttp 3.12)
-KEY_NAMESPACE = (web.RequestKey("radixserve_key_namespace", str) if hasattr(web, "RequestKey")
-                 else "radixserve_key_namespace")
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=msgspec.json.encode(body), status=status, headers=headers,
-                        content_type="application/json")
-
-
-def error_response(err: ApiError) -> web.Response:
-    return json_response(err.body(), status=err.status, headers=err.headers or None)
-
-
-def _from_http_exception(exc: web.HTTPException, request: web.Request, state: ServerState) -> ApiError:
+def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiError:
     if exc.status == 404:
-        return ApiError(404, f"no route for {request.method} {request.path}",
+        return ApiError(404, f"no route for {request.method} {request.path[:200]}",
                         type="not_found_error", code="not_found")
     if exc.status == 405:
-        return ApiError(405, f"method {request.method} is not allowed on {request.path}",
+        return ApiError(405, f"method {request.method} is not allowed on {request.path[:200]}",
                         type="invalid_request_error", code="method_not_allowed")
-    if exc.status == 413:
-        return ApiError(413, f"request body is larger than the limit of "
-                             f"{state.config.max_body_bytes} bytes",
-                        type="invalid_request_error", code="body_too_large")
     return ApiError(exc.status, exc.reason or exc.text or "HTTP error", type="invalid_request_error")
+
+
+def response_for(exc: Exception, request: web.Request) -> web.Response:
+    """The OpenAI error response for any failure. Kept out of the middleware's frame: a
+    caught exception stored in that frame would form a cycle (exception -> traceback ->
+    frame -> exception) that keeps the request, and a refused 5 MB prompt's token ids,
+    alive until a full garbage collection."""
+    if isinstance(exc, web.HTTPException):
+        err = _from_http_exception(exc, request)
+    else:
+        err = api_error_from(exc)
+        if err.status >= 500 and err.code == "internal_error":
+            log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
+    if err.status == 503 and err.code == "queue_full":
+        err.headers["Retry-After"] = str(request.app[STATE].config.retry_after_s)
+    response = error_response(err)
+    if err.status in (408, 413):        # the rest of the body is not worth reading
+        response.force_close()
+    return response
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
-    state = request.app[STATE]
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        err = _from_http_exception(exc, request, state)
+        return response_for(exc, request)
     except asyncio.CancelledError:
         raise
     except Exception as exc:     # noqa: BLE001 - every failure becomes an OpenAI error body
-        err = api_error_from(exc)
-        if err.status >= 500 and err.code == "internal_error":
-            log.exception("unhandled error on %s %s", request.method, request.path)
-    if err.status == 503 and err.code == "queue_full":
-        err.headers["Retry-After"] = str(state.config.retry_after_s)
-    return error_response(err)
+        return response_for(exc, request)
+
+
+def check_origin(request: web.Request, allowed: tuple[str, ...]) -> None:
+    """A browser sends `Origin` with every cross-site POST; non-browser clients send none.
+    Same-origin pages (the server's own) and --allowed-origin pages may POST."""
+    origin = request.headers.get("Origin")
+    if origin is None or origin in allowed or origin == f"{request.scheme}://{request.host}":
+        return
+    raise ApiError(403, f"cross-origin request from {origin[:200]!r} refused; allow it with "
+                        f"--allowed-origin", type="permission_error", code="origin_not_allowed")
+
+
+def check_json_body(request: web.Request) -> None:
+    if request.content_type != "application/json":
+        raise ApiError(415, f"POST bodies must be JSON: send 'Content-Type: application/json' "
+                            f"(got {request.headers.get('Content-Type', 'none')[:100]!r})",
+                       type="invalid_request_error", code="unsupported_media_type")
 
 
 @web.middleware
 async def gate_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Refuse new work while draining or starting; check the API key everywhere but /health."""
+    """Refuse new work while draining or starting; check the API key, then a POST's origin
+    and type."""
     state = request.app[STATE]
     if state.draining:
         raise ApiError(503, "the server is shutting down", type="service_unavailable",
@@ -140,56 +110,75 @@ async def gate_middleware(request: web.Request, handler) -> web.StreamResponse:
         key = auth.check(request.headers.get("Authorization"))
         if key is None:
             raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                           type="authentication_error", code="invalid_api_key")
-        request[KEY_NAMESPACE] = auth.key_namespace(key)
+                           type="invalid_request_error", code="invalid_api_key")
+        request[CALLER] = Caller(auth.key_namespace(key), auth.is_admin(key))
+    if request.method == "POST":
+        check_origin(request, state.config.allowed_origins)
+        check_json_body(request)
     return await handler(request)
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The request body (aiohttp raises 413 past client_max_size while reading)."""
-    return await request.read()
-
-
 def build_app(state: ServerState) -> web.Application:
-    from radixserve.server import native_api, openai_api
-
+    # client_max_size applies to aiohttp's own readers; routes read through server/body.py
     app = web.Application(client_max_size=state.config.max_body_bytes,
                           middlewares=[error_middleware, gate_middleware])
     app[STATE] = state
-    openai_api.add_routes(app)
-    native_api.add_routes(app)
+    for module in ROUTE_MODULES:
+        module.add_routes(app)
     return app
 
 
-async def start_server(state: ServerState, host: str, port: int) -> web.AppRunner:
+@dataclass
+class RunningServer:
+    runner: web.AppRunner
+    site: LimitedSite
+    state: ServerState
+
+
+async def start_server(state: ServerState, host: str, port: int) -> RunningServer:
     """Serve `state` on host:port (port 0: any free port; see `bound_address`)."""
-    app = build_app(state)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0,
+    config = state.config
+    # lingering: after answering a request whose body was not read (408, 413), aiohttp reads
+    # and drops the rest for a while so the client gets the answer instead of a reset; its
+    # default of 10 s would let a slow client hold the connection that much longer.
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=0.5,
+                           keepalive_timeout=config.header_timeout_s,
+                           lingering_time=min(LINGER_S, config.header_timeout_s),
                            access_log=logging.getLogger("aiohttp.access")
-                           if state.config.access_log else None)
+                           if config.access_log else None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner
+    site = LimitedSite(runner, host, port, config.max_connections, config.retry_after_s)
+    await site.start()
+    return RunningServer(runner, site, state)
 
 
-def bound_address(runner: web.AppRunner) -> tuple[str, int]:
-    host, port = runner.addresses[0][:2]
+def bound_address(server: RunningServer) -> tuple[str, int]:
+    host, port = server.runner.addresses[0][:2]
     return host, port
 
 
-async def drain_and_stop(runner: web.AppRunner, state: ServerState, grace_s: float) -> None:
-    """Stop accepting, let running requests finish within `grace_s`, abort the rest."""
+async def drain_and_stop(server: RunningServer, grace_s: float) -> None:
+    """Stop accepting, let running requests finish, abort the rest: all within `grace_s`,
+    so an orchestrator whose kill timeout equals the grace never cuts a stream short of
+    its abort event. The last quarter of the grace (at most 1 s) is kept for the aborts."""
+    state = server.state
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, grace_s)
     state.draining = True
-    for site in list(runner.sites):
-        await site.stop()
-    try:
-        await asyncio.wait_for(state.idle.wait(), timeout=max(0.0, grace_s))
-    except asyncio.TimeoutError:
+    await server.site.stop()
+    abort_at = deadline - min(1.0, grace_s / 4)
+    if not await _wait_idle(state, abort_at - loop.time()):
         log.warning("grace period over: aborting %d running request(s)", len(state.active))
-        for request_id in list(state.active):
-            state.engine.abort(request_id)
-        try:
-            await asyncio.wait_for(state.idle.wait(), timeout=5.0)
-        except asyncio.TimeoutError:
+        state.abort_all()
+        if not await _wait_idle(state, deadline - loop.time()):
             log.error("%d request(s) did not end after abort", len(state.active))
-    await runner.cleanup()
+    state.prompts.close()
+    await server.runner.cleanup()
+
+
+async def _wait_idle(state: ServerState, timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(state.idle.wait(), timeout=max(0.0, timeout))
+        return True
+    except asyncio.TimeoutError:
+        return False

@@ -4,6 +4,9 @@ A cached prefix answers faster, so one tenant could probe another's prompts by t
 Requests therefore carry a namespace: `cache_salt` from the body and, with
 `--namespace-per-api-key`, one derived from the caller's key. Namespaces are hashes, never
 the key or salt itself, because they show up in cache summaries and logs.
+
+Admin keys (`--admin-api-key`) are valid everywhere and may also act on every tenant's
+cache (flush it all, read every counter); tenant keys only on their own namespace.
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ def _digest(kind: str, value: str) -> str:
 class AuthConfig:
     api_keys: tuple[str, ...] = ()
     namespace_per_api_key: bool = False
+    admin_keys: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
-        return bool(self.api_keys)
+        return bool(self.api_keys or self.admin_keys)
+
+    def is_admin(self, key: str) -> bool:
+        return key in self.admin_keys
 
     def check(self, authorization: str | None) -> str | None:
         """The matching key for an `Authorization` header, or None when it matches none.
@@ -33,7 +40,7 @@ class AuthConfig:
             return None
         given = authorization[len("Bearer "):].strip().encode()
         found = None
-        for key in self.api_keys:
+        for key in self.api_keys + self.admin_keys:
             if hmac.compare_digest(given, key.encode()):
                 found = key
         return found

@@ -24,8 +24,10 @@ from tqdm import tqdm
 from radixserve.engine.config import EngineConfig, add_engine_arguments
 from radixserve.server import protocol as P
 from radixserve.server.errors import ApiError, api_error_from
-from radixserve.server.openai_serving import (ModelInfo, Prepared, Renderer, model_info,
-                                              prepare_chat, prepare_completion, run_to_response)
+from radixserve.server.engine_client import EngineClient
+from radixserve.server.openai_serving import Renderer, run_to_response
+from radixserve.server.prompts import (ModelInfo, Prepared, PromptBuilder, model_info,
+                                       prepare_chat, prepare_completion)
 
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 QUEUE_FULL_RETRY_S = 0.05
@@ -77,7 +79,7 @@ def api_error_result(custom_id: str | None, err: ApiError) -> BatchResult:
     return _result(custom_id, BatchResponse(err.status, "req_" + uuid.uuid4().hex, err.body()))
 
 
-def parse_line(index: int, line: bytes, tokenizer, info: ModelInfo, seen: set[str]) -> Item:
+async def parse_line(index: int, line: bytes, prompts: PromptBuilder, seen: set[str]) -> Item:
     """Decode, validate and tokenize one line. Malformed lines answer with `error` set;
     valid lines with an invalid body answer with the 4xx the server would send."""
     try:
@@ -101,10 +103,10 @@ def parse_line(index: int, line: bytes, tokenizer, info: ModelInfo, seen: set[st
     try:
         if item.kind == "chat":
             req = P.decode(entry.body, P.ChatCompletionRequest)
-            item.prepared = prepare_chat(req, tokenizer, info, strict_model=False)
+            item.prepared = await prepare_chat(req, prompts, strict_model=False)
         else:
             req = P.decode(entry.body, P.CompletionRequest)
-            item.prepared = prepare_completion(req, tokenizer, info, strict_model=False)
+            item.prepared = await prepare_completion(req, prompts, strict_model=False)
     except ApiError as err:
         item.result = api_error_result(entry.custom_id, err)
     return item
@@ -125,7 +127,7 @@ def work_order(items: list[Item]) -> list[Item]:
     return sorted(runnable, key=lambda it: (it.prepared.namespace or "", it.prepared.prompt_ids))
 
 
-async def run_item(engine, info: ModelInfo, item: Item) -> BatchResult:
+async def run_item(engine: EngineClient, info: ModelInfo, item: Item) -> BatchResult:
     while True:
         renderer = Renderer(item.kind, info.name, item.prepared, engine.tokenizer)
         request_id = "req_" + uuid.uuid4().hex
@@ -181,13 +183,17 @@ class Summary:
                 f"generated {self.completion_tokens}")
 
 
-async def run_batch(engine, lines: list[bytes], out: IO[bytes], *, concurrency: int,
+async def run_batch(engine: EngineClient, lines: list[bytes], out: IO[bytes], *, concurrency: int,
                     progress: bool = True, info: ModelInfo | None = None) -> Summary:
     """Run every line through a started engine; write one result per line to `out`."""
     t0 = time.perf_counter()
     info = info or model_info(engine)
     seen: set[str] = set()
-    items = [parse_line(i, line, engine.tokenizer, info, seen) for i, line in enumerate(lines)]
+    prompts = PromptBuilder(engine.tokenizer, info)
+    try:
+        items = [await parse_line(i, line, prompts, seen) for i, line in enumerate(lines)]
+    finally:
+        prompts.close()
     writer = OrderedWriter(out, items)
     summary = Summary()
     bar = tqdm(total=len(items), unit="req", disable=not progress, file=sys.stderr)

@@ -4,8 +4,9 @@ Start-up: load the model (dequantized weights come from the weights cache), buil
 engine, listen (/health says 503 meanwhile), warm up, then /health says 200 and the
 time of each phase is printed.
 
-On a signal: stop accepting, let running requests finish within --shutdown-grace-s, abort
-the rest, stop the engine, exit 0.
+On a signal: stop accepting, let running requests finish, abort the rest, stop the engine
+and exit 0, all within --shutdown-grace-s. A second signal exits at once (status 128 +
+the signal's number), for an operator who does not want to wait.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import logging
 import os
 import signal
 import sys
+import time
 
-from aiohttp import web
-
+from radixserve.cluster.options import (ClusterOptions, add_cluster_arguments, cluster_options,
+                                        import_launch)
 from radixserve.engine.config import EngineConfig, add_engine_arguments
 from radixserve.phase_timer import PhaseTimer
-from radixserve.server.app import (DEFAULT_MAX_BODY_BYTES, STATE, ServerConfig, ServerState,
-                                   bound_address, drain_and_stop, start_server)
+from radixserve.server.app import RunningServer, bound_address, drain_and_stop, start_server
 from radixserve.server.auth import AuthConfig
+from radixserve.server.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
 
 API_KEY_ENV = "RADIXSERVE_API_KEY"
 
@@ -35,32 +37,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", action="append", default=None,
                    help=f"require 'Authorization: Bearer KEY' (repeat for several keys; "
                         f"also read from ${API_KEY_ENV})")
+    g.add_argument("--admin-api-key", action="append", default=None,
+                   help="a key that may also flush the whole cache and read every tenant's "
+                        "cache counters (repeatable); tenant keys act on their own namespace")
     g.add_argument("--namespace-per-api-key", action="store_true",
                    help="give each API key its own prefix-cache namespace")
     g.add_argument("--served-model-name", default=None,
                    help="the model name clients send and see (default: --model)")
+    defaults = ServerConfig()
     g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help="larger request bodies get 413")
+                   help="larger request bodies get 413, as soon as the limit is passed")
+    g.add_argument("--header-timeout-s", type=float, default=defaults.header_timeout_s,
+                   help="a connection that has not sent a request's headers this long after "
+                        "opening (or after its previous response) is closed")
+    g.add_argument("--body-timeout-s", type=float, default=defaults.body_timeout_s,
+                   help="a request body that has not fully arrived after this long gets 408")
+    g.add_argument("--max-connections", type=int, default=defaults.max_connections,
+                   help="open connections beyond this are answered 503 and closed")
+    g.add_argument("--sse-keepalive-s", type=float, default=defaults.sse_keepalive_s,
+                   help="a stream with no new token for this long gets a ': keep-alive' comment")
+    g.add_argument("--allowed-origin", action="append", default=None,
+                   help="a web origin (scheme://host:port) whose pages may POST here "
+                        "(repeatable; same-origin pages always may, others get 403)")
     g.add_argument("--shutdown-grace-s", type=float, default=30.0,
                    help="on SIGTERM, how long running requests may take before being aborted")
     g.add_argument("--retry-after-s", type=int, default=1,
                    help="Retry-After sent with 503 when the queue is full")
     g.add_argument("--access-log", action="store_true")
+    g.add_argument("--ui-show-text", action="store_true",
+                   help="the cache view (/ui, /cache/tree) shows token text, to each caller "
+                        "for its own namespace only (default: prefixes named by hash)")
     add_engine_arguments(parser)
+    add_cluster_arguments(parser)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     keys = list(args.api_key or [])
     if not keys and os.environ.get(API_KEY_ENV):
         keys = [os.environ[API_KEY_ENV]]
+    admin_keys = tuple(args.admin_api_key or [])
     if args.namespace_per_api_key and not keys:
         raise SystemExit("--namespace-per-api-key needs at least one --api-key")
     return ServerConfig(host=args.host, port=args.port,
-                        auth=AuthConfig(tuple(keys), args.namespace_per_api_key),
+                        auth=AuthConfig(tuple(keys), args.namespace_per_api_key, admin_keys),
                         max_body_bytes=args.max_body_bytes,
+                        header_timeout_s=args.header_timeout_s,
+                        body_timeout_s=args.body_timeout_s,
+                        max_connections=args.max_connections,
+                        sse_keepalive_s=args.sse_keepalive_s,
+                        allowed_origins=tuple(args.allowed_origin or []),
                         shutdown_grace_s=args.shutdown_grace_s,
                         served_model_name=args.served_model_name,
-                        retry_after_s=args.retry_after_s, access_log=args.access_log)
+                        retry_after_s=args.retry_after_s, access_log=args.access_log,
+                        ui_show_text=args.ui_show_text)
 
 
 def describe_pool(engine) -> str:
@@ -71,48 +100,68 @@ def describe_pool(engine) -> str:
             f"{size / 2**20:.1f} MiB ({size} bytes)")
 
 
-async def start_serving(engine, config: ServerConfig, timer: PhaseTimer) -> web.AppRunner:
+async def start_serving(engine, config: ServerConfig, timer: PhaseTimer) -> RunningServer:
     """Listen first, then warm the engine up: /health answers 503 until `engine.start`
     returns (warm-up done, loop running), 200 from then on."""
     state = ServerState.create(engine, config)
-    runner = await start_server(state, config.host, config.port)
+    server = await start_server(state, config.host, config.port)
     timer.lap("listen")
     try:
         await engine.start()
     except BaseException:
-        await runner.cleanup()
+        await server.runner.cleanup()
         raise
     timer.lap("warm-up")
-    return runner
+    return server
 
 
-async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseTimer) -> None:
+async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseTimer,
+                cluster: ClusterOptions | None = None) -> None:
     from radixserve.engine.engine import Engine
     from radixserve.engine.model_loading import load_engine_model
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig, stop)
     timer.lap("python and imports")
-    loaded = load_engine_model(engine_config, timer)
-    engine = Engine(engine_config, loaded)
-    timer.lap("engine and KV pool")
-    runner = await start_serving(engine, config, timer)
-    state = runner.app[STATE]
-    host, port = bound_address(runner)
+    if cluster is None:
+        loaded = load_engine_model(engine_config, timer)
+        engine = Engine(engine_config, loaded)
+        timer.lap("engine and KV pool")
+    else:                       # --replicas N: a RayEngineClient in front of Ray Serve replicas
+        engine = await import_launch().start_client(engine_config, cluster)
+        timer.lap("replicas on Ray Serve")
+    server = await start_serving(engine, config, timer)
+    state = server.state
+    host, port = bound_address(server)
     print(f"radixserve: serving {state.info.name!r} on http://{host}:{port} "
           f"(context {state.info.max_model_len} tokens)", flush=True)
     print(f"radixserve: {describe_pool(engine)}", flush=True)
     print(f"radixserve: {timer.summary()}", flush=True)
-    print(f"radixserve: {engine.runner.describe_kv_cache()}", flush=True)
+    print(f"radixserve: cache view on http://{host}:{port}/ui", flush=True)
+    runner = getattr(engine, "runner", None)     # None: replicas behind Ray Serve
+    if runner is not None:
+        print(f"radixserve: {runner.describe_kv_cache()}", flush=True)
     try:
         await stop.wait()
+        started = time.monotonic()
         print("radixserve: shutting down", flush=True)
-        await drain_and_stop(runner, state, config.shutdown_grace_s)
+        await drain_and_stop(server, config.shutdown_grace_s)
+        drained = time.monotonic()
     finally:
         await engine.shutdown()
-    print("radixserve: stopped", flush=True)
+    print(f"radixserve: stopped (drain {drained - started:.2f} s, "
+          f"engine {time.monotonic() - drained:.2f} s)", flush=True)
+
+
+def on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
+    """The first signal starts a graceful stop; a second one exits at once."""
+    if not stop.is_set():
+        stop.set()
+        return
+    print(f"radixserve: second {sig.name}: exiting now", file=sys.stderr, flush=True)
+    os._exit(128 + sig)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,8 +169,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.access_log else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = server_config(args)
+    cluster = cluster_options(args)
+    if cluster is not None:
+        import_launch()         # without Ray: one line naming the extra, before any loading
     try:
-        asyncio.run(serve(EngineConfig.from_args(args), config, timer))
+        asyncio.run(serve(EngineConfig.from_args(args), config, timer, cluster))
     except KeyboardInterrupt:
         pass
     except Exception as exc:                     # ModelLoadError and friends: say it plainly

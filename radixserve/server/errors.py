@@ -10,7 +10,8 @@ import re
 
 import msgspec
 
-from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
+from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
+                                      QueueFull)
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
@@ -44,24 +45,22 @@ class ApiError(Exception):
     def body(self) -> ErrorBody:
         return ErrorBody(ErrorInfo(self.message, self.type, self.param, self.code))
 
-    def to_json(self) -> bytes:
-        return msgspec.json.encode(self.body())
-
 
 def bad_request(param: str | None, message: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
 def unsupported(param: str, message: str) -> ApiError:
-    """422: a valid OpenAI request using a feature this server does not implement."""
-    return ApiError(422, message, param=param, code="unsupported_feature")
+    """400 (OpenAI's status for any request it cannot honour, so its client raises
+    BadRequestError): a valid OpenAI request using a feature this server does not implement."""
+    return ApiError(400, message, param=param, code="unsupported_feature")
 
 
 def from_decode_error(exc: msgspec.DecodeError) -> ApiError:
     """Malformed JSON and schema violations -> 400, with the offending field in `param`."""
     text = str(exc)
     if not isinstance(exc, msgspec.ValidationError):
-        return bad_request(None, f"request body is not valid JSON: {text}", "invalid_json")
+        return bad_request(None, f"request body is not valid JSON: {text[:300]}", "invalid_json")
     path = ""
     match = _AT_PATH.search(text)
     if match:
@@ -70,7 +69,8 @@ def from_decode_error(exc: msgspec.DecodeError) -> ApiError:
     if missing:
         path = f"{path}.{missing.group('field')}"
     param = path.lstrip(".") or None
-    return bad_request(param, text, "invalid_value" if not missing else "missing_field")
+    return bad_request(param and param[:300], text[:500],
+                       "invalid_value" if not missing else "missing_field")
 
 
 def api_error_from(exc: BaseException) -> ApiError:
@@ -78,11 +78,14 @@ def api_error_from(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, InvalidRequest):
-        return bad_request(exc.param, exc.message)
+        return bad_request(exc.param, exc.message, exc.code)
     if isinstance(exc, QueueFull):
         return ApiError(503, f"server overloaded: {exc or 'the request queue is full'}; retry later",
                         type="overloaded_error", code="queue_full",
                         headers={"Retry-After": "1"})
+    if isinstance(exc, EngineUnhealthy):
+        return ApiError(503, f"the engine stopped after an internal error ({str(exc)[:300]}); "
+                             f"see /health", type="service_unavailable", code="engine_unhealthy")
     if isinstance(exc, EngineStopped):
         return ApiError(503, "the server is shutting down and accepts no new requests",
                         type="service_unavailable", code="engine_stopped")

@@ -1,41 +1,28 @@
 """Native routes: /generate (text or token ids in, ids + text + meta out), /health,
-/cache/stats, /cache/flush, /metrics."""
+/cache/stats, /cache/flush, /metrics.
+
+Cache routes are scoped to the caller: a tenant key sees and flushes only its own namespace
+(and the salted ones under it); the whole cache needs an admin key (`--admin-api-key`), or
+a server without keys.
+"""
 
 from __future__ import annotations
 
-from contextlib import aclosing
+import inspect
+
+from typing import Any
 
 from aiohttp import web
 
 from radixserve.engine.outputs import RequestOutput
 from radixserve.server import protocol as P
-from radixserve.server.app import KEY_NAMESPACE, STATE, ServerState, json_response, read_body
-from radixserve.server.auth import cache_namespace
+from radixserve.server.body import read_json
 from radixserve.server.errors import ApiError
 from radixserve.server.metrics import CONTENT_TYPE
-from radixserve.server import sse
-from radixserve.server.openai_serving import (Prepared, Renderer, check_token_ids, engine_outputs,
-                                              fit_context, validated_params)
-
-DEFAULT_MAX_NEW_TOKENS = 128      # SGLang's default when the request names none
-
-
-def prepare_generate(req: P.GenerateRequest, state: ServerState, key_namespace: str | None) -> Prepared:
-    req.check()
-    info = state.info
-    if req.input_ids is not None:
-        check_token_ids(req.input_ids, info.vocab_size, "input_ids")
-        prompt_ids, param = list(req.input_ids), "input_ids"
-    else:
-        prompt_ids, param = list(state.engine.tokenizer.encode(req.text)), "text"
-    requested = req.requested_max_tokens()
-    if requested is None:
-        room = fit_context(len(prompt_ids), None, info, param)
-        max_tokens = min(DEFAULT_MAX_NEW_TOKENS, room)
-    else:
-        max_tokens = fit_context(len(prompt_ids), requested, info, param)
-    params = validated_params(req.sampling_params.to_params(max_tokens), info)
-    return Prepared(prompt_ids, params, cache_namespace(key_namespace, req.cache_salt))
+from radixserve.server.openai_serving import Renderer, run_on_engine
+from radixserve.server.prompts import prepare_generate
+from radixserve.server.sse import stream_events
+from radixserve.server.state import STATE, Caller, ServerState, caller, json_response
 
 
 class NativeResult:
@@ -47,6 +34,18 @@ class NativeResult:
         self.ids: list[int] = []
         self.logprobs: list[dict] = []
         self.final: RequestOutput | None = None
+        self.stopped = False            # sse.EventSource: native streams never stop early
+
+    def on_output(self, out: RequestOutput) -> list[Any]:
+        return [self.add(out)]
+
+    def closing(self) -> list[Any]:
+        return []
+
+    def abort_outputs(self) -> list[RequestOutput]:
+        if self.final is not None:
+            return []
+        return [RequestOutput(self.request_id, 0, [], "", True, "abort", "aborted by the server")]
 
     def add(self, out: RequestOutput) -> dict:
         self.text.append(out.text)
@@ -90,37 +89,39 @@ class NativeResult:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    req = P.decode(await read_body(request), P.GenerateRequest)
-    prepared = prepare_generate(req, state, request.get(KEY_NAMESPACE))
+    req = await read_json(request, P.GenerateRequest)
+    prepared = await prepare_generate(req, state.prompts, caller(request).key_namespace)
     observer = state.metrics.observer(1)
     with state.track() as request_id:
         result = NativeResult(request_id)
-        outputs = engine_outputs(state.engine, prepared, observer, request_id)
-        async with aclosing(outputs):
-            if not req.stream:
-                async for out in outputs:
-                    result.add(out)
-                if result.final is not None and (err := Renderer.failure(result.final)):
-                    raise err
-                return json_response(result.body(prepared.params.logprobs is not None))
-            out = await anext(outputs, None)    # refusals raise here, before headers
-            response = await sse.open_stream(request)
-            try:
-                while out is not None:
-                    await response.write(sse.event(result.add(out)))
-                    out = await anext(outputs, None)
-                await response.write(sse.DONE)
-            except ConnectionResetError:
-                pass
-            return response
+        async with run_on_engine(state.engine, prepared, observer, request_id) as outputs:
+            if req.stream:
+                return await stream_events(request, outputs, result, state.config.sse_keepalive_s,
+                                           state.stop_event(request_id))
+            async for out in outputs:
+                result.add(out)
+        if result.final is not None and (err := Renderer.failure(result.final)):
+            raise err
+        return json_response(result.body(prepared.params.logprobs is not None))
 
 
 async def health(request: web.Request) -> web.Response:
+    problem = request.app[STATE].engine.error
+    if problem is not None:
+        return json_response({"status": "unhealthy", "error": problem[:500]}, status=503)
     return json_response({"status": "ok"})
 
 
 def cache_stats_body(state: ServerState) -> dict:
-    s = state.engine.stats()
+    """The whole cache's counters (admins; servers without keys)."""
+    body = stats_body(state.engine.stats())
+    per_replica = state.engine.replica_stats()      # --replicas N
+    if per_replica:
+        body["replicas"] = {rid: stats_body(s) for rid, s in per_replica.items()}
+    return body
+
+
+def stats_body(s) -> dict:
     tokens_total = s.pages_total * s.page_size
     return {
         "cache": dict(s.cache),
@@ -145,21 +146,46 @@ def cache_stats_body(state: ServerState) -> dict:
     }
 
 
+def tenant_namespace(who: Caller, action: str) -> str | None:
+    """The namespace a tenant key may act on; 403 when all keys share one namespace."""
+    if who.key_namespace is None:
+        raise ApiError(403, f"{action} the shared prefix cache needs an admin key "
+                            f"(--admin-api-key); with --namespace-per-api-key each key acts "
+                            f"on its own namespace", type="permission_error",
+                       code="admin_key_required")
+    return who.key_namespace
+
+
 async def cache_stats(request: web.Request) -> web.Response:
-    return json_response(cache_stats_body(request.app[STATE]))
+    state = request.app[STATE]
+    who = caller(request)
+    if who.admin:
+        await state.engine.refresh_stats()
+        return json_response(cache_stats_body(state))
+    namespace = tenant_namespace(who, "Reading the stats of")
+    return json_response({"namespace": state.engine.namespace_stats(namespace)})
 
 
 async def cache_flush(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    who = caller(request)
+    if not who.admin:
+        freed = state.engine.flush_namespace(tenant_namespace(who, "Flushing"))   # CacheBusy: 409
+        return json_response({"flushed": True, "scope": "namespace", "freed_pages": freed,
+                              "pages_free": state.engine.stats().pages_free})
+    await state.engine.refresh_stats()
     s = state.engine.stats()            # a live object: copy what we compare
     running, waiting, cached_before = s.running, s.waiting, s.pages_cached
     if state.active or running or waiting:
         raise ApiError(409, f"cannot flush the cache while requests are running "
                             f"({running} running, {waiting} waiting)",
                        type="conflict_error", code="cache_busy")
-    state.engine.flush_cache()          # CacheBusy -> 409 as well
+    flushed = state.engine.flush_cache()    # CacheBusy -> 409 as well
+    if inspect.isawaitable(flushed):        # Ray replicas: every one is flushed
+        await flushed
     after = state.engine.stats()
-    return json_response({"flushed": True, "freed_pages": cached_before - after.pages_cached,
+    return json_response({"flushed": True, "scope": "all",
+                          "freed_pages": cached_before - after.pages_cached,
                           "pages_free": after.pages_free})
 
 

@@ -1,77 +1,47 @@
-"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
-
-Streaming is server-sent events. The response headers go out only after the engine's first
-output, so a request the engine refuses (bad parameters, full queue) still gets a proper
-status code instead of an error inside a 200 stream.
-"""
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
 
 from __future__ import annotations
 
-from contextlib import aclosing
-from typing import AsyncIterator
-
 from aiohttp import web
 
-from radixserve.engine.outputs import RequestOutput
 from radixserve.server import protocol as P
-from radixserve.server import sse
-from radixserve.server.app import KEY_NAMESPACE, STATE, ServerState, json_response, read_body
+from radixserve.server.body import read_json
 from radixserve.server.errors import ApiError
-from radixserve.server.openai_serving import (Renderer, engine_outputs, prepare_chat,
-                                              prepare_completion, run_to_response)
+from radixserve.server.openai_serving import Renderer, run_on_engine, run_to_response
+from radixserve.server.prompts import ModelInfo, prepare_chat, prepare_completion
+from radixserve.server.sse import stream_events
+from radixserve.server.state import STATE, ServerState, caller, json_response
+
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    req = P.decode(await read_body(request), P.ChatCompletionRequest)
-    prepared = prepare_chat(req, state.engine.tokenizer, state.info, request.get(KEY_NAMESPACE))
-    renderer = Renderer("chat", state.info.name, prepared, state.engine.tokenizer)
-    return await respond(request, state, renderer, req.stream, req.include_usage)
+    return await serve(request, "chat", P.ChatCompletionRequest, prepare_chat)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    return await serve(request, "completion", P.CompletionRequest, prepare_completion)
+
+
+async def serve(request: web.Request, kind: str, request_type: type, prepare) -> web.StreamResponse:
+    """Decode, prepare (tokenize off the loop) and run one chat or completions request."""
     state = request.app[STATE]
-    req = P.decode(await read_body(request), P.CompletionRequest)
-    prepared = prepare_completion(req, state.engine.tokenizer, state.info,
-                                  request.get(KEY_NAMESPACE))
-    renderer = Renderer("completion", state.info.name, prepared, state.engine.tokenizer)
-    return await respond(request, state, renderer, req.stream, req.include_usage)
+    req = await read_json(request, request_type)
+    prepared = await prepare(req, state.prompts, caller(request).key_namespace)
+    renderer = Renderer(kind, state.info.name, prepared, state.engine.tokenizer,
+                        req.include_usage)
+    return await respond(request, state, renderer, req.stream)
 
 
-async def respond(request: web.Request, state: ServerState, renderer: Renderer, stream: bool,
-                  include_usage: bool) -> web.StreamResponse:
+async def respond(request: web.Request, state: ServerState, renderer: Renderer,
+                  stream: bool) -> web.StreamResponse:
     observer = state.metrics.observer(renderer.prepared.params.n)
     with state.track() as request_id:
         if not stream:
-            body = await run_to_response(state.engine, renderer, observer, request_id)
-            return json_response(body)
-        outputs = engine_outputs(state.engine, renderer.prepared, observer, request_id)
-        async with aclosing(outputs):
-            return await stream_sse(request, renderer, outputs, include_usage)
-
-
-async def stream_sse(request: web.Request, renderer: Renderer,
-                     outputs: AsyncIterator[RequestOutput], include_usage: bool) -> web.StreamResponse:
-    """Write the outputs as SSE chunks. A client that goes away raises out of `write`
-    (or cancels this task); the caller's `aclosing` then aborts the engine request."""
-    out = await anext(outputs, None)            # engine refusals raise here, before headers
-    response = await sse.open_stream(request)
-    try:
-        while out is not None:
-            renderer.add(out)
-            chunk = renderer.chunk(out)
-            if chunk is not None:
-                await response.write(sse.event(chunk))
-            if out.finished and (err := Renderer.failure(out)) is not None:
-                await response.write(sse.event(err.body()))
-                break
-            out = await anext(outputs, None)
-        else:
-            if include_usage:
-                await response.write(sse.event(renderer.usage_chunk()))
-        await response.write(sse.DONE)
-    except ConnectionResetError:
-        pass                                     # client gone; aclosing aborts the request
-    return response
+            return json_response(await run_to_response(state.engine, renderer, observer,
+                                                       request_id))
+        async with run_on_engine(state.engine, renderer.prepared, observer,
+                                 request_id) as outputs:
+            return await stream_events(request, outputs, renderer, state.config.sse_keepalive_s,
+                                       state.stop_event(request_id))
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -82,12 +52,12 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     info = request.app[STATE].info
     if request.match_info["model"] != info.name:
-        raise ApiError(404, f"the model {request.match_info['model']!r} does not exist",
+        raise ApiError(404, f"the model {request.match_info['model'][:200]!r} does not exist",
                        type="not_found_error", param="model", code="model_not_found")
     return json_response(_card(info))
 
 
-def _card(info) -> P.ModelCard:
+def _card(info: ModelInfo) -> P.ModelCard:
     return P.ModelCard(id=info.name, object="model", created=info.created, owned_by="radixserve",
                        max_model_len=info.max_model_len)
 

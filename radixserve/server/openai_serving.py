@@ -1,134 +1,24 @@
-"""OpenAI request handling without a transport: prompt building, context checks, running a
-request on the engine, and rendering its outputs as OpenAI responses or stream chunks.
+"""Running a prepared request on the engine, and rendering its outputs as OpenAI responses
+or stream chunks; transport-free.
 
 The HTTP handlers (openai_api.py) and the offline batch job both use this module, so a
-batch result body is byte-for-byte what the server would have answered.
+batch result body is byte-for-byte what the server would have answered. `run_on_engine` is
+the one place a request is started and, when its consumer leaves early, aborted.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from contextlib import aclosing
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, Sequence
+from typing import Any, AsyncIterator, Protocol
 
 from radixserve.engine.outputs import RequestOutput, TokenLogprob
-from radixserve.engine.sampling_params import SamplingParams
 from radixserve.server import protocol as P
-from radixserve.server.auth import cache_namespace
-from radixserve.server.errors import ApiError, api_error_from, bad_request
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the protocol layer needs to know about the served model."""
-
-    name: str
-    max_model_len: int
-    vocab_size: int
-    created: int = field(default_factory=lambda: int(time.time()))
-
-
-def model_info(engine, name: str | None = None) -> ModelInfo:
-    """ModelInfo from an engine: its effective context length and vocabulary."""
-    max_len = getattr(engine, "max_model_len", None) or engine.config.max_model_len
-    if not max_len:
-        raise RuntimeError("the engine reports no max_model_len")
-    return ModelInfo(name=name or engine.config.model, max_model_len=int(max_len),
-                     vocab_size=int(engine.tokenizer.vocab_size))
-
-
-@dataclass
-class Prepared:
-    """A validated request, ready for engine.generate."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    namespace: str | None
-    echo_text: str = ""
-
-
-# ---------------------------------------------------------------- preparing requests
-
-
-def check_model(requested: str | None, info: ModelInfo) -> None:
-    if requested and requested != info.name:
-        raise ApiError(404, f"the model {requested!r} does not exist; this server serves {info.name!r}",
-                       type="not_found_error", param="model", code="model_not_found")
-
-
-def check_token_ids(ids: Sequence[int], vocab_size: int, param: str) -> None:
-    for i, t in enumerate(ids):
-        if not 0 <= t < vocab_size:
-            raise bad_request(f"{param}[{i}]" if param else None,
-                              f"'{param}[{i}]' = {t} is outside the vocabulary [0, {vocab_size})",
-                              "invalid_token_id")
-
-
-def fit_context(prompt_len: int, max_tokens: int | None, info: ModelInfo, prompt_param: str) -> int:
-    """max_tokens to run with. Like vLLM: a prompt that leaves no room, or an explicit
-    max_tokens that would run past the context, is refused (never truncated or clamped);
-    an absent max_tokens means 'up to the end of the context'."""
-    if prompt_len == 0:
-        raise bad_request(prompt_param, f"'{prompt_param}' is empty")
-    if prompt_len >= info.max_model_len:
-        raise bad_request(prompt_param,
-                          f"the prompt ('{prompt_param}') is {prompt_len} tokens but the context holds "
-                          f"{info.max_model_len} tokens, including at least one generated token",
-                          "context_length_exceeded")
-    room = info.max_model_len - prompt_len
-    if max_tokens is None:
-        return room
-    if max_tokens > room:
-        raise bad_request("max_tokens",
-                          f"'max_tokens' = {max_tokens} plus the prompt's {prompt_len} tokens "
-                          f"exceeds the context of {info.max_model_len} tokens "
-                          f"(at most {room} allowed for this prompt)",
-                          "context_length_exceeded")
-    return max_tokens
-
-
-def validated_params(params: SamplingParams, info: ModelInfo) -> SamplingParams:
-    try:
-        params.validate(info.vocab_size)
-    except Exception as exc:        # InvalidRequest -> 400 naming the field
-        raise api_error_from(exc) from None
-    return params
-
-
-def prepare_chat(req: P.ChatCompletionRequest, tokenizer, info: ModelInfo,
-                 key_namespace: str | None = None, *, strict_model: bool = True) -> Prepared:
-    req.check()
-    if strict_model:
-        check_model(req.model, info)
-    messages = req.message_dicts()
-    try:
-        prompt_ids = list(tokenizer.apply_chat_template(messages))
-    except Exception as exc:        # a template's own raise_exception(...): bad message order
-        raise bad_request("messages", f"the chat template refused the messages: {exc}") from None
-    max_tokens = fit_context(len(prompt_ids), req.requested_max_tokens(), info, "messages")
-    params = validated_params(req.sampling_params(max_tokens, req.requested_logprobs()), info)
-    return Prepared(prompt_ids, params, cache_namespace(key_namespace, req.cache_salt))
-
-
-def prepare_completion(req: P.CompletionRequest, tokenizer, info: ModelInfo,
-                       key_namespace: str | None = None, *, strict_model: bool = True) -> Prepared:
-    req.check()
-    if strict_model:
-        check_model(req.model, info)
-    prompt = req.prompt_value()
-    if isinstance(prompt, str):
-        prompt_ids = list(tokenizer.encode(prompt))
-        echo_text = prompt
-    else:
-        check_token_ids(prompt, info.vocab_size, "prompt")
-        prompt_ids = prompt
-        echo_text = tokenizer.decode(prompt) if req.echo else ""
-    max_tokens = fit_context(len(prompt_ids), req.max_tokens, info, "prompt")
-    params = validated_params(req.sampling_params(max_tokens, req.logprobs), info)
-    return Prepared(prompt_ids, params, cache_namespace(key_namespace, req.cache_salt),
-                    echo_text if req.echo else "")
+from radixserve.server.engine_client import EngineClient, TokenizerClient
+from radixserve.server.errors import ApiError
+from radixserve.server.prompts import Prepared
 
 
 # ---------------------------------------------------------------- running on the engine
@@ -138,28 +28,34 @@ class Observer(Protocol):
     def on_output(self, out: RequestOutput) -> None: ...
 
 
-async def engine_outputs(engine, prepared: Prepared, observer: Observer | None = None,
-                         request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-    """The engine's outputs for one request. Leaving early (client gone, cancellation, an
-    error while writing) aborts the request so its pages are released: use it inside
-    `contextlib.aclosing` so that happens at once, not when the garbage collector runs."""
+@asynccontextmanager
+async def run_on_engine(engine: EngineClient, prepared: Prepared, observer: Observer | None = None,
+                        request_id: str | None = None) -> AsyncIterator[AsyncIterator[RequestOutput]]:
+    """Start a request and yield its outputs. The engine refuses (InvalidRequest, QueueFull,
+    EngineStopped) on entry, before anything is sent; leaving the block before every sample
+    finished (client gone, cancellation, an error while writing) aborts the request at once,
+    so its pages are released — the server's one abort path."""
     request_id = request_id or uuid.uuid4().hex
-    unfinished = prepared.params.n
     stream = engine.generate(prepared.prompt_ids, prepared.params,
                              namespace=prepared.namespace, request_id=request_id)
-    try:
+    unfinished = prepared.params.n
+
+    async def outputs() -> AsyncIterator[RequestOutput]:
+        nonlocal unfinished
         async for out in stream:
-            if out.finished:
-                unfinished -= 1
+            unfinished -= out.finished
             if observer is not None:
                 observer.on_output(out)
             yield out
+
+    gen = outputs()
+    try:
+        yield gen
     finally:
+        await gen.aclose()
         if unfinished > 0:
             engine.abort(request_id)
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await stream.aclose()
 
 
 # ---------------------------------------------------------------- rendering outputs
@@ -181,7 +77,8 @@ class ChoiceState:
 class Renderer:
     """Accumulates a request's outputs and renders OpenAI bodies (chat or completions)."""
 
-    def __init__(self, kind: str, model: str, prepared: Prepared, tokenizer):
+    def __init__(self, kind: str, model: str, prepared: Prepared, tokenizer: TokenizerClient,
+                 include_usage: bool = False):
         if kind not in ("chat", "completion"):
             raise ValueError(kind)
         self.kind = kind
@@ -194,6 +91,8 @@ class Renderer:
         self.prompt_tokens = len(prepared.prompt_ids)
         self.cached_tokens = 0
         self.wants_logprobs = prepared.params.logprobs is not None
+        self.include_usage = include_usage
+        self.stopped = False            # sse.EventSource: an error ended the stream
 
     # -- accumulation
 
@@ -227,6 +126,23 @@ class Renderer:
             return ApiError(503, "the request was aborted (server shutting down)",
                             type="service_unavailable", code="aborted")
         return None
+
+    # -- sse.EventSource
+
+    def on_output(self, out: RequestOutput) -> list[Any]:
+        self.add(out)
+        bodies = [chunk] if (chunk := self.chunk(out)) is not None else []
+        if out.finished and (err := Renderer.failure(out)) is not None:
+            bodies.append(err.body())
+            self.stopped = True
+        return bodies
+
+    def closing(self) -> list[Any]:
+        return [self.usage_chunk()] if self.include_usage else []
+
+    def abort_outputs(self) -> list[RequestOutput]:
+        return [RequestOutput("", i, [], "", True, "abort", "aborted by the server")
+                for i, c in enumerate(self.choices) if c.finish_reason is None]
 
     # -- whole responses
 
@@ -313,10 +229,10 @@ class Renderer:
         return out
 
 
-async def run_to_response(engine, renderer: Renderer, observer: Observer | None = None,
-                          request_id: str | None = None):
+async def run_to_response(engine: EngineClient, renderer: Renderer,
+                          observer: Observer | None = None, request_id: str | None = None):
     """Run a prepared request to completion and return its full response body."""
-    async with aclosing(engine_outputs(engine, renderer.prepared, observer, request_id)) as outputs:
+    async with run_on_engine(engine, renderer.prepared, observer, request_id) as outputs:
         async for out in outputs:
             renderer.add(out)
             if out.finished and (err := Renderer.failure(out)) is not None:

@@ -2,7 +2,7 @@
 
 Decoding validates types and ranges in one pass; fields a client sends that are not declared
 here are ignored, as OpenAI's server ignores them. Fields OpenAI defines but this server
-does not implement are declared so that a non-default value is refused (422) instead of
+does not implement are declared so that a non-default value is refused (400) instead of
 silently changing the meaning of a request. Transport-free: the batch job reuses it.
 """
 
@@ -31,11 +31,14 @@ T = TypeVar("T")
 
 
 def decode(body: bytes, type: type[T]) -> T:
-    """JSON body -> validated request struct, or ApiError(400) naming the field."""
+    """JSON body -> validated request struct, or ApiError(400) naming the field. Nesting
+    deeper than the interpreter's recursion limit (hostile `[[[[...`) is a 400 as well."""
     try:
         return msgspec.json.decode(body, type=type)
     except msgspec.DecodeError as exc:
         raise from_decode_error(exc) from None
+    except RecursionError:
+        raise bad_request(None, "request body is nested too deeply", "invalid_json") from None
 
 
 # ---------------------------------------------------------------- shared request parts
@@ -127,7 +130,7 @@ class ChatMessage(Struct, kw_only=True):
     name: str | None = None
 
     def text(self, where: str) -> str:
-        """The message's text; image/audio parts are refused (422)."""
+        """The message's text; image/audio parts are refused (400)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from radixserve.engine.scheduler import AGING_TOKENS_PER_STEP, DECODE_RESERVE_TOKENS
@@ -64,6 +64,10 @@ def check_step(bench: Bench, record: StepRecord, aging_bound: int) -> None:
        max_running=st.integers(1, 16),
        policy=st.sampled_from(["lpm", "fcfs"]),
        seed=st.integers(0, 1000))
+# Found by this test: a victim preempted and re-admitted in the same step recomputed a token
+# it had already decoded (now no step that preempts admits anything).
+@example(ops=[("arrive", 62, 32, 2, 0), ("arrive", 26, 31, 2, 0)], page_size=4, pool_tokens=209,
+         budget=8, max_running=2, policy="lpm", seed=0)
 def test_random_traffic_keeps_every_page_and_starves_no_one(ops, page_size, pool_tokens, budget,
                                                             max_running, policy, seed):
     # The engine caps the context so that one sequence always fits in the pool alone.

@@ -1,7 +1,8 @@
 """A small engine that follows the Engine contract (docs/contracts.md) without a model.
 
 Used for protocol-shape and routing tests that need exact control (token timing, queue
-capacity, logprobs). The Show tests run against the real engine instead.
+capacity, logprobs). The Show tests run against the real engine instead. It satisfies
+`radixserve.server.engine_client.EngineClient` (checked at the bottom of this module).
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import uuid
 from dataclasses import dataclass
 
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.errors import CacheBusy, EngineStopped, InvalidRequest, QueueFull
-from radixserve.engine.outputs import EngineStats, RequestOutput, TokenLogprob, Usage
+from radixserve.engine.errors import CacheBusy, EngineStopped, QueueFull
+from radixserve.engine.outputs import (EngineStats, OneProcessStats, RequestOutput,
+                                      TokenLogprob, Usage)
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.engine.validation import check_request
+from radixserve.server.engine_client import EngineClient
 
 EOS = 256
 
@@ -23,6 +27,7 @@ class ByteTokenizer:
     """Token i < 256 is byte i; 256 is EOS."""
 
     vocab_size = 260
+    max_token_chars = 1             # one token per byte: at least one per character
     eos_token_ids = frozenset({EOS})
     bos_token_id = None
 
@@ -33,7 +38,7 @@ class ByteTokenizer:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return self.encode(text + ("<assistant>" if add_generation_prompt else ""))
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return bytes(i for i in ids if i < 256).decode(errors="replace")
 
 
@@ -42,7 +47,7 @@ class _Live:
     aborted: bool = False
 
 
-class FakeEngine:
+class FakeEngine(OneProcessStats):
     """Sample i of a request answers `reply(i)` one byte per event, `delay_s` apart."""
 
     def __init__(self, max_model_len: int = 512, delay_s: float = 0.0, max_live: int = 1000,
@@ -58,6 +63,8 @@ class FakeEngine:
         self.calls: list[tuple[list[int], SamplingParams, str | None]] = []
         self.aborted: list[str] = []
         self.stopped = False
+        self.error: str | None = None           # set by a test: why it cannot serve
+        self.gate: asyncio.Event | None = None  # set by a test: no output until it is set
         self._stats = EngineStats(pages_total=1024, page_size=1)
         self._stats.kv_pool_bytes = 1024 * 100
 
@@ -85,11 +92,7 @@ class FakeEngine:
     def generate(self, prompt_ids, params: SamplingParams, namespace=None, request_id=None):
         if self.stopped:
             raise EngineStopped("stopped")
-        params.validate(self.tokenizer.vocab_size)
-        if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
-            raise InvalidRequest("input_ids", "out of vocabulary")
-        if len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise InvalidRequest("max_tokens", "too long")
+        check_request(prompt_ids, params, self.tokenizer.vocab_size, self.max_model_len)
         if len(self.live) >= self.max_live:
             raise QueueFull(f"{len(self.live)} live")
         request_id = request_id or uuid.uuid4().hex
@@ -110,6 +113,8 @@ class FakeEngine:
         done = [False] * params.n
         first = None
         try:
+            if self.gate is not None:
+                await self.gate.wait()
             while not all(done):
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
@@ -166,13 +171,39 @@ class FakeEngine:
             self.live[request_id].aborted = True
 
     def stats(self) -> EngineStats:
-        self._stats.running = len(self.live)
-        return self._stats
+        """Pages as a page-size-1 engine would count them: one per remembered prompt token
+        (the fake's cache, capped at the pool), the rest free; nothing private when idle."""
+        s = self._stats
+        s.running = len(self.live)
+        s.pages_cached = min(s.pages_total, sum(len(p) for ps in self.seen.values() for p in ps))
+        s.pages_private = 0
+        s.pages_free = s.pages_total - s.pages_cached
+        return s
 
     def flush_cache(self) -> None:
         if self.live:
             raise CacheBusy("busy")
         self.seen.clear()
 
+    def _in_namespace(self, ns: str | None, namespace: str | None) -> bool:
+        if namespace is None:
+            return ns is None
+        return ns is not None and (ns == namespace or ns.startswith(namespace + "/"))
+
+    def flush_namespace(self, namespace: str | None) -> int:
+        """Pages freed: one per remembered prompt token (the fake's 'cache')."""
+        gone = [ns for ns in self.seen if self._in_namespace(ns, namespace)]
+        return sum(len(p) for ns in gone for p in self.seen.pop(ns))
+
+    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        prompts = [p for ns, ps in self.seen.items() if self._in_namespace(ns, namespace)
+                   for p in ps]
+        return {"cached_tokens": sum(map(len, prompts)), "locked_tokens": 0,
+                "nodes": len(prompts)}
+
     def check_invariants(self) -> None:
         assert not self.live, f"live requests remain: {list(self.live)}"
+
+
+def _satisfies_protocol(engine: FakeEngine) -> EngineClient:
+    return engine               # mypy / pyright check this assignment

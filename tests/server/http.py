@@ -30,12 +30,16 @@ def _conn(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
 
 
 def request(method: str, url: str, json: Any = None, body: bytes | None = None,
-            headers: dict[str, str] | None = None, timeout: float = 60.0) -> Reply:
+            headers: dict[str, str] | None = None, timeout: float = 60.0,
+            content_type: str | None = "application/json") -> Reply:
+    """One request; a POST says its body is JSON unless `content_type` says otherwise
+    (None: no Content-Type header at all)."""
     conn, path = _conn(url, timeout)
     hdrs = dict(headers or {})
     if json is not None:
         body = _json.dumps(json).encode()
-        hdrs.setdefault("Content-Type", "application/json")
+    if method == "POST" and content_type is not None:
+        hdrs.setdefault("Content-Type", content_type)
     try:
         conn.request(method, path, body=body, headers=hdrs)
         resp = conn.getresponse()

@@ -11,18 +11,19 @@ import threading
 import time
 from typing import Any, Callable
 
-from radixserve.server.app import (ServerConfig, ServerState, bound_address, drain_and_stop,
-                                   start_server)
+from radixserve.server.app import RunningServer, bound_address, drain_and_stop, start_server
+from radixserve.server.engine_client import EngineClient
+from radixserve.server.state import ServerConfig, ServerState
 
 
 class LiveServer:
-    def __init__(self, engine: Any, config: ServerConfig | None = None):
+    def __init__(self, engine: EngineClient, config: ServerConfig | None = None):
         self.engine = engine
         self.config = config or ServerConfig(port=0)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.state: ServerState | None = None
-        self.runner = None
+        self.server: RunningServer | None = None
         self.url = ""
 
     def __enter__(self) -> "LiveServer":
@@ -33,8 +34,8 @@ class LiveServer:
     async def _start(self) -> None:
         await self.engine.start()
         self.state = ServerState.create(self.engine, self.config)
-        self.runner = await start_server(self.state, "127.0.0.1", 0)
-        host, port = bound_address(self.runner)
+        self.server = await start_server(self.state, "127.0.0.1", 0)
+        host, port = bound_address(self.server)
         self.url = f"http://{host}:{port}"
 
     @property
@@ -72,6 +73,12 @@ class LiveServer:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
 
+    def drain(self, grace_s: float):
+        """Start the server's shutdown drain; a future for its end."""
+        self.drained = True
+        return asyncio.run_coroutine_threadsafe(drain_and_stop(self.server, grace_s), self.loop)
+
     async def _stop(self) -> None:
-        await drain_and_stop(self.runner, self.state, grace_s=1.0)
+        if not getattr(self, "drained", False):
+            await drain_and_stop(self.server, grace_s=1.0)
         await self.engine.shutdown()

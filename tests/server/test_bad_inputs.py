@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from radixserve.server.app import ServerConfig
+from radixserve.server.state import ServerConfig
 from radixserve.server.auth import AuthConfig
 from tests.server import http
 from tests.server.conftest import MAX_MODEL_LEN, MODEL, make_engine
@@ -16,6 +16,7 @@ from tests.server.live import LiveServer
 
 KEY = "secret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+ADMIN = {"Authorization": "Bearer admin-key"}
 BODY_LIMIT = 64 * 1024
 CHAT = "/v1/chat/completions"
 MSGS = [{"role": "user", "content": "hi"}]
@@ -45,9 +46,9 @@ CASES = [
     ("chat prompt longer than the context", "POST", CHAT,
      {"messages": [{"role": "user", "content": "word " * (MAX_MODEL_LEN + 10)}]}, AUTH, 400,
      "invalid_request_error", "messages"),
-    ("batched prompts", "POST", "/v1/completions", {"prompt": ["a", "b"]}, AUTH, 422,
+    ("batched prompts", "POST", "/v1/completions", {"prompt": ["a", "b"]}, AUTH, 400,
      "invalid_request_error", "prompt"),
-    ("tools", "POST", CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, AUTH, 422,
+    ("tools", "POST", CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, AUTH, 400,
      "invalid_request_error", "tools"),
     ("out-of-vocabulary ids", "POST", "/generate", {"input_ids": [1, 10**7, 3]}, AUTH, 400,
      "invalid_request_error", "input_ids[1]"),
@@ -57,8 +58,8 @@ CASES = [
      {"messages": [{"role": "user", "content": "x" * (BODY_LIMIT + 1)}]}, AUTH, 413,
      "invalid_request_error", None),
     ("wrong API key", "POST", CHAT, {"messages": MSGS}, {"Authorization": "Bearer nope"}, 401,
-     "authentication_error", None),
-    ("no API key", "GET", "/v1/models", None, {}, 401, "authentication_error", None),
+     "invalid_request_error", None),
+    ("no API key", "GET", "/v1/models", None, {}, 401, "invalid_request_error", None),
     ("unknown model", "POST", CHAT, {"model": "gpt-4", "messages": MSGS}, AUTH, 404,
      "not_found_error", "model"),
     ("unknown route", "GET", "/v2/whatever", None, AUTH, 404, "not_found_error", None),
@@ -67,7 +68,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def server(loaded_model):
-    config = ServerConfig(port=0, auth=AuthConfig((KEY,)), max_body_bytes=BODY_LIMIT)
+    config = ServerConfig(port=0, auth=AuthConfig((KEY,), admin_keys=("admin-key",)),
+                          max_body_bytes=BODY_LIMIT)
     with LiveServer(make_engine(loaded_model), config) as srv:
         yield srv
 
@@ -95,17 +97,27 @@ def test_bad_request_gets_documented_error(server, name, method, path, body, hea
 def test_health_needs_no_key_and_flush_is_409_while_busy(server):
     assert http.get(server.url + "/health").status == 200
     with http.SSEStream(server.url + "/v1/completions", headers=AUTH,
-                        json={"prompt": "Tell me a story", "max_tokens": 200, "ignore_eos": True,
+                        json={"prompt": "Tell me a story", "max_tokens": 1900, "ignore_eos": True,
                               "stream": True}) as s:
         events = s.events()
         next(events)
-        r = http.post(server.url + "/cache/flush", headers=AUTH)
+        r = http.post(server.url + "/cache/flush", headers=ADMIN)
         assert r.status == 409 and r.json()["error"]["type"] == "conflict_error"
     server.wait_idle()
+    # keys without --namespace-per-api-key share one namespace: only an admin may flush it
     r = http.post(server.url + "/cache/flush", headers=AUTH)
+    assert r.status == 403 and r.json()["error"]["code"] == "admin_key_required"
+    assert http.get(server.url + "/cache/stats", headers=AUTH).status == 403
+    before = http.get(server.url + "/cache/stats", headers=ADMIN).json()["pool"]
+    assert before["pages_cached"] > 0
+    r = http.post(server.url + "/cache/flush", headers=ADMIN)
     assert r.status == 200 and r.json()["flushed"] is True
-    stats = http.get(server.url + "/cache/stats", headers=AUTH).json()
-    assert stats["cache"]["cached_tokens"] == 0
+    assert r.json()["freed_pages"] == before["pages_cached"]
+    stats = http.get(server.url + "/cache/stats", headers=ADMIN).json()
+    pool = stats["pool"]
+    assert stats["cache"]["cached_tokens"] == 0 and pool["pages_cached"] == 0
+    assert pool["pages_free"] + pool["pages_cached"] + pool["pages_private"] == pool["pages_total"]
+    assert pool["pages_free"] == pool["pages_total"]          # idle and flushed: all free
     server.check_invariants()
 
 

@@ -11,7 +11,7 @@ import msgspec
 
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.server.batch_job import parse_line, run_batch, work_order
-from radixserve.server.openai_serving import ModelInfo
+from radixserve.server.prompts import ModelInfo, PromptBuilder
 from tests.server.conftest import make_engine
 from tests.server.fake_engine import ByteTokenizer
 
@@ -36,7 +36,12 @@ def test_work_order_puts_shared_prefixes_together():
         group = "AAAA" if i % 2 == 0 else "BBBB"
         lines.append(msgspec.json.encode({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
                                           "body": {"prompt": group * 10 + str(i), "max_tokens": 1}}))
-    items = [parse_line(i, line, tok, info, set()) for i, line in enumerate(lines)]
+    prompts = PromptBuilder(tok, info)
+
+    async def parse_all():
+        return [await parse_line(i, line, prompts, set()) for i, line in enumerate(lines)]
+    items = asyncio.run(parse_all())
+    prompts.close()
     order = [it.custom_id for it in work_order(items)]
     assert order == ["c0", "c2", "c4", "c1", "c3", "c5"]
 

@@ -46,19 +46,21 @@ def chat_ids(server, messages):
 
 def test_chat_stream_and_not_match_the_engine(server, client):
     messages = [{"role": "user", "content": "Name three colours."}]
+    assert http.post(server.url + "/cache/flush").status == 200      # nothing cached before
     r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
     ref, ref_ids = engine_text(server, chat_ids(server, messages), max_tokens=12, temperature=0)
     assert r.choices[0].message.content == ref and r.choices[0].message.role == "assistant"
     assert r.usage.completion_tokens == len(ref_ids)
     assert r.usage.prompt_tokens == len(chat_ids(server, messages))
-    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
     assert r.choices[0].finish_reason in ("stop", "length")
     chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
                                                  temperature=0, stream=True,
                                                  stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref
     assert chunks[-1].usage.completion_tokens == len(ref_ids)
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0      # same prompt again
+    # the same prompt again: all of it but the last token (which must be computed) is cached
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
 
 
 def test_completions_stream_and_not(server, client):
@@ -166,7 +168,10 @@ def test_native_generate_and_metrics(server, client):
                                                                            "temperature": 0}}).json()
     assert again["output_ids"] == ref_ids and again["meta_info"]["cached_tokens"] == len(ids) - 1
     stats = http.get(server.url + "/cache/stats").json()
-    assert stats["cache"]["cached_tokens"] > 0 and stats["pool"]["pages_total"] > 0
+    pool = stats["pool"]
+    assert stats["cache"]["cached_tokens"] > 0 and pool["pages_total"] > 0
+    assert pool["pages_free"] + pool["pages_cached"] + pool["pages_private"] == pool["pages_total"]
+    assert pool["pages_private"] == 0                    # idle: every page is free or cached
     assert stats["pool"]["bytes_total"] > 0 and stats["prefix_cache"]["hit_tokens"] > 0
     metrics = {s.name: s.value for fam in text_string_to_metric_families(http.get(server.url + "/metrics").text)
                for s in fam.samples if not s.labels}

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
 from radixserve.server import protocol as P
 from radixserve.server.auth import AuthConfig, cache_namespace
 from radixserve.server.errors import ApiError
-from radixserve.server.openai_serving import ModelInfo, fit_context, prepare_chat, prepare_completion
+from radixserve.server.prompts import (ModelInfo, PromptBuilder, fit_context, prepare_chat,
+                                       prepare_completion)
 from tests.server.fake_engine import ByteTokenizer
 
 INFO = ModelInfo(name="m", max_model_len=100, vocab_size=260)
 TOK = ByteTokenizer()
+PROMPTS = PromptBuilder(TOK, INFO)
 
 
 def chat(body: dict, key_ns=None):
-    return prepare_chat(P.decode(msgspec.json.encode(body), P.ChatCompletionRequest), TOK, INFO, key_ns)
+    req = P.decode(msgspec.json.encode(body), P.ChatCompletionRequest)
+    return asyncio.run(prepare_chat(req, PROMPTS, key_ns))
 
 
 def err(fn, *args) -> ApiError:
@@ -52,7 +57,7 @@ def test_text_content_parts_are_joined_and_developer_is_system():
     assert p.prompt_ids == TOK.apply_chat_template([{"role": "system", "content": "S"},
                                                     {"role": "user", "content": "ab"}])
     e = err(chat, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
-    assert (e.status, e.param) == (422, "messages[0].content[0].type")
+    assert (e.status, e.param) == (400, "messages[0].content[0].type")
 
 
 @pytest.mark.parametrize("body, status, param", [
@@ -71,8 +76,8 @@ def test_text_content_parts_are_joined_and_developer_is_system():
     ({"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [999]}, 400, "stop_token_ids"),
     ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"messages": [{"role": "user", "content": "x" * 200}]}, 400, "messages"),
-    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, 422, "presence_penalty"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 422, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools"),
     ({"messages": [{"role": "user", "content": "x"}], "model": "other"}, 404, "model"),
 ])
 def test_chat_validation_names_the_field(body, status, param):
@@ -88,7 +93,8 @@ def test_malformed_json_is_400_without_param():
 
 def test_completion_prompt_forms():
     def comp(body):
-        return prepare_completion(P.decode(msgspec.json.encode(body), P.CompletionRequest), TOK, INFO)
+        req = P.decode(msgspec.json.encode(body), P.CompletionRequest)
+        return asyncio.run(prepare_completion(req, PROMPTS))
     assert comp({"prompt": "ab"}).prompt_ids == [97, 98]
     assert comp({"prompt": [97, 98]}).prompt_ids == [97, 98]
     assert comp({"prompt": ["ab"]}).prompt_ids == [97, 98]
@@ -96,7 +102,7 @@ def test_completion_prompt_forms():
     assert comp({"prompt": "ab"}).params.max_tokens == 16          # OpenAI's default
     assert comp({"prompt": "ab", "logprobs": 2}).params.logprobs == 2
     assert comp({"prompt": "ab", "echo": True}).echo_text == "ab"
-    assert (err(comp, {"prompt": ["a", "b"]}).status, err(comp, {"prompt": ["a", "b"]}).param) == (422, "prompt")
+    assert (err(comp, {"prompt": ["a", "b"]}).status, err(comp, {"prompt": ["a", "b"]}).param) == (400, "prompt")
     assert err(comp, {"prompt": [1, 999]}).param == "prompt[1]"
     assert err(comp, {"prompt": ""}).param == "prompt"
     assert err(comp, {}).param == "prompt"

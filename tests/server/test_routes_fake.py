@@ -3,6 +3,7 @@ engine (exact token timing and queue control); the Show tests use the real engin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
@@ -10,7 +11,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixserve.server.app import ServerConfig
+from radixserve.server.state import ServerConfig
 from radixserve.server.auth import AuthConfig
 from tests.server import http
 from tests.server.fake_engine import FakeEngine
@@ -127,15 +128,15 @@ def test_queue_full_is_503_with_retry_after():
 
 
 def test_flush_refused_while_running():
-    engine = FakeEngine(delay_s=0.02)
+    engine = FakeEngine()
+    engine.gate = asyncio.Event()       # the request stays live until the test opens the gate
     with LiveServer(engine) as server:
         with http.SSEStream(server.url + "/v1/completions",
                             {"prompt": "x", "max_tokens": 30, "stream": True}) as s:
-            events = s.events()
-            next(events)
             r = http.post(server.url + "/cache/flush")
             assert r.status == 409 and r.json()["error"]["type"] == "conflict_error"
-            assert list(events)[-1] == "[DONE]"
+            server.call(engine.gate.set)
+            assert list(s.events())[-1] == "[DONE]"
         server.wait_idle()
         r = http.post(server.url + "/cache/flush")
         assert r.status == 200 and r.json()["flushed"] is True
@@ -199,4 +200,93 @@ def test_metrics_count_and_time(fake):
         assert ("radixserve_kv_pages", (("state", state),)) in samples
     assert ("radixserve_running_requests", ()) in samples
     stats = http.get(fake.url + "/cache/stats").json()
-    assert stats["prefix_cache"]["hit_tokens"] == 6 and stats["pool"]["tokens_total"] == 1024
+    pool = stats["pool"]
+    assert stats["prefix_cache"]["hit_tokens"] == 6 and pool["tokens_total"] == 1024
+    assert pool["pages_cached"] == 12                   # the fake caches its three prompts
+    assert pool["pages_free"] + pool["pages_cached"] + pool["pages_private"] == pool["pages_total"]
+
+
+def test_stream_headers_go_out_at_once_with_keepalive_while_queued():
+    engine = FakeEngine()
+    engine.gate = asyncio.Event()       # the fake emits nothing until the test opens the gate
+    with LiveServer(engine, ServerConfig(port=0, sse_keepalive_s=0.05)) as server:
+        with http.SSEStream(server.url + "/v1/completions",
+                            {"prompt": "x", "max_tokens": 3, "stream": True}) as s:
+            assert s.status == 200          # headers arrived while the request is still queued
+            assert s.response.readline() == b": keep-alive\n"
+            server.call(engine.gate.set)
+            events = list(s.events())
+        assert events[-1] == "[DONE]" and len(events) == 4
+        server.check_invariants()
+
+
+def test_health_reports_an_engine_failure():
+    engine = FakeEngine()
+    with LiveServer(engine) as server:
+        assert http.get(server.url + "/health").status == 200
+        engine.error = "the engine loop failed: AssertionError('pages leaked')"
+        r = http.get(server.url + "/health")
+        assert r.status == 503 and r.json() == {"status": "unhealthy", "error": engine.error}
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x"])
+def test_posts_must_be_json(fake, content_type):
+    body = b'{"prompt": "x", "max_tokens": 1}'
+    for path in ("/v1/completions", "/generate", "/cache/flush"):
+        r = http.post(fake.url + path, body=body, content_type=content_type)
+        assert r.status == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    assert fake.engine.calls == []
+    assert http.post(fake.url + "/v1/completions", body=body).status == 200
+
+
+def test_cross_origin_posts_are_refused():
+    config = ServerConfig(port=0, allowed_origins=("http://tool.example:3000",))
+    with LiveServer(FakeEngine(), config) as server:
+        body = {"prompt": "x", "max_tokens": 1}
+        for origin in ("http://evil.example", "null", "http://localhost:8000"):
+            r = http.post(server.url + "/v1/completions", json=body, headers={"Origin": origin})
+            assert r.status == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+            r = http.post(server.url + "/cache/flush", headers={"Origin": origin})
+            assert r.status == 403
+        assert server.engine.calls == []
+        for origin in (server.url, "http://tool.example:3000"):       # same origin; allowed
+            r = http.post(server.url + "/v1/completions", json=body, headers={"Origin": origin})
+            assert r.status == 200
+        assert http.get(server.url + "/v1/models", headers={"Origin": "http://evil.example"}).status == 200
+        server.check_invariants()
+
+
+def test_unsupported_features_are_400_and_bad_keys_invalid_request():
+    auth = AuthConfig(("k",))
+    with LiveServer(FakeEngine(), ServerConfig(port=0, auth=auth)) as server:
+        with pytest.raises(openai.BadRequestError):
+            client(server, "k").chat.completions.create(model="fake-model", messages=MSG,
+                                                        tools=[{"type": "function", "function": {"name": "f"}}])
+        with pytest.raises(openai.AuthenticationError) as info:
+            client(server, "wrong").models.list()
+        assert info.value.body["type"] == "invalid_request_error"
+        server.check_invariants()
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": "x", "n": 2}),
+                                        ("/generate", {"text": "x"})])
+def test_drain_ends_streams_with_abort_events_without_waiting_for_the_engine(path, body):
+    engine = FakeEngine()
+    engine.gate = asyncio.Event()       # an engine stuck in a long step: it never answers
+    with LiveServer(engine) as server:
+        with http.SSEStream(server.url + path, {**body, "max_tokens": 5, "stream": True}) as s:
+            drained = server.drain(grace_s=0.5)
+            events = list(s.events())
+        drained.result(60)
+        assert events[-1] == "[DONE]"
+        parsed = [json.loads(e) for e in events[:-1]]
+        if path == "/generate":
+            assert parsed[-1]["finished"] and parsed[-1]["meta_info"]["finish_reason"] == "abort"
+        else:
+            reasons = sorted(c["choices"][0]["index"] for c in parsed
+                             if c.get("choices") and c["choices"][0]["finish_reason"] == "abort")
+            assert reasons == [0, 1] and parsed[-1]["error"]["code"] == "aborted"
+        server.call(engine.gate.set)    # the step ends: the engine's abort lands
+        server.wait_idle()
+        assert engine.aborted

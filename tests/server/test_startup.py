@@ -9,9 +9,10 @@ import threading
 
 import torch
 
-from radixserve.cache.kv_pool import KVPool
+from radixserve.attention.kv_pool import KVPool
 from radixserve.phase_timer import PhaseTimer
-from radixserve.server.app import STATE, ServerConfig, drain_and_stop
+from radixserve.server.app import drain_and_stop
+from radixserve.server.state import ServerConfig
 from radixserve.server.cli import start_serving
 from tests.server import http
 from tests.server.conftest import make_engine
@@ -50,7 +51,7 @@ def test_health_is_503_until_the_warm_up_is_done(loaded_model):
     url = f"http://127.0.0.1:{port}"
     started = asyncio.run_coroutine_threadsafe(
         start_serving(engine, ServerConfig(port=port), timer), loop)
-    runner = None
+    server = None
     try:
         assert warming.wait(120)                   # listening, warm-up in progress
         for _ in range(3):
@@ -61,7 +62,7 @@ def test_health_is_503_until_the_warm_up_is_done(loaded_model):
         assert not engine.ready and not started.done()
 
         release.set()
-        runner = started.result(120)
+        server = started.result(120)
         assert engine.ready
         assert http.get(url + "/health").json() == {"status": "ok"}
         served = complete(url)
@@ -69,10 +70,9 @@ def test_health_is_503_until_the_warm_up_is_done(loaded_model):
         assert [name for name, _ in timer.phases] == ["listen", "warm-up"]
     finally:
         release.set()
-        if runner is None:
-            runner = started.result(120)
-        state = runner.app[STATE]
-        asyncio.run_coroutine_threadsafe(drain_and_stop(runner, state, 5.0), loop).result(60)
+        if server is None:
+            server = started.result(120)
+        asyncio.run_coroutine_threadsafe(drain_and_stop(server, 5.0), loop).result(60)
         asyncio.run_coroutine_threadsafe(engine.shutdown(), loop).result(60)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)

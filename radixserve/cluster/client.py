@@ -1,0 +1,261 @@
+"""RayEngineClient: the engine interface the HTTP front end uses, served by Ray replicas.
+
+It offers what the server calls on an `Engine` (tokenizer, config, max_model_len,
+generate, abort, stats, flush_cache, start/shutdown), so the front end code is unchanged:
+`generate` streams from a replica through the DeploymentHandle (`.options(stream=True)`),
+with the prompt's block hashes in a `RouteInfo` for the router.
+
+Faults: a replica that dies before a request streamed anything is retried on another
+replica (up to `max_retries` times); one that dies after gives the request a final output
+with finish_reason "error" (the server renders it as an error event / error body), so
+nothing hangs. Ray Serve restarts the replica; the router drops its view at once.
+
+Stats: `stats()` (synchronous, as /metrics scrapes it) sums the latest snapshot of every
+replica: from routing stats, refreshed by `refresh_stats()` (one control call per replica,
+each bounded by a timeout so a slow replica cannot stall the endpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field, fields
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.serve.exceptions import RequestCancelledError
+
+from radixserve.engine.errors import CacheBusy
+from radixserve.engine.outputs import EngineStats, RequestOutput
+from radixserve.engine.sampling_params import SamplingParams
+
+from .prefix_hashes import prompt_hashes
+from .replica import ReplicaInfo, ReplicaSnapshot
+from .route_info import RouteInfo
+from .view import ClusterState
+
+log = logging.getLogger("radixserve.cluster")
+
+REPLICA_LOST = (RayActorError, ActorUnavailableError)
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The replica's own exception (QueueFull, InvalidRequest, CacheBusy...) out of Ray's."""
+    if isinstance(exc, RayTaskError) and isinstance(getattr(exc, "cause", None), BaseException):
+        return exc.cause
+    return exc
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    model: str
+    max_model_len: int
+    replicas: int
+
+
+def sum_stats(snapshots: Sequence[EngineStats]) -> EngineStats:
+    """One EngineStats for the cluster: counters and gauges summed, page size shared."""
+    total = EngineStats()
+    for s in snapshots:
+        for f in fields(EngineStats):
+            value = getattr(s, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and f.name != "page_size":
+                setattr(total, f.name, getattr(total, f.name) + value)
+        for reason, n in s.requests_finished.items():
+            total.requests_finished[reason] = total.requests_finished.get(reason, 0) + n
+        for key, value in s.cache.items():
+            if isinstance(value, bool):
+                total.cache[key] = total.cache.get(key, True) and value
+            else:
+                total.cache[key] = total.cache.get(key, 0) + value
+        total.page_size = s.page_size
+    return total
+
+
+@dataclass(eq=False)
+class RayEngineClient:
+    handle: Any                              # DeploymentHandle of EngineReplica
+    state: ClusterState                      # shared with the router (views_registry)
+    num_replicas: int
+    prompt_text_for_router: bool = False     # prefix-affinity reads prompt text
+    max_retries: int = 2
+    control_timeout_s: float = 10.0
+    tokenizer: Any = None
+    config: ClientConfig | None = None
+    max_model_len: int = 0
+    teardown: Callable[[], None] | None = None
+    _live: dict[str, Any] = field(default_factory=dict)      # request id -> response stream
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    async def start(self, ready_timeout_s: float = 600.0) -> None:
+        """Ask one replica for the model's facts; wait until the router sees every replica.
+        (Once: the server calls it again after listening, as it does an Engine's.)"""
+        if self.config is not None:
+            return
+        info: ReplicaInfo = await self.handle.control.remote(RouteInfo(), "describe")
+        self.tokenizer = info.tokenizer
+        self.max_model_len = info.max_model_len
+        self.config = ClientConfig(info.model, info.max_model_len, self.num_replicas)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ready_timeout_s
+        while len(self.replica_ids()) < self.num_replicas:
+            if loop.time() > deadline:
+                raise TimeoutError(f"only {len(self.replica_ids())} of {self.num_replicas} "
+                                   f"replicas became visible to the router")
+            await asyncio.sleep(0.05)
+        await self.refresh_stats()
+
+    async def shutdown(self, grace_s: float = 0.0) -> None:
+        for response in list(self._live.values()):
+            response.cancel()
+        if self.teardown is not None:
+            self.teardown()
+
+    # ---- requests -------------------------------------------------------------------
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 namespace: str | None = None,
+                 request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        request_id = request_id or uuid.uuid4().hex
+        prompt_ids = list(prompt_ids)
+        hashes = prompt_hashes(prompt_ids, self.state.block_tokens, namespace)
+        text = ""
+        if self.prompt_text_for_router:
+            text = f"[{namespace}]" + self.tokenizer.decode(prompt_ids) if namespace \
+                else self.tokenizer.decode(prompt_ids)
+        route = RouteInfo(hashes, len(prompt_ids), prompt=text)
+        return self._stream(route, prompt_ids, params, namespace, request_id)
+
+    async def _stream(self, route: RouteInfo, prompt_ids: list[int], params: SamplingParams,
+                      namespace: str | None, request_id: str) -> AsyncIterator[RequestOutput]:
+        unfinished = set(range(params.n))
+        streamed = False
+        attempt = 0
+        while True:
+            response = self.handle.options(stream=True).generate.remote(
+                route, prompt_ids, params, namespace, request_id)
+            self._live[request_id] = response
+            try:
+                async for out in response:
+                    streamed = True
+                    if out.finished:
+                        unfinished.discard(out.index)
+                    yield out
+                return
+            except REPLICA_LOST as exc:
+                if not streamed and attempt < self.max_retries:
+                    attempt += 1
+                    log.warning("replica lost before request %s streamed: retry %d (%s)",
+                                request_id, attempt, type(exc).__name__)
+                    continue
+                for out in self._ended(request_id, unfinished, "error",
+                                       f"the replica serving this request failed: "
+                                       f"{type(exc).__name__}"):
+                    yield out
+                return
+            except RequestCancelledError:
+                for out in self._ended(request_id, unfinished, "abort", None):
+                    yield out
+                return
+            except RayTaskError as exc:
+                raise unwrap(exc) from None
+            finally:
+                if self._live.get(request_id) is response:
+                    del self._live[request_id]
+                    if unfinished:
+                        response.cancel()
+
+    @staticmethod
+    def _ended(request_id: str, indices: set[int], reason: str,
+               error: str | None) -> list[RequestOutput]:
+        import time
+        now = time.monotonic()
+        outs = [RequestOutput(request_id, i, [], "", finished=True, finish_reason=reason,
+                              error=error, arrival_time=now, time=now) for i in sorted(indices)]
+        indices.clear()
+        return outs
+
+    def abort(self, request_id: str) -> None:
+        response = self._live.get(request_id)
+        if response is not None:
+            response.cancel()
+
+    @property
+    def ready(self) -> bool:
+        return self.config is not None
+
+    @property
+    def error(self) -> str | None:
+        return None                 # a dead replica is Ray Serve's to restart, not fatal
+
+    def flush_namespace(self, namespace: str | None) -> int:
+        raise CacheBusy("flushing one namespace is not supported with --replicas yet; "
+                        "an admin key flushes every replica")
+
+    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        raise CacheBusy("per-namespace stats are not supported with --replicas yet")
+
+    # ---- control: stats and flush ------------------------------------------------------
+
+    def replica_ids(self) -> list[str]:
+        with self.state.lock:
+            return sorted(self.state.replicas)
+
+    async def control(self, replica_id: str, op: str, arg: float = 0.0) -> ReplicaSnapshot:
+        try:
+            return await asyncio.wait_for(
+                self.handle.control.remote(RouteInfo(target=replica_id), op, arg),
+                self.control_timeout_s)
+        except RayTaskError as exc:
+            raise unwrap(exc) from None
+
+    async def refresh_stats(self) -> dict[str, EngineStats]:
+        """Fresh stats and digests from every replica (a replica that does not answer in
+        time keeps its last published ones)."""
+        ids = self.replica_ids()
+        results = await asyncio.gather(*(self.control(r, "stats") for r in ids),
+                                       return_exceptions=True)
+        for rid, res in zip(ids, results):
+            if isinstance(res, ReplicaSnapshot):
+                self._publish(res)
+            else:
+                log.warning("replica %s did not report stats: %r", rid, res)
+        return self.replica_stats()
+
+    def _publish(self, snap: ReplicaSnapshot) -> None:
+        with self.state.lock:
+            if snap.replica_id in self.state.replicas:
+                self.state.published(snap.replica_id, {"digest": snap.digest,
+                                                       "stats": snap.stats})
+
+    def replica_stats(self) -> dict[str, EngineStats]:
+        with self.state.lock:
+            return {rid: s.stats for rid, s in sorted(self.state.replicas.items())
+                    if s.stats is not None}
+
+    def stats(self) -> EngineStats:
+        return sum_stats(list(self.replica_stats().values()))
+
+    def metrics_collector(self):
+        """Per-replica and router metrics for the server's registry."""
+        from .metrics import ClusterCollector
+        return ClusterCollector(self.replica_stats, self.state)
+
+    async def flush_cache(self) -> None:
+        """Flush every replica; CacheBusy (409) if any replica has work."""
+        stats = await self.refresh_stats()
+        busy = {rid: s.running + s.waiting for rid, s in stats.items() if s.running + s.waiting}
+        if busy or self._live:
+            raise CacheBusy(f"requests are running on replicas {busy or 'being routed'}")
+        ids = self.replica_ids()
+        results = await asyncio.gather(*(self.control(r, "flush") for r in ids),
+                                       return_exceptions=True)
+        for res in results:
+            if isinstance(res, ReplicaSnapshot):
+                self._publish(res)
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res

@@ -1,0 +1,111 @@
+"""One engine replica: the Ray Serve deployment class (no Ray import: Ray wraps it).
+
+Each replica loads the model and runs its own `Engine` on the replica actor's event loop.
+Calls come from the front end through a DeploymentHandle: `generate` streams the engine's
+`RequestOutput`s; `control` answers stats / flush / describe for the one replica a call is
+pinned to; `record_routing_stats` (called by Ray Serve every routing-stats period) returns
+the cache digest and engine stats the router reads. All three run on the replica's event
+loop, the thread that owns the tree, so the digest walk sees a consistent tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.outputs import EngineStats, RequestOutput
+from radixserve.engine.sampling_params import SamplingParams
+
+from .cache_digest import CacheDigest, DigestMaker
+from .route_info import RouteInfo
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """What the front end needs from the model, asked of one replica at start-up."""
+
+    replica_id: str
+    tokenizer: Any
+    model: str
+    max_model_len: int
+    page_size: int
+    pool_tokens: int
+
+
+@dataclass(frozen=True)
+class ReplicaSnapshot:
+    replica_id: str
+    stats: EngineStats
+    digest: CacheDigest
+
+
+class EngineReplica:
+    def __init__(self, engine_config: EngineConfig, block_tokens: int,
+                 torch_threads: int | None = None, routing_stats_delay_s: float = 0.0):
+        import torch
+
+        from radixserve.engine.compute_thread import on_compute_thread
+        from radixserve.engine.engine import Engine
+        from radixserve.model import load_model
+
+        if torch_threads:
+            on_compute_thread(torch.set_num_threads, torch_threads)
+        loaded = on_compute_thread(load_model, engine_config.model, dtype=engine_config.dtype,
+                                   device=engine_config.device)
+        self.engine = Engine(engine_config, loaded)
+        self.digests = DigestMaker(self.engine.tree, block_tokens)
+        self.routing_stats_delay_s = routing_stats_delay_s     # tests: a slow replica
+        self._start_lock: asyncio.Lock | None = None
+
+    async def _ready(self) -> None:
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            await self.engine.start()          # a no-op once started
+
+    def _replica_id(self) -> str:
+        from ray import serve
+        return serve.get_replica_context().replica_id.unique_id
+
+    async def generate(self, route: RouteInfo, prompt_ids: list[int], params: SamplingParams,
+                       namespace: str | None, request_id: str) -> AsyncIterator[RequestOutput]:
+        await self._ready()
+        stream = self.engine.generate(prompt_ids, params, namespace=namespace,
+                                      request_id=request_id)
+        async with aclosing(stream):
+            async for out in stream:
+                yield out
+
+    async def control(self, route: RouteInfo, op: str, arg: float = 0.0) -> Any:
+        await self._ready()
+        if op == "describe":
+            e = self.engine
+            return ReplicaInfo(self._replica_id(), e.tokenizer, e.config.model, e.max_model_len,
+                               e.page_size, e.pool_tokens)
+        if op == "flush":
+            self.engine.flush_cache()          # CacheBusy if anything is running
+        elif op == "check":
+            self.engine.check_invariants()
+        elif op == "exit":                     # tests and benchmarks: a replica that dies
+            os._exit(1)
+        elif op == "stats_delay":              # tests: a replica slow to publish its stats
+            self.routing_stats_delay_s = arg
+        elif op != "stats":
+            raise ValueError(f"unknown control op {op!r}")
+        return self.snapshot()
+
+    def snapshot(self) -> ReplicaSnapshot:
+        return ReplicaSnapshot(self._replica_id(), copy.deepcopy(self.engine.stats()),
+                               self.digests.digest())
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        await self._ready()
+        if self.routing_stats_delay_s:
+            await asyncio.sleep(self.routing_stats_delay_s)
+        snap = self.snapshot()
+        return {"digest": snap.digest, "stats": snap.stats}

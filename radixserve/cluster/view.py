@@ -1,0 +1,191 @@
+"""The router's view of the replicas: what each one holds and how loaded it is.
+
+Two sources, both explicit:
+- the replica's published digest (its cache as chained block hashes, as of a time on the
+  replica) and its engine stats, delivered through Ray Serve's routing stats; a digest
+  replaces the previous one whole, so the view is exact as of the digest's time;
+- the router's own bookkeeping of what it sent where: requests in flight (and their
+  uncached prompt tokens, the prefill a replica still owes), and the block hashes of
+  requests routed since the last digest. Those count as held by their replica until a
+  digest taken after the request completed arrives (then the digest says whether the
+  prefix is still there). This bridges the digest period so a burst sharing a new prefix
+  is not scattered; it never outlives one digest period after completion.
+
+Pure Python: no Ray, so the policy and its bookkeeping are tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from radixserve.engine.outputs import EngineStats
+from radixserve.routing import RouteRequest
+
+from .cache_digest import CacheDigest
+from .prefix_hashes import matched_blocks
+
+MAX_BRIDGE_S = 30.0      # a finished request counts as held this long at most without a digest
+TENTATIVE_S = 5.0        # a choice Ray Serve never confirmed (request gone before dispatch)
+
+
+@dataclass
+class RoutedRequest:
+    hashes: list[int]
+    uncached_tokens: int
+    routed_at: float
+    completed_at: float | None = None
+    confirmed: bool = False          # Ray Serve dispatched it (on_request_routed)
+
+    def pending(self, now: float) -> bool:
+        """Still owed by its replica: not completed, and dispatched or just chosen."""
+        return self.completed_at is None and (self.confirmed or now - self.routed_at < TENTATIVE_S)
+
+
+@dataclass
+class ReplicaState:
+    replica_id: str
+    digest: CacheDigest | None = None
+    stats: EngineStats | None = None
+    stats_at: float = 0.0                  # time.time() on the router when they arrived
+    routed: dict[str, RoutedRequest] = field(default_factory=dict)
+
+    @property
+    def in_flight(self) -> int:
+        now = time.time()
+        return sum(1 for r in self.routed.values() if r.pending(now))
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        now = time.time()
+        return sum(r.uncached_tokens for r in self.routed.values() if r.pending(now))
+
+    def held_blocks(self, hashes: Sequence[int]) -> int:
+        """Leading blocks of a prompt this replica holds (or will, having been sent it)."""
+        best = matched_blocks(hashes, self.digest.hashes) if self.digest else 0
+        for r in self.routed.values():
+            if best >= len(hashes):
+                break
+            if len(r.hashes) > best and r.hashes[best] == hashes[best]:
+                n = best
+                while n < len(hashes) and n < len(r.hashes) and r.hashes[n] == hashes[n]:
+                    n += 1
+                best = n
+        return best
+
+    def take_digest(self, digest: CacheDigest, stats: EngineStats | None) -> None:
+        self.digest = digest
+        if stats is not None:
+            self.stats, self.stats_at = stats, time.time()
+        # Requests that completed before the digest was taken are in it (or evicted).
+        self.routed = {k: r for k, r in self.routed.items()
+                       if r.completed_at is None or r.completed_at >= digest.taken_at}
+
+
+class ClusterState:
+    """Every replica's state, keyed by Ray Serve's replica id (unique_id).
+
+    Ray Serve runs the router on its own event-loop thread while the HTTP front end reads
+    the same state: writers and cross-thread readers hold `lock`.
+    """
+
+    def __init__(self, block_tokens: int):
+        self.block_tokens = block_tokens
+        self.lock = threading.RLock()
+        self.replicas: dict[str, ReplicaState] = {}
+        self._owner: dict[str, str] = {}          # routed request id -> replica id
+        self.sent: dict[str, int] = {}             # requests dispatched to each replica, ever
+        self.decisions = 0                         # routing decisions and their cost
+        self.decision_seconds = 0.0
+
+    def replica(self, replica_id: str) -> ReplicaState:
+        state = self.replicas.get(replica_id)
+        if state is None:
+            state = self.replicas[replica_id] = ReplicaState(replica_id)
+        return state
+
+    def keep_only(self, replica_ids: Sequence[str]) -> None:
+        for gone in set(self.replicas) - set(replica_ids):
+            self.forget(gone)
+        for rid in replica_ids:
+            self.replica(rid)
+
+    def forget(self, replica_id: str) -> None:
+        """A replica died: nothing it held is reachable any more."""
+        state = self.replicas.pop(replica_id, None)
+        if state is not None:
+            for request_id in state.routed:
+                self._owner.pop(request_id, None)
+
+    def published(self, replica_id: str, routing_stats: dict) -> None:
+        digest = routing_stats.get("digest")
+        if digest is None:
+            return
+        state = self.replica(replica_id)
+        if state.digest is None or digest.taken_at > state.digest.taken_at:
+            state.take_digest(digest, routing_stats.get("stats"))
+
+    def routed(self, request_id: str, replica_id: str, hashes: list[int],
+               uncached_tokens: int, confirmed: bool) -> None:
+        """The router chose `replica_id` for a request (confirmed: Ray Serve dispatched it
+        there). Recorded at the choice, so a burst of decisions sees the earlier ones."""
+        previous = self._owner.get(request_id)
+        if confirmed:
+            self.sent[replica_id] = self.sent.get(replica_id, 0) + 1
+        if previous == replica_id and request_id in self.replicas[replica_id].routed:
+            entry = self.replicas[replica_id].routed[request_id]
+            entry.confirmed = entry.confirmed or confirmed
+            return
+        if previous is not None and previous in self.replicas:     # rejected there: moved
+            self.replicas[previous].routed.pop(request_id, None)
+        state = self.replica(replica_id)
+        now = time.time()
+        # Never-dispatched choices, and finished requests of a replica whose digests stopped
+        # coming, must not pile up.
+        stale = [k for k, r in state.routed.items()
+                 if (r.completed_at is not None and now - r.completed_at > MAX_BRIDGE_S)
+                 or (r.completed_at is None and not r.pending(now))]
+        for k in stale:
+            del state.routed[k]
+            self._owner.pop(k, None)
+        state.routed[request_id] = RoutedRequest(hashes, uncached_tokens, now, None, confirmed)
+        self._owner[request_id] = replica_id
+
+    def completed(self, request_id: str) -> None:
+        replica_id = self._owner.pop(request_id, None)
+        state = self.replicas.get(replica_id) if replica_id else None
+        if state is not None and request_id in state.routed:
+            state.routed[request_id].completed_at = time.time()
+
+    def held_tokens(self) -> int:
+        """Tokens in every replica's latest digest (what the view knows is cached)."""
+        return sum(len(s.digest.hashes) * self.block_tokens
+                   for s in self.replicas.values() if s.digest is not None)
+
+
+@dataclass
+class CandidateView:
+    """`radixserve.routing.ClusterView` over the candidate replicas of one decision."""
+
+    states: list[ReplicaState]
+    hashes: list[int]
+    block_tokens: int
+    prefill_seconds_per_token: float
+    decode_seconds_per_request: float
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.states)
+
+    def queued_requests(self) -> list[int]:
+        return [s.in_flight for s in self.states]
+
+    def queued_seconds(self) -> list[float]:
+        return [s.queued_prefill_tokens * self.prefill_seconds_per_token
+                + s.in_flight * self.decode_seconds_per_request for s in self.states]
+
+    def cached_tokens(self, request: RouteRequest) -> list[int]:
+        return [min(request.prompt_tokens, s.held_blocks(self.hashes) * self.block_tokens)
+                for s in self.states]

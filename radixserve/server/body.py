@@ -1,0 +1,51 @@
+"""Reading a request body under the server's limits: its size (413 as soon as the limit is
+passed, before the rest is read) and its time (408 for a body that trickles in)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TypeVar
+
+from aiohttp import web
+
+from radixserve.server import protocol as P
+from radixserve.server.errors import ApiError
+from radixserve.server.state import STATE
+
+T = TypeVar("T")
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than the limit of {limit} bytes",
+                    type="invalid_request_error", code="body_too_large")
+
+
+def body_timeout(seconds: float) -> ApiError:
+    return ApiError(408, f"the request body did not arrive within {seconds:g} s",
+                    type="invalid_request_error", code="request_timeout")
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, or 413 / 408; a declared Content-Length over the limit is refused
+    before reading a byte."""
+    config = request.app[STATE].config
+    limit = config.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise body_too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(config.body_timeout_s):
+            while chunk := await request.content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise body_too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise body_timeout(config.body_timeout_s) from None
+    return b"".join(chunks)
+
+
+async def read_json(request: web.Request, type: type[T]) -> T:
+    """The body decoded into a request struct (400 naming the field when it does not fit)."""
+    return P.decode(await read_body(request), type)

@@ -1,0 +1,91 @@
+"""What the server needs from an engine: the protocol it types against.
+
+`radixserve.engine.engine.Engine` satisfies it, and so does the model-free fake engine of
+the server tests; the server never reaches past it (no `getattr` probing, no `engine.tree`).
+"""
+
+from __future__ import annotations
+
+from typing import AsyncGenerator, Callable, Protocol, Sequence, runtime_checkable
+
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.outputs import EngineStats, RequestOutput
+from radixserve.engine.sampling_params import SamplingParams
+
+
+@runtime_checkable
+class TokenizerClient(Protocol):
+    """Text <-> token ids, and the chat template. Called on a worker thread, never on the
+    event loop (server/prompts.py)."""
+
+    vocab_size: int
+    max_token_chars: int            # the longest vocabulary entry, in characters
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict],
+                            add_generation_prompt: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    config: EngineConfig            # `.model`: the served model's default name
+    max_model_len: int              # the effective context length (may be below the model's)
+    tokenizer: TokenizerClient
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self, grace_s: float = 0.0) -> None: ...
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 namespace: str | None = None,
+                 request_id: str | None = None) -> AsyncGenerator[RequestOutput, None]:
+        """Queue a request; raises InvalidRequest / QueueFull / EngineStopped before queueing."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def replica_stats(self) -> dict[str, EngineStats]:
+        """Stats per replica behind this client (`--replicas N`); empty for one engine."""
+        ...
+
+    async def refresh_stats(self) -> object:
+        """Fetch stats that live elsewhere (Ray replicas) before reading `stats`."""
+        ...
+
+    def metrics_collector(self) -> object | None:
+        """Extra Prometheus collector (per-replica and router metrics), or None."""
+        ...
+
+    def flush_cache(self) -> None:
+        """Drop every namespace's cached prefixes (CacheBusy while requests run)."""
+        ...
+
+    def flush_namespace(self, namespace: str | None) -> int:
+        """Drop the cached prefixes of one namespace and the namespaces under it
+        (`namespace/...`); returns the pages freed (CacheBusy if any of them is locked)."""
+        ...
+
+    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        """Counters of one namespace and those under it: `cached_tokens`, `nodes`."""
+        ...
+
+    def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,
+                   reveal: Callable[[str | None], bool]) -> dict:
+        """The bounded tree view of GET /cache/tree (cache/summary.py: build_tree); token
+        ids only for namespaces where `reveal(namespace)` is true."""
+        ...
+
+    @property
+    def ready(self) -> bool:
+        """True once the engine can serve (warm-up done, loop running)."""
+        ...
+
+    @property
+    def error(self) -> str | None:
+        """Why the engine cannot serve (an internal failure stopped it), or None."""
+        ...

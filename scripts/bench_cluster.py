@@ -1,0 +1,219 @@
+"""Routers side by side on a local Ray cluster: prefill work and hit rate, not throughput.
+
+For each configuration -- N replicas under each `--router` policy, and one replica holding
+the same total KV -- the script deploys radixserve's replicas on Ray Serve, serves them
+through radixserve's own HTTP front end (in this process, on 127.0.0.1), and sends the
+shared-prefix, multi-turn and few-shot workloads of scripts/bench_serving.py (same
+generators, same client), flushing every replica first. It reports, per workload and
+configuration: cluster-wide prompt tokens computed (looked up minus hit, from /metrics),
+token hit rate, TTFT p50/p90, requests per replica (max, mean, max/mean), and for the
+cache-aware router its view lag (a request's completion to the router's digest holding its
+prompt) and routing cost per decision.
+
+  python scripts/bench_cluster.py                 # 4 replicas, every router, all workloads
+  python scripts/bench_cluster.py --quick         # tiny workloads: a smoke run
+  python scripts/bench_cluster.py --routers cache-aware,round-robin --workloads few-shot
+
+Needs the ray extra (pip install -e '.[ray]'). Replicas are CPU processes of one thread
+each (--replica-cpus); on a 2-core machine 4 replicas share the cores, so latencies are
+long and noisy: compare computed tokens and hit rates, which do not depend on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bench_serving as bs                                           # noqa: E402
+
+from radixserve.cluster.options import ROUTER_CHOICES, ClusterOptions, import_launch  # noqa: E402
+from radixserve.cluster.prefix_hashes import matched_blocks, prompt_hashes  # noqa: E402
+from radixserve.engine.config import EngineConfig                    # noqa: E402
+from radixserve.engine.sampling_params import SamplingParams         # noqa: E402
+from radixserve.server.app import (ServerConfig, ServerState, bound_address,  # noqa: E402
+                                   drain_and_stop, start_server)
+
+WORKLOADS = ("shared-prefix", "multi-turn", "few-shot")
+
+
+def build_workloads(names: list[str], sizes: bs.Sizes, seed: int) -> list[tuple[str, list]]:
+    make = {"shared-prefix": bs.shared_prefix_workload, "multi-turn": bs.multiturn_workload,
+            "few-shot": bs.fewshot_workload}
+    return [(n, make[n](sizes, seed)) for n in names]
+
+
+def sent_per_replica(client) -> dict[str, int]:
+    """Requests the router dispatched to each replica (robust to a replica's stats going
+    missing for a while on a loaded machine)."""
+    with client.state.lock:
+        return dict(client.state.sent)
+
+
+async def measure_view_lag(client, samples: int = 5) -> dict:
+    """Seconds from a request's last output to the router's digest holding its prompt."""
+    lags = []
+    for i in range(samples):
+        ids = [5000 + 97 * i + j for j in range(4 * client.state.block_tokens)]
+        hashes = prompt_hashes(ids, client.state.block_tokens, None)
+        async for _ in client.generate(ids, SamplingParams(max_tokens=1)):
+            pass
+        done = time.time()
+        while True:
+            with client.state.lock:
+                held = any(s.digest is not None and
+                           matched_blocks(hashes, s.digest.hashes) == len(hashes)
+                           for s in client.state.replicas.values())
+            if held:
+                lags.append(time.time() - done)
+                break
+            await asyncio.sleep(0.005)
+    return {"view_lag_ms_p50": 1000 * statistics.median(lags),
+            "view_lag_ms_max": 1000 * max(lags)}
+
+
+async def run_config(name: str, options: ClusterOptions, engine_config: EngineConfig,
+                     workloads: list, args) -> dict:
+    launch = import_launch()
+    t0 = time.perf_counter()
+    client = launch.deploy(engine_config, options)
+    await client.start()
+    state = ServerState.create(client, ServerConfig(port=0))
+    runner = await start_server(state, "127.0.0.1", 0)
+    host, port = bound_address(runner)
+    url = f"http://{host}:{port}"
+    print(f"[{name}] {options.replicas} replica(s) up in {time.perf_counter() - t0:.0f} s",
+          file=sys.stderr)
+    out: dict = {"config": name, "replicas": options.replicas, "router": options.router,
+                 "kv_tokens_per_replica": engine_config.kv_cache_tokens, "workloads": {}}
+    try:
+        for wname, workload in workloads:
+            before = sent_per_replica(client)
+            decisions0, seconds0 = client.state.decisions, client.state.decision_seconds
+            run = await bs.run_workload(bs.ClientConfig(url, ""), workload,
+                                        bs.RunOptions(max_concurrency=args.max_concurrency,
+                                                      seed=args.seed, warmup=0),
+                                        progress=False)
+            after = sent_per_replica(client)
+            s = bs.summarize(run)
+            ids = sorted(set(after) | set(client.replica_ids()))
+            per = [after.get(r, 0) - before.get(r, 0) for r in ids]
+            mean = sum(per) / len(per) if per else 0.0
+            decisions = client.state.decisions - decisions0
+            out["workloads"][wname] = {
+                "completed": s["completed"], "failed": s["failed"],
+                # from each response's usage (cached_tokens), not from /metrics: exact
+                # even if a replica restarts and its counters start again
+                "prompt_tokens": s["total_prompt_tokens"],
+                "computed_tokens": s["total_prompt_tokens"] - s["cached_prompt_tokens"],
+                "token_hit_rate": s["hit_rate_usage"],
+                "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p90_ms": s["ttft_ms"]["p90"],
+                "requests_per_replica": per,
+                "requests_max_over_mean": max(per) / mean if mean else None,
+                "decision_us": 1e6 * (client.state.decision_seconds - seconds0) / decisions
+                if decisions else None,
+            }
+            print(f"[{name}] {wname}: {json.dumps(out['workloads'][wname])}", file=sys.stderr)
+        if options.router == "cache-aware":
+            out["view_lag"] = await measure_view_lag(client)
+    finally:
+        await drain_and_stop(runner, state, 1.0)
+        await client.shutdown()
+    return out
+
+
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def report(results: list[dict], workload_names: list[str]) -> str:
+    lines = []
+    for w in workload_names:
+        lines.append(f"\n{w}")
+        lines.append(f"  {'configuration':<28}{'computed':>10}{'hit rate':>10}{'TTFT p50':>10}"
+                     f"{'TTFT p90':>10}{'req/replica max/mean':>24}{'us/decision':>13}")
+        for r in results:
+            m = r["workloads"][w]
+            per = m["requests_per_replica"]
+            spread = (f"{max(per)}/{sum(per) / len(per):.1f} = "
+                      f"{fmt(m['requests_max_over_mean'], '.2f')}") if per else "-"
+            lines.append(f"  {r['config']:<28}{fmt(m['computed_tokens'], '.0f'):>10}"
+                         f"{fmt(m['token_hit_rate'], '.3f'):>10}"
+                         f"{fmt(m['ttft_p50_ms'], '.0f'):>10}{fmt(m['ttft_p90_ms'], '.0f'):>10}"
+                         f"{spread:>24}{fmt(m['decision_us'], '.0f'):>13}")
+    for r in results:
+        if "view_lag" in r:
+            lag = r["view_lag"]
+            lines.append(f"\n{r['config']}: view lag p50 {lag['view_lag_ms_p50']:.0f} ms, "
+                         f"max {lag['view_lag_ms_max']:.0f} ms")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--routers", default=",".join(ROUTER_CHOICES),
+                   help="comma-separated --router policies to compare")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--no-single", action="store_true",
+                   help="skip the one-replica baseline (same total KV)")
+    p.add_argument("--kv-tokens", type=int, default=3072, help="KV pool per replica")
+    p.add_argument("--replica-cpus", type=float, default=0.5,
+                   help="Ray CPUs per replica (torch threads: 1 below 2)")
+    p.add_argument("--ray-cpus", type=int, default=None,
+                   help="logical CPUs of the local Ray (default: enough for the replicas)")
+    p.add_argument("--routing-stats-period-s", type=float, default=0.1)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--max-concurrency", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny workloads: a smoke run")
+    p.add_argument("--json", default=None, metavar="PATH")
+    return p
+
+
+async def main_async(args) -> list[dict]:
+    sizes = bs.QUICK_SIZES if args.quick else bs.Sizes()
+    names = args.workloads.split(",")
+    workloads = build_workloads(names, sizes, args.seed)
+    ray_cpus = args.ray_cpus or max(2, int(args.replicas * args.replica_cpus + 1))
+
+    def engine(kv_tokens: int) -> EngineConfig:
+        return EngineConfig(model=args.model, dtype="float32", device="cpu",
+                            kv_cache_tokens=kv_tokens, warmup_tokens=64)
+
+    def options(replicas: int, router: str, name: str) -> ClusterOptions:
+        return ClusterOptions(replicas=replicas, router=router, num_cpus=ray_cpus,
+                              replica_cpus=args.replica_cpus, app_name=f"bench-{name}",
+                              routing_stats_period_s=args.routing_stats_period_s)
+
+    results = []
+    if not args.no_single:
+        name = f"1 replica, {args.replicas}x KV"
+        results.append(await run_config(name, options(1, "round-robin", "single"),
+                                         engine(args.kv_tokens * args.replicas), workloads, args))
+    for router in args.routers.split(","):
+        results.append(await run_config(f"{args.replicas} x {router}",
+                                         options(args.replicas, router, router),
+                                         engine(args.kv_tokens), workloads, args))
+    print(report(results, names))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    results = asyncio.run(main_async(args))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

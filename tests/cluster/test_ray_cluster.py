@@ -1,0 +1,185 @@
+"""Two replicas of the real default model on a local Ray cluster, behind the HTTP front end.
+
+One cluster for the module (loading a replica is the slow part); the fault test runs last
+because it kills a replica. Every wait is on a condition (a view, a stream's end), bounded
+by a generous timeout that only a hang reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+try:
+    import ray
+except ImportError as exc:        # like the model fixtures: fail with the command that fixes it
+    raise ImportError("the Ray tests need the ray extra: pip install -e '.[dev,ray]'") from exc
+
+from radixserve.cluster.launch import deploy                     # noqa: E402
+from radixserve.cluster.options import ClusterOptions            # noqa: E402
+from radixserve.cluster.prefix_hashes import prompt_hashes       # noqa: E402
+from radixserve.server.auth import cache_namespace              # noqa: E402
+from tests.server.conftest import engine_config                  # noqa: E402
+from tests.server.http import SSEStream, get, post               # noqa: E402
+from tests.server.live import LiveServer                         # noqa: E402
+
+pytestmark = pytest.mark.timeout(900)
+
+HANG = 120.0          # seconds: only a hang (or a dead machine) gets this far
+
+SYSTEM = list(range(1000, 1000 + 96))          # 96 tokens: 6 routing blocks
+
+
+def prompt(tail: int, n: int = 8) -> list[int]:
+    return SYSTEM + list(range(2000 + tail * n, 2000 + tail * n + n))
+
+
+def wait_until(cond, what: str, timeout: float = HANG):
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    return value
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    options = ClusterOptions(replicas=2, num_cpus=4, replica_cpus=1,
+                             routing_stats_period_s=0.1, app_name="radixserve-test")
+    client = deploy(engine_config(kv_cache_tokens=4096, warmup_tokens=0, max_model_len=1024),
+                    options)
+    try:
+        with LiveServer(client) as live:
+            yield live
+    finally:
+        from ray import serve
+        serve.shutdown()
+        ray.shutdown()
+
+
+def generate(live, ids, salt=None, max_tokens=4) -> dict:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_tokens,
+                                                  "temperature": 0}}
+    if salt:
+        body["cache_salt"] = salt
+    reply = post(live.url + "/generate", json=body, timeout=HANG)
+    assert reply.status == 200, reply.text
+    return reply.json()["meta_info"]
+
+
+def holders(live, ids, salt=None) -> dict[str, int]:
+    """Blocks of `ids` (in the namespace of `salt`) each replica's latest digest holds."""
+    client = live.engine
+    hashes = prompt_hashes(ids, client.state.block_tokens, cache_namespace(None, salt))
+    with client.state.lock:
+        return {rid: len(set(hashes) & s.digest.hashes) if s.digest else 0
+                for rid, s in client.state.replicas.items()}
+
+
+def hit_tokens(live) -> dict[str, int]:
+    return {rid: s.prefix_hit_tokens for rid, s in live.run(live.engine.refresh_stats()).items()}
+
+
+def test_repeated_system_prompt_goes_to_the_replica_that_has_it(cluster):
+    live = cluster
+    assert post(live.url + "/cache/flush").status == 200
+    generate(live, prompt(0))
+    # the view learns which replica holds the system prompt (the digest's lag, measured)
+    owner = wait_until(lambda: [r for r, n in holders(live, SYSTEM).items() if n == 6],
+                       "a digest holding the system prompt")
+    assert len(owner) == 1
+    before = hit_tokens(live)
+    for i in range(1, 5):
+        meta = generate(live, prompt(i))
+        assert meta["cached_tokens"] >= len(SYSTEM), meta
+    after = hit_tokens(live)
+    gained = {r: after[r] - before.get(r, 0) for r in after}
+    assert gained[owner[0]] >= 4 * len(SYSTEM)
+    assert sum(gained.values()) == gained[owner[0]]           # nothing hit elsewhere
+
+
+def test_two_namespaces_never_share_hits(cluster):
+    live = cluster
+    ids = prompt(10)
+    assert generate(live, ids, salt="tenant-a")["cached_tokens"] == 0
+    wait_until(lambda: max(holders(live, ids, "tenant-a").values()) > 0, "tenant-a's digest")
+    assert max(holders(live, ids, "tenant-b").values()) == 0   # no hash shared, even in routing
+    assert generate(live, ids, salt="tenant-b")["cached_tokens"] == 0
+    assert generate(live, ids, salt="tenant-b")["cached_tokens"] >= 96
+
+
+def test_flush_empties_every_replica_and_the_router_view(cluster):
+    live = cluster
+    generate(live, prompt(20))
+    with SSEStream(live.url + "/generate", {"input_ids": prompt(21), "stream": True,
+                                            "sampling_params": {"max_new_tokens": 400,
+                                                                "ignore_eos": True}},
+                   timeout=HANG) as stream:
+        next(stream.events())                                   # it is running now
+        busy = post(live.url + "/cache/flush")
+        assert busy.status == 409 and busy.json()["error"]["code"] == "cache_busy"
+    wait_until(lambda: all(s.running + s.waiting == 0
+                           for s in live.run(live.engine.refresh_stats()).values()),
+               "the aborted stream to leave its replica")
+    reply = post(live.url + "/cache/flush")
+    assert reply.status == 200, reply.text
+    with live.engine.state.lock:
+        views = {r: len(s.digest.hashes) for r, s in live.engine.state.replicas.items()}
+    assert views and set(views.values()) == {0}
+    stats = get(live.url + "/cache/stats").json()
+    assert set(stats["replicas"]) == set(views)
+    assert all(r["pool"]["pages_cached"] == 0 for r in stats["replicas"].values())
+    assert stats["pool"]["pages_cached"] == 0
+    for rid in views:                                   # page conservation on each replica
+        live.run(live.engine.control(rid, "check"))
+
+
+def test_metrics_have_a_replica_label(cluster):
+    live = cluster
+    generate(live, prompt(30))
+    text = get(live.url + "/metrics").text
+    ids = live.engine.replica_ids()
+    for rid in ids:
+        assert f'radixserve_replica_prefix_cache_queries_tokens_total{{replica="{rid}"}}' in text
+        assert f'radixserve_router_view_age_seconds{{replica="{rid}"}}' in text
+        assert f'radixserve_router_requests_total{{replica="{rid}"}}' in text
+    assert "radixserve_prefix_cache_queries_tokens_total " in text       # the cluster total
+    assert "radixserve_router_decisions_total " in text
+
+
+def test_slow_routing_stats_do_not_block_routing(cluster):
+    live = cluster
+    ids = live.engine.replica_ids()
+    for rid in ids:                          # far beyond the routing-stats timeout (5 s)
+        live.run(live.engine.control(rid, "stats_delay", 3600.0))
+    try:
+        for i in range(4):
+            assert generate(live, prompt(40 + i))["prompt_tokens"] == len(prompt(0))
+    finally:
+        for rid in ids:
+            live.run(live.engine.control(rid, "stats_delay", 0.0))
+
+
+def test_a_replica_dying_mid_stream_ends_cleanly_and_the_next_requests_succeed(cluster):
+    live = cluster
+    client = live.engine
+    body = {"input_ids": prompt(50), "stream": True,
+            "sampling_params": {"max_new_tokens": 600, "ignore_eos": True}}
+    with SSEStream(live.url + "/generate", body, timeout=HANG) as stream:
+        events = stream.events()
+        first = json.loads(next(events))
+        assert first["finished"] is False
+        victim = wait_until(lambda: [r for r, s in list(client.state.replicas.items())
+                                     if s.in_flight], "the stream's replica")[0]
+        with pytest.raises(Exception):
+            live.run(client.control(victim, "exit"))
+        rest = list(events)                             # ends: no hang
+    assert rest[-1] == "[DONE]"
+    last = json.loads(rest[-2])
+    assert last["finished"] is True and last["meta_info"]["finish_reason"] == "error"
+    assert victim not in client.replica_ids() or client.state.replicas[victim].digest is None
+    for i in range(3):                                  # retried or routed elsewhere
+        assert generate(live, prompt(60 + i))["prompt_tokens"] == len(prompt(0))
