@@ -12,6 +12,7 @@ COMMANDS = {
     "chat": ("radixserve.engine.chat_cli", "stream one chat reply for a prompt"),
     "batch": ("radixserve.server.batch_job", "run an OpenAI-format batch file offline"),
     "replay": ("radixserve.replay.cli", "replay a request trace against the prefix cache"),
+    "plan": ("radixserve.planner.cli", "how many requests and tokens fit in the KV cache"),
 }
 
 

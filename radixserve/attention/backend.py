@@ -17,6 +17,8 @@ import torch
 
 from radixserve.attention.metadata import AttentionMetadata
 from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.kv_quant import flashinfer_kv_reason, storage_dtype
+from radixserve.kv_sizing import KVFormat
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,8 @@ def flashinfer_unsupported_reason(num_qo_heads: int, num_kv_heads: int, head_dim
 
 def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                    dtype: torch.dtype, device: torch.device | str,
-                   sm_scale: float | None = None) -> AttentionBackend[AttentionPlan]:
+                   sm_scale: float | None = None,
+                   kv_format: KVFormat | None = None) -> AttentionBackend[AttentionPlan]:
     """Build "torch", "flashinfer" or "auto" (flashinfer when CUDA and the package exist).
 
     An explicitly requested flashinfer on a machine without CUDA or without the package is an
@@ -101,7 +104,8 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
             raise BackendUnavailable(f"the flashinfer backend needs a CUDA device, got "
                                      f"{device}; use --attention-backend torch")
         return TorchAttentionBackend(**torch_kw)
-    reason = flashinfer_unsupported_reason(num_qo_heads, num_kv_heads, head_dim, dtype)
+    reason = (flashinfer_unsupported_reason(num_qo_heads, num_kv_heads, head_dim, dtype)
+              or flashinfer_kv_reason(kv_format, dtype))
     if reason is not None:
         msg = f"flashinfer cannot run {reason}; falling back to the torch attention backend"
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
@@ -117,4 +121,5 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
         return TorchAttentionBackend(**torch_kw)
 
     from radixserve.attention.flashinfer_backend import FlashInferBackend
-    return FlashInferBackend(**common, dtype=dtype, device=device)
+    return FlashInferBackend(**common, dtype=dtype, device=device,
+                             kv_dtype=storage_dtype(kv_format.k) if kv_format else None)

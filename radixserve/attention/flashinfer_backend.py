@@ -37,6 +37,7 @@ from radixserve.attention.metadata import AttentionMetadata
 from radixserve.attention.kv_pool import KVPool
 
 WORKSPACE_BYTES = 128 * 2**20
+FP8_KV_SCALE = 1.0      # uncalibrated per-tensor scale, as vLLM's and SGLang's default
 
 
 def use_tensor_cores_for(num_qo_heads: int, num_kv_heads: int) -> bool:
@@ -62,8 +63,8 @@ def _keep_pinned(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
-                      head_dim: int, dtype: torch.dtype,
-                      sm_scale: float | None) -> PlanCall | None:
+                      head_dim: int, dtype: torch.dtype, sm_scale: float | None,
+                      kv_dtype: torch.dtype | None = None) -> PlanCall | None:
     """plan() arguments for the prefill spans [0, num_prefills), or None when there are none.
 
     The prefill spans come first, so their CSR slices start at 0 and need no rebasing.
@@ -76,12 +77,13 @@ def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_head
         args=(meta.qo_indptr[:p + 1], meta.kv_indptr[:p + 1], meta.kv_indices[:nnz],
               meta.kv_last_page_len[:p], num_qo_heads, num_kv_heads, head_dim,
               meta.page_size),
-        kwargs=dict(causal=True, sm_scale=sm_scale, q_data_type=dtype, kv_data_type=dtype))
+        kwargs=dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
+                    kv_data_type=kv_dtype or dtype))
 
 
 def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
-                     head_dim: int, dtype: torch.dtype,
-                     sm_scale: float | None) -> PlanCall | None:
+                     head_dim: int, dtype: torch.dtype, sm_scale: float | None,
+                     kv_dtype: torch.dtype | None = None) -> PlanCall | None:
     """plan() arguments for the single-token spans [num_prefills, B), or None."""
     p, b = meta.num_prefills, meta.batch_size
     if p == b:
@@ -91,7 +93,7 @@ def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads
     return PlanCall(
         args=(indptr, meta.kv_indices[start:], meta.kv_last_page_len[p:], num_qo_heads,
               num_kv_heads, head_dim, meta.page_size),
-        kwargs=dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=dtype))
+        kwargs=dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=kv_dtype or dtype))
 
 
 @dataclass
@@ -111,7 +113,7 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
 
     def __init__(self, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str,
-                 sm_scale: float | None = None) -> None:
+                 sm_scale: float | None = None, kv_dtype: torch.dtype | None = None) -> None:
         self.num_qo_heads = num_qo_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -119,6 +121,12 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         self.device = torch.device(device)
         self.sm_scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
         self.use_tensor_cores = use_tensor_cores_for(num_qo_heads, num_kv_heads)
+        # FP8 KV: flashinfer's kernels take one scalar scale per K and V tensor
+        # (run(..., k_scale=, v_scale=)), so the pool stores them with this fixed scale.
+        self.kv_dtype = kv_dtype or dtype
+        self.fixed_kv_scale = FP8_KV_SCALE if self.kv_dtype != dtype else None
+        self._run_kw = ({} if self.fixed_kv_scale is None else
+                        dict(k_scale=FP8_KV_SCALE, v_scale=FP8_KV_SCALE))
         # Created on first use so that constructing the backend needs neither CUDA nor
         # flashinfer (backend selection is tested on CPU machines).
         self._prefill_wrapper: Any = None
@@ -138,7 +146,8 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
 
     def plan_calls(self, meta: AttentionMetadata) -> tuple[PlanCall | None, PlanCall | None]:
         kw = dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
-                  head_dim=self.head_dim, dtype=self.dtype, sm_scale=self.sm_scale)
+                  head_dim=self.head_dim, dtype=self.dtype, sm_scale=self.sm_scale,
+                  kv_dtype=self.kv_dtype)
         return prefill_plan_call(meta, **kw), decode_plan_call(meta, **kw)
 
     def prepare(self, meta: AttentionMetadata) -> FlashInferPlan:
@@ -159,11 +168,11 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         q = q.contiguous()   # the model's q may be a view of a fused qkv projection
         n = plan.num_prefill_tokens
         if not plan.has_decode:
-            return self._prefill_wrapper.run(q, cache) if plan.has_prefill \
+            return self._prefill_wrapper.run(q, cache, **self._run_kw) if plan.has_prefill \
                 else torch.empty_like(q)
         if not plan.has_prefill:
-            return self._decode_wrapper.run(q, cache)
+            return self._decode_wrapper.run(q, cache, **self._run_kw)
         out = torch.empty_like(q)
-        out[:n] = self._prefill_wrapper.run(q[:n], cache)
-        out[n:] = self._decode_wrapper.run(q[n:], cache)
+        out[:n] = self._prefill_wrapper.run(q[:n], cache, **self._run_kw)
+        out[n:] = self._decode_wrapper.run(q[n:], cache, **self._run_kw)
         return out

@@ -4,6 +4,10 @@ Layout per layer is ``[num_pages, page_size, num_kv_heads, head_dim]`` (flashinf
 so the same tensors feed the torch backend and flashinfer's paged kernels unchanged. The
 pool only stores data; which page belongs to whom is the allocator's and the tree's job.
 
+K and V may each be stored in 8 bits (``kv_format``; see ``kv_quant``): codes in those
+tensors and one float32 scale per token and KV head beside them (``k_scale`` / ``v_scale``,
+``[num_pages, page_size, num_kv_heads]``), written together and copied together.
+
 This module imports torch; ``radixserve.cache`` never imports it (the cache package must
 load without torch).
 """
@@ -14,6 +18,9 @@ import math
 import mmap
 
 import torch
+
+from radixserve.attention.kv_quant import SCALE_DTYPE, KVCodec
+from radixserve.kv_sizing import KVFormat, pool_pages
 
 _DTYPE_NAMES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -58,7 +65,11 @@ class KVPool:
     """K and V storage for every layer, addressed by slot = page * page_size + offset."""
 
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype | str, device: torch.device | str) -> None:
+                 head_dim: int, dtype: torch.dtype | str, device: torch.device | str,
+                 kv_format: KVFormat | None = None, fixed_scale: float | None = None) -> None:
+        """``dtype``: the compute dtype (what attention reads); ``kv_format``: how K and V
+        are stored (default: both in ``dtype``); ``fixed_scale``: one scale for every
+        quantized token (flashinfer's per-tensor scales) instead of per token and head."""
         _check_positive(num_layers=num_layers, num_pages=num_pages, page_size=page_size,
                         num_kv_heads=num_kv_heads, head_dim=head_dim)
         self.num_layers = num_layers
@@ -68,15 +79,35 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = _as_dtype(dtype)
         self.device = torch.device(device)
+        name = str(self.dtype).removeprefix("torch.")
+        self.kv_format = kv_format or KVFormat(name, name)
+        self.k_codec = KVCodec.of(self.kv_format.k, fixed_scale)
+        self.v_codec = KVCodec.of(self.kv_format.v, fixed_scale)
         shape = (num_pages, page_size, num_kv_heads, head_dim)
-        self.k: list[torch.Tensor] = [_zeros(shape, self.dtype, self.device)
-                                      for _ in range(num_layers)]
-        self.v: list[torch.Tensor] = [_zeros(shape, self.dtype, self.device)
-                                      for _ in range(num_layers)]
-        flat = (num_pages * page_size, num_kv_heads, head_dim)
-        # Token-granular views sharing storage: what write() and the torch backend index.
-        self.k_flat: list[torch.Tensor] = [t.view(flat) for t in self.k]
-        self.v_flat: list[torch.Tensor] = [t.view(flat) for t in self.v]
+        self.k, self.k_flat, self.k_scale, self.k_scale_flat = self._side(self.k_codec, shape)
+        self.v, self.v_flat, self.v_scale, self.v_scale_flat = self._side(self.v_codec, shape)
+
+    def _side(self, codec: KVCodec, shape: tuple[int, ...]):
+        """Per-layer storage of one side, its token-granular views (what write() and the
+        torch backend index), and the scales with theirs (None when not quantized)."""
+        data = [_zeros(shape, codec.storage, self.device)
+                for _ in range(self.num_layers)]
+        flat = [t.view(-1, *shape[2:]) for t in data]
+        if not codec.quantized:
+            return data, flat, None, None
+        scales = [_zeros(shape[:3], SCALE_DTYPE, self.device)
+                  for _ in range(self.num_layers)]
+        return data, flat, scales, [t.view(-1, shape[2]) for t in scales]
+
+    def side(self, name: str, layer: int):
+        """(codec, token-granular data, token-granular scales or None) of "k" or "v"."""
+        scales = getattr(self, f"{name}_scale_flat")
+        return (getattr(self, f"{name}_codec"), getattr(self, f"{name}_flat")[layer],
+                None if scales is None else scales[layer])
+
+    @property
+    def quantized(self) -> bool:
+        return self.k_codec.quantized or self.v_codec.quantized
 
     @property
     def num_slots(self) -> int:
@@ -84,7 +115,7 @@ class KVPool:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.token_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+        return self.kv_format.token_bytes(self.num_layers, self.num_kv_heads, self.head_dim)
 
     @property
     def total_bytes(self) -> int:
@@ -93,9 +124,9 @@ class KVPool:
     @staticmethod
     def token_bytes(num_layers: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype | str) -> int:
-        """Bytes one token's K and V take across all layers."""
-        itemsize = torch.empty((), dtype=_as_dtype(dtype)).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * itemsize
+        """Bytes one token's K and V take across all layers (kv_sizing's arithmetic)."""
+        name = str(_as_dtype(dtype)).removeprefix("torch.")
+        return KVFormat(name, name).token_bytes(num_layers, num_kv_heads, head_dim)
 
     @staticmethod
     def pages_for_budget(budget_bytes: int | float, num_layers: int, page_size: int,
@@ -103,21 +134,37 @@ class KVPool:
         """How many whole pages fit in ``budget_bytes``; ValueError if not even one."""
         _check_positive(num_layers=num_layers, page_size=page_size,
                         num_kv_heads=num_kv_heads, head_dim=head_dim)
-        page_bytes = KVPool.token_bytes(num_layers, num_kv_heads, head_dim, dtype) * page_size
-        if budget_bytes < page_bytes:
-            raise ValueError(f"KV budget of {int(budget_bytes)} bytes is less than one page "
-                             f"({page_bytes} bytes: {page_size} tokens x {num_layers} layers)")
-        return int(budget_bytes // page_bytes)
+        return pool_pages(token_bytes=KVPool.token_bytes(num_layers, num_kv_heads, head_dim,
+                                                         dtype),
+                          page_size=page_size, kv_cache_tokens=None, budget=budget_bytes)
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store new tokens' K/V: slots int64 [T], k/v [T, Hkv, D]."""
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new tokens' K/V: slots int64 [T], k/v [T, Hkv, D].
+
+        Returns the K/V attention must use for these tokens: k/v themselves, or for an
+        8-bit side what the stored codes decode to, so a token reads the same values in
+        the step that computes it as in every later step (cache on equals cache off)."""
         k_dst, v_dst = self.k_flat[layer], self.v_flat[layer]
         if k.shape != v.shape or k.shape[1:] != k_dst.shape[1:] or k.shape[0] != slots.shape[0]:
             raise ValueError(f"KVPool.write: k {tuple(k.shape)}, v {tuple(v.shape)} and slots "
                              f"{tuple(slots.shape)} do not match [T, {self.num_kv_heads}, "
                              f"{self.head_dim}]")
-        k_dst.index_copy_(0, slots, k.to(self.dtype))
-        v_dst.index_copy_(0, slots, v.to(self.dtype))
+        return (self._write_side(self.k_codec, k_dst, self.k_scale_flat, layer, slots, k),
+                self._write_side(self.v_codec, v_dst, self.v_scale_flat, layer, slots, v))
+
+    def _write_side(self, codec: KVCodec, dst: torch.Tensor,
+                    scales: list[torch.Tensor] | None, layer: int, slots: torch.Tensor,
+                    x: torch.Tensor) -> torch.Tensor:
+        if not codec.quantized:
+            stored = x.to(dst.dtype)
+            dst.index_copy_(0, slots, stored)
+            return x if stored is x else stored.to(x.dtype)
+        codes, scale = codec.encode(x)
+        # index_copy_ has no fp8 kernel on every device: move the same bytes as uint8.
+        dst.view(torch.uint8).index_copy_(0, slots, codes.view(torch.uint8))
+        scales[layer].index_copy_(0, slots, scale)
+        return codec.decode(codes, scale, x.dtype)
 
     def copy_prefix(self, src_page: int, dst_page: int, num_tokens: int) -> None:
         """Copy the first ``num_tokens`` tokens of a page into another, in every layer.
@@ -133,12 +180,14 @@ class KVPool:
             raise ValueError(f"copy_prefix: src_page and dst_page are both {src_page}")
         if num_tokens == 0:
             return
-        for k, v in zip(self.k, self.v):
-            k[dst_page, :num_tokens].copy_(k[src_page, :num_tokens])
-            v[dst_page, :num_tokens].copy_(v[src_page, :num_tokens])
+        # Scales travel with their codes: a copied token decodes to the same values.
+        tensors = self.k + self.v + (self.k_scale or []) + (self.v_scale or [])
+        for t in tensors:
+            t[dst_page, :num_tokens].copy_(t[src_page, :num_tokens])
 
     def __repr__(self) -> str:
         return (f"KVPool(layers={self.num_layers}, pages={self.num_pages}, "
                 f"page_size={self.page_size}, kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, "
+                f"head_dim={self.head_dim}, dtype={self.dtype}, "
+                f"kv={self.kv_format.describe()}, device={self.device}, "
                 f"{self.total_bytes / 2**20:.1f} MiB)")

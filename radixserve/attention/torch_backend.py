@@ -40,6 +40,7 @@ from radixserve.attention.partial_attention import (DEFAULT_MAX_SCORE_ELEMS, att
 from radixserve.attention.torch_plans import StepTables, TorchPlan, Window
 from radixserve.attention.workspace import Workspace
 from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.kv_quant import gather_decoded
 
 # Upper bound on one decode chunk's gathered K (and again V), in elements: 1M elements is
 # 2 MiB per tensor in bf16, so a chunk's K and V stay cache-resident between the gather and
@@ -145,9 +146,13 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
             self._scratch = s
         return s[0][:rows], s[1][:rows]
 
-    def _gather(self, kv_pool: KVPool, layer: int,
-                rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V rows (one head of one token each) into the scratch: [len(rows), D]."""
+    def _gather(self, kv_pool: KVPool, layer: int, rows: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V rows (one head of one token each) into the scratch: [len(rows), D]; an
+        8-bit side comes back decoded to ``dtype`` (kv_quant)."""
+        if kv_pool.quantized:
+            return tuple(gather_decoded(*kv_pool.side(name, layer), rows, dtype, self._ws,
+                                        f"gather.{name}") for name in "kv")
         kh = kv_pool.k_flat[layer].view(-1, self.head_dim)
         vh = kv_pool.v_flat[layer].view(-1, self.head_dim)
         dtype = kh.dtype
@@ -162,7 +167,8 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
 
     def forward(self, plan: TorchPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
-        kv_pool.write(layer, plan.meta.write_slots, k, v)
+        # Quantized sides come back as their stored codes decode: what later steps read.
+        k, v = kv_pool.write(layer, plan.meta.write_slots, k, v)
         out = torch.empty_like(q)
         # Cascade members' log-sum-exps over their own windows, for the merge.
         lse = q.new_empty(q.shape[:2], dtype=torch.float32) if plan.shared else None
@@ -184,7 +190,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         if p.rows is None:                                      # [Hkv, n, D]: its own K/V
             ks, vs = k[p.start:p.end].transpose(0, 1), v[p.start:p.end].transpose(0, 1)
         else:                                                   # [Hkv, kv_len, D] from pages
-            kb, vb = self._gather(kv_pool, layer, p.rows)
+            kb, vb = self._gather(kv_pool, layer, p.rows, dt)
             ks, vs = kb.view(hkv, -1, d), vb.view(hkv, -1, d)
         ks, vs = ks.to(dt), vs.to(dt)
         if dt != torch.float32:
@@ -202,7 +208,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         hkv, d, dt = self.num_kv_heads, self.head_dim, q.dtype
         # Fold the GQA group into the query dim: q head h = kv_head * group + g.
         qd = q.index_select(0, c.tokens).view(c.batch, hkv, self.group, d)
-        kb, vb = self._gather(kv_pool, layer, c.rows)
+        kb, vb = self._gather(kv_pool, layer, c.rows, dt)
         kd = kb.view(c.batch, hkv, c.max_kv, d).to(dt)
         vd = vb.view(c.batch, hkv, c.max_kv, d).to(dt)
         # Two batched matmuls with the softmax in fp32 (the numerics of transformers'
@@ -251,7 +257,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         qs = ws.take("win.q", (c.batch, c.n_max, self.num_qo_heads, d), dt, dev)
         torch.index_select(q, 0, c.tokens, out=qs.view(-1, self.num_qo_heads, d))
         qh = self._fold_heads(qs)
-        kb, vb = self._gather(kv_pool, layer, c.rows)
+        kb, vb = self._gather(kv_pool, layer, c.rows, dt)
         kv_shape = (c.batch, hkv, c.w_max, d)
         o, o_lse = attend_with_lse(
             qh, kb.view(kv_shape).to(dt), vb.view(kv_shape).to(dt), self.sm_scale,

@@ -9,6 +9,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from radixserve.cache.eviction import POLICIES
+from radixserve.kv_sizing import KV_DTYPE_CHOICES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -22,6 +23,9 @@ class EngineConfig:
     page_size: int = 1
     kv_cache_tokens: int | None = None   # pool size in tokens; None: from memory
     kv_cache_memory_fraction: float = 0.85  # CUDA: share of free GPU memory for the pool
+    kv_cache_dtype: str = "auto"         # auto | bfloat16 | float16 | float32 | fp8_e4m3 | ...
+    kv_cache_dtype_k: str | None = None  # keys apart (None: --kv-cache-dtype)
+    kv_cache_dtype_v: str | None = None  # values apart
     max_running_requests: int = 256
     chunked_prefill_size: int = 2048     # token budget per step
     schedule_policy: str = "lpm"         # lpm | fcfs
@@ -57,6 +61,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-tokens", type=int, default=None,
                    help="KV pool size in tokens (default: from available memory)")
     g.add_argument("--kv-cache-memory-fraction", type=float, default=d.kv_cache_memory_fraction)
+    g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_DTYPE_CHOICES,
+                   help="how K and V are stored (auto: the model's dtype); fp8/int8 keep a "
+                        "scale per token and KV head")
+    g.add_argument("--kv-cache-dtype-k", default=None, choices=KV_DTYPE_CHOICES,
+                   help="keys only (e.g. bfloat16 with --kv-cache-dtype-v fp8_e4m3)")
+    g.add_argument("--kv-cache-dtype-v", default=None, choices=KV_DTYPE_CHOICES,
+                   help="values only")
     g.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
     g.add_argument("--schedule-policy", default=d.schedule_policy, choices=["lpm", "fcfs"])

@@ -17,16 +17,17 @@ from radixserve.attention.backend import create_backend
 from radixserve.attention.context import ForwardContext
 from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.kv_quant import describe_kv_cache
 from radixserve.engine.batch import SampleResult, StepBatch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.kv_sizing import (CPU_KV_BUDGET_BYTES, KVFormat, budget_bytes,  # noqa: F401
+                                  pool_pages, resolve_kv_format)
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
-
-CPU_KV_BUDGET_BYTES = 4 << 30       # default pool on CPU when --kv-cache-tokens is unset
 
 
 def cuda_free_bytes(device: torch.device) -> int:
@@ -38,22 +39,21 @@ def cuda_free_bytes(device: torch.device) -> int:
     return free
 
 
-def kv_pool_pages(config: EngineConfig, mc, device: torch.device, dtype: torch.dtype) -> int:
+def kv_pool_pages(config: EngineConfig, mc, device: torch.device,
+                  kv_format: KVFormat | torch.dtype) -> int:
     """Pool size: --kv-cache-tokens if given; on CUDA a fraction of the memory still free
-    once the weights are loaded (the runner is built after them); else a fixed CPU budget."""
-    if config.kv_cache_tokens is not None:
-        if config.kv_cache_tokens < config.page_size:
-            raise ValueError("--kv-cache-tokens must hold at least one page")
-        return config.kv_cache_tokens // config.page_size
-    if device.type == "cuda":
-        fraction = config.kv_cache_memory_fraction
-        if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"--kv-cache-memory-fraction must be in (0, 1], got {fraction}")
-        budget = cuda_free_bytes(device) * fraction
-    else:
-        budget = CPU_KV_BUDGET_BYTES
-    return KVPool.pages_for_budget(budget, mc.num_layers, config.page_size, mc.num_kv_heads,
-                                   mc.head_dim, dtype)
+    once the weights are loaded (the runner is built after them); else a fixed CPU budget.
+    The arithmetic is `radixserve.kv_sizing`'s, shared with `radixserve plan`."""
+    if isinstance(kv_format, torch.dtype):
+        kv_format = KVFormat(str(kv_format), str(kv_format))
+    free = None
+    if device.type == "cuda" and config.kv_cache_tokens is None:
+        free = cuda_free_bytes(device)
+    budget = budget_bytes(device.type, free, config.kv_cache_memory_fraction)
+    return pool_pages(token_bytes=kv_format.token_bytes(mc.num_layers, mc.num_kv_heads,
+                                                        mc.head_dim),
+                      page_size=config.page_size, kv_cache_tokens=config.kv_cache_tokens,
+                      budget=budget)
 
 
 def logits_rows(qo_lens: Sequence[int], sample_rows: Sequence[int]) -> np.ndarray:
@@ -82,17 +82,27 @@ class ModelRunner:
         self.page_size = config.page_size
         if self.device.type == "cpu":
             keep_freed_host_memory()
-        num_pages = kv_pool_pages(config, mc, self.device, self.dtype)
-        self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
-                              mc.head_dim, self.dtype, self.device)
+        self.kv_format = resolve_kv_format(config.kv_cache_dtype, config.kv_cache_dtype_k,
+                                           config.kv_cache_dtype_v,
+                                           str(self.dtype).removeprefix("torch."))
+        num_pages = kv_pool_pages(config, mc, self.device, self.kv_format)
         self.backend = create_backend(config.attention_backend, num_qo_heads=mc.num_heads,
                                       num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-                                      dtype=self.dtype, device=self.device)
+                                      dtype=self.dtype, device=self.device,
+                                      kv_format=self.kv_format)
+        self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
+                              mc.head_dim, self.dtype, self.device, kv_format=self.kv_format,
+                              fixed_scale=getattr(self.backend, "fixed_kv_scale", None))
         self.sampler = Sampler()
 
     @property
     def num_pages(self) -> int:
         return self.kv_pool.num_pages
+
+    def describe_kv_cache(self) -> str:
+        mc = self.loaded.config
+        return describe_kv_cache(self.kv_format, self.dtype, mc.num_layers, mc.num_kv_heads,
+                                 mc.head_dim)
 
     def warm_up(self, pages: np.ndarray, num_tokens: int) -> None:
         """One throw-away prefill of `num_tokens` into `pages` (free pages lent by the caller).

@@ -140,6 +140,9 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
     print(f"radixserve: {describe_pool(engine)}", flush=True)
     print(f"radixserve: {timer.summary()}", flush=True)
     print(f"radixserve: cache view on http://{host}:{port}/ui", flush=True)
+    runner = getattr(engine, "runner", None)     # None: replicas behind Ray Serve
+    if runner is not None:
+        print(f"radixserve: {runner.describe_kv_cache()}", flush=True)
     try:
         await stop.wait()
         started = time.monotonic()

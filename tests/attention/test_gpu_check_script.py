@@ -55,3 +55,14 @@ def test_a_failing_section_is_recorded_not_raised(gpu_check):
     gpu_check._run_section(report, "kernels", boom)
     assert report["kernels"]["status"] == "error"
     assert "kernel exploded" in report["kernels"]["error"]
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_kv_section_kernel_case_on_cpu(gpu_check, fmt):
+    """The fp8_kv section's kernel check, torch standing in for flashinfer: both read an
+    FP8 pool with the per-tensor scale and match dense attention on the decoded pages."""
+    fp8 = gpu_check._import_script("gpu_check_fp8")
+    row = fp8._case(gpu_check, fmt, 9, 3, 64, 16, gpu_check.KERNEL_CASES["mixed"], 0, "cpu",
+                    stand_in=True)
+    assert row["ok"] and row["max_abs_err_flashinfer_vs_torch"] == 0.0
+    assert 0 < row["max_abs_err_flashinfer_vs_dense"] < fp8.ATOL * 3

@@ -60,15 +60,17 @@ def chat_ids(engine: Engine, question: str, system: str = SYSTEM_PROMPT) -> list
 
 
 def run_all(engine: Engine, prompts: list[list[int]], params: SamplingParams,
-            stagger: float = 0.0) -> list[Collected]:
-    """Start the engine, run every prompt concurrently, check conservation, shut down."""
+            stagger: float = 0.0, collector=None) -> list:
+    """Start the engine, run every prompt concurrently, check conservation, shut down.
+    `collector(stream)` gathers one request's outputs (default: `collect`)."""
+    collector = collector or collect
 
     async def main():
         await engine.start()
         try:
             tasks = []
             for p in prompts:
-                tasks.append(asyncio.create_task(collect(engine.generate(p, params))))
+                tasks.append(asyncio.create_task(collector(engine.generate(p, params))))
                 if stagger:
                     await asyncio.sleep(stagger)
             results = await asyncio.gather(*tasks)
