@@ -38,6 +38,9 @@ PlanT = TypeVar("PlanT", bound=AttentionPlan)
 
 class AttentionBackend(ABC, Generic[PlanT]):
     name: str
+    # A backend that reads quantized KV with one fixed scale per tensor (flashinfer's fp8
+    # path) says which; the pool then writes codes at that scale. None: per-token scales.
+    fixed_kv_scale: float | None = None
 
     @abstractmethod
     def prepare(self, meta: AttentionMetadata) -> PlanT:

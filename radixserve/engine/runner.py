@@ -23,8 +23,7 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.kv_sizing import (CPU_KV_BUDGET_BYTES, KVFormat, budget_bytes,  # noqa: F401
-                                  pool_pages, resolve_kv_format)
+from radixserve.kv_sizing import KVFormat, budget_bytes, pool_pages, resolve_kv_format
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -92,7 +91,7 @@ class ModelRunner:
                                       kv_format=self.kv_format)
         self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
                               mc.head_dim, self.dtype, self.device, kv_format=self.kv_format,
-                              fixed_scale=getattr(self.backend, "fixed_kv_scale", None))
+                              fixed_scale=self.backend.fixed_kv_scale)
         self.sampler = Sampler()
 
     @property

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from radixserve import kv_sizing
 from radixserve.attention.backend import BackendUnavailable
 from radixserve.attention.context import ForwardContext
 from radixserve.attention.metadata import SeqSpan
@@ -109,7 +110,7 @@ def test_explicit_pool_size_does_not_look_at_memory(monkeypatch):
 def test_cpu_pool_uses_the_fixed_budget(monkeypatch):
     monkeypatch.setattr(runner_mod, "cuda_free_bytes", lambda device: 1 / 0)
     pages = kv_pool_pages(EngineConfig(), SMOL, torch.device("cpu"), torch.bfloat16)
-    assert pages == runner_mod.CPU_KV_BUDGET_BYTES // SMOL_BF16_TOKEN_BYTES
+    assert pages == kv_sizing.CPU_KV_BUDGET_BYTES // SMOL_BF16_TOKEN_BYTES
 
 
 @pytest.mark.parametrize("fraction", [0.0, -0.1, 1.5])
