@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
-from radixserve.engine.errors import CacheBusy
+from radixserve.engine.errors import CacheBusy, PinConflict, UnknownPin
 from radixserve.engine.outputs import EngineStats, RequestOutput
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -197,6 +197,19 @@ class RayEngineClient:
 
     def namespace_stats(self, namespace: str | None) -> dict[str, int]:
         raise CacheBusy("per-namespace stats are not supported with --replicas yet")
+
+    # ---- pins: not across replicas (a pin would have to hold on every one) ------------
+
+    async def pin(self, prompt_ids: Sequence[int], namespace: str | None = None):
+        raise PinConflict("pinning prefixes is not supported with --replicas: serve without "
+                          "--replicas to pin", code="pinning_unsupported")
+
+    def unpin(self, pin_id: str):
+        raise UnknownPin(f"no pinned prefix has the id {pin_id[:100]!r} (pinning is not "
+                         f"supported with --replicas)")
+
+    def pinned(self) -> list:
+        return []
 
     # ---- control: stats and flush ------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import AsyncGenerator, Callable, Protocol, Sequence, runtime_checkab
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.outputs import EngineStats, RequestOutput
+from radixserve.engine.pins import PinInfo
 from radixserve.engine.sampling_params import SamplingParams
 
 
@@ -72,6 +73,19 @@ class EngineClient(Protocol):
 
     def namespace_stats(self, namespace: str | None) -> dict[str, int]:
         """Counters of one namespace and those under it: `cached_tokens`, `nodes`."""
+        ...
+
+    async def pin(self, prompt_ids: Sequence[int], namespace: str | None = None) -> PinInfo:
+        """Keep the prompt's whole pages in the pool until `unpin` (computed first when not
+        cached); InvalidRequest, PinConflict / PinLimitExceeded (409), QueueFull."""
+        ...
+
+    def unpin(self, pin_id: str) -> PinInfo:
+        """Release a pin; UnknownPin (404) when no pin has this id."""
+        ...
+
+    def pinned(self) -> list[PinInfo]:
+        """Every pin, oldest first (ids, sizes, namespaces; no tokens)."""
         ...
 
     def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,
