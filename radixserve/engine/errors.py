@@ -50,11 +50,12 @@ class PinLimitExceeded(PinConflict):
     def __init__(self, requested: int, pinned: int, limit: int):
         if limit == 0:
             why = "pinning is off (--max-pinned-tokens 0)"
+        elif requested > limit:
+            why = f"the prefix alone is longer than --max-pinned-tokens ({limit} tokens)"
         else:
             why = (f"{pinned} tokens are pinned (or being pinned) of at most {limit} "
-                   f"(--max-pinned-tokens)")
-        super().__init__(f"cannot pin {requested} tokens: {why}; unpin a prefix first "
-                         f"(DELETE /cache/pin/{{id}})", code="pin_limit_exceeded")
+                   f"(--max-pinned-tokens); unpin a prefix first (DELETE /cache/pin/{{id}})")
+        super().__init__(f"cannot pin {requested} tokens: {why}", code="pin_limit_exceeded")
         self.requested = requested
         self.pinned = pinned
         self.limit = limit

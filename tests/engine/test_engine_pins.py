@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from engine_helpers import QUESTIONS, chat_ids, collect, make_engine, wait_idle
+from engine_helpers import QUESTIONS, chat_ids, collect, make_engine, run_scenario, wait_idle
+from engine_helpers import check_pages as check_conserved
 from radixserve.engine.errors import InvalidRequest, PinConflict, PinLimitExceeded, UnknownPin
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -29,27 +30,16 @@ def flood_prompts(n: int, length: int = 300, seed: int = 0) -> list[list[int]]:
 
 
 def run(engine, scenario):
-    """Run `scenario(engine)` on a started engine; conservation checked at the end."""
-
-    async def main():
-        await engine.start()
-        try:
-            result = await scenario(engine)
-            await wait_idle(engine)
-            check_pages(engine)
-            return result
-        finally:
-            await engine.shutdown()
-            assert engine.tree.locked_tokens == 0       # shutdown released every pin
-
-    return asyncio.run(main())
+    """Run `scenario(engine)` on a started engine; conservation checked at the end, and
+    shutting down releases every pin."""
+    result = run_scenario(engine, scenario, check=check_pages)
+    assert engine.tree.locked_tokens == 0
+    return result
 
 
 def check_pages(engine) -> None:
     """Conservation, and every lock held while idle is a pin's."""
-    engine.check_invariants()
-    assert engine.memory.num_free + engine.tree.total_tokens // engine.page_size \
-        == engine.runner.num_pages
+    check_conserved(engine)
     assert engine.tree.locked_tokens == engine.pins.locked_tokens()
 
 
@@ -133,6 +123,10 @@ def test_budget_409_numbers_and_bad_prompts(model_fp32):
         assert engine.stats().pinned_tokens == 150          # the refused pin left nothing
         await engine.pin(second[:50])                       # exactly at the limit
         assert engine.stats().pinned_tokens == 200
+        engine.unpin(engine.pinned()[0].pin_id)
+        with pytest.raises(PinLimitExceeded, match="alone is longer") as err:
+            await engine.pin([7] * 201)
+        assert (err.value.requested, err.value.pinned, err.value.limit) == (201, 50, 200)
         with pytest.raises(InvalidRequest):                 # longer than the context
             await engine.pin([5] * 400)
         with pytest.raises(InvalidRequest):                 # not a token id
