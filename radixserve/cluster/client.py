@@ -38,6 +38,8 @@ from .view import ClusterState
 log = logging.getLogger("radixserve.cluster")
 
 REPLICA_LOST = (RayActorError, ActorUnavailableError)
+# Shared, not added up: the page size; the pin budget (the cluster pins nothing: 0).
+NOT_SUMMED = frozenset({"page_size", "pinned_tokens_limit"})
 
 
 def unwrap(exc: BaseException) -> BaseException:
@@ -61,7 +63,7 @@ def sum_stats(snapshots: Sequence[EngineStats]) -> EngineStats:
         for f in fields(EngineStats):
             value = getattr(s, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                    and f.name != "page_size":
+                    and f.name not in NOT_SUMMED:
                 setattr(total, f.name, getattr(total, f.name) + value)
         for reason, n in s.requests_finished.items():
             total.requests_finished[reason] = total.requests_finished.get(reason, 0) + n

@@ -89,6 +89,10 @@ def test_replicas_answer_one_clear_409():
     assert "--replicas" in api.message and "\n" not in api.message
     assert client.pinned() == []
     assert api_error_from(_raised(client.unpin, "pin-x")).status == 404
+    from radixserve.cluster.client import sum_stats
+    from radixserve.engine.outputs import EngineStats
+    total = sum_stats([EngineStats(pinned_tokens_limit=256, page_size=4)] * 2)
+    assert (total.pinned_tokens_limit, total.page_size) == (0, 4)     # nothing pinnable
 
 
 def _raised(fn, *args) -> BaseException:
