@@ -158,6 +158,25 @@ def test_limit_is_lowered_to_leave_room_for_a_full_context(model_fp32):
     run(engine, no_cache)
 
 
+def test_a_full_context_request_still_runs_beside_pins_at_the_limit(model_fp32):
+    """The lowered limit leaves room for one request of the whole context: pinned pages
+    never come back, so without it such a request would wait forever."""
+    engine = small_engine(model_fp32, max_pinned_tokens=10 ** 6)
+    limit = engine.pins.limit
+
+    async def scenario(engine):
+        first, second = flood_prompts(2, length=limit - limit // 2, seed=4)
+        await engine.pin(first[:limit // 2])
+        await engine.pin(second)
+        assert engine.stats().pinned_tokens == limit
+        prompt = flood_prompts(1, length=370, seed=5)[0]
+        params = SamplingParams(max_tokens=384 - 370, temperature=0.0, ignore_eos=True)
+        final = (await collect(engine.generate(prompt, params))).final
+        assert (final.finish_reason, final.usage.completion_tokens) == ("length", 14)
+
+    run(engine, scenario)
+
+
 def test_namespaces_isolate_pins(model_fp32):
     engine = small_engine(model_fp32, max_pinned_tokens=400)
 
