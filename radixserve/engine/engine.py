@@ -8,6 +8,7 @@ through `generate` and leave through per-request asyncio queues.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -231,19 +232,23 @@ class Engine(OneProcessStats):
         tokens = prompt[:size]
         if (known := self.pins.find(tokens, namespace)) is not None:
             return self.pins.hold(tokens, namespace, known.cached_tokens)
-        self.pins.check_room(size)
-        cached = self.tree.peek_prefix(tokens, namespace)
-        cached -= cached % self.page_size
-        if cached == size:
-            return self.pins.hold(tokens, namespace, cached)
-        request, _ = self._submit(prompt, params, namespace, None)
-        pending = self.pins.expect(request, tokens, namespace, cached)
+        pending = self.pins.pending_for(tokens, namespace)     # asked twice at once
+        first = pending is None
+        if first:
+            self.pins.check_room(size)
+            cached = self.tree.peek_prefix(tokens, namespace)
+            cached -= cached % self.page_size
+            if cached == size:
+                return self.pins.hold(tokens, namespace, cached)
+            request, _ = self._submit(prompt, params, namespace, None)
+            pending = self.pins.expect(request, tokens, namespace, cached)
         try:
-            return await asyncio.shield(pending.done)
+            info = await asyncio.shield(pending.done)
         except asyncio.CancelledError:
-            self.pins.cancel(pending)
-            self.abort(request.request_id)
+            if self.pins.cancel(pending):
+                self.abort(pending.request.request_id)
             raise
+        return info if first else dataclasses.replace(info, created=False)
 
     def unpin(self, pin_id: str) -> PinInfo:
         """Release a pin (UnknownPin when no pin has this id): its pages stay cached and

@@ -62,6 +62,7 @@ class _PendingPin:
     namespace: str | None
     cached_tokens: int
     done: asyncio.Future
+    waiters: int = 1            # callers awaiting `done` (the same prefix asked again)
     cancelled: bool = False
 
 
@@ -149,6 +150,15 @@ class PinBook:
         self._pending.append(pending)
         return pending
 
+    def pending_for(self, tokens: list[int], namespace: str | None) -> _PendingPin | None:
+        """The pin of exactly this prefix still being computed, if any; joining it adds
+        a waiter (so the same prefix asked twice at once is computed and counted once)."""
+        for pending in self._pending:
+            if pending.namespace == namespace and pending.tokens == tokens:
+                pending.waiters += 1
+                return pending
+        return None
+
     def settle(self) -> None:
         """Lock the prefixes of pin requests that have finished (their pages just entered
         the tree). The engine calls it before scheduling each step."""
@@ -168,11 +178,16 @@ class PinBook:
                 pending.done.set_exception(exc)
         self._pending = still
 
-    def cancel(self, pending: _PendingPin) -> None:
-        """The caller stopped waiting: no lock will be taken for it."""
+    def cancel(self, pending: _PendingPin) -> bool:
+        """A caller stopped waiting. When it was the last one, no lock will be taken for
+        the pin, and True says the computing request may be aborted."""
+        pending.waiters -= 1
+        if pending.waiters > 0 or pending.done.done():
+            return False
         pending.cancelled = True
         if pending in self._pending:
             self._pending.remove(pending)
+        return True
 
     def fail_pending(self, error: BaseException) -> None:
         """The engine stops: every pin still computing fails with `error`."""

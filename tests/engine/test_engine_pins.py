@@ -108,6 +108,32 @@ def test_pinning_a_cached_prefix_runs_nothing_and_twice_keeps_one_pin(model_fp32
     run(engine, scenario)
 
 
+def test_the_same_prefix_pinned_twice_at_once_is_computed_and_counted_once(model_fp32):
+    engine = small_engine(model_fp32, max_pinned_tokens=200)
+
+    async def scenario(engine):
+        prompt = flood_prompts(1, 150, seed=11)[0]     # twice would pass the budget
+        before = engine.stats().prompt_tokens
+        a, b = await asyncio.gather(engine.pin(prompt), engine.pin(prompt))
+        assert a.pin_id == b.pin_id and {a.created, b.created} == {True, False}
+        assert engine.stats().pinned_tokens == 150
+        assert engine.stats().prompt_tokens - before == 150     # one request computed it
+        assert engine.tree.locked_tokens == 150
+        # One of two waiters going away keeps the pin coming for the other.
+        other = flood_prompts(1, 40, seed=12)[0]
+        first = asyncio.create_task(engine.pin(other))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(engine.pin(other))
+        await asyncio.sleep(0)
+        first.cancel()
+        info = await second
+        assert info.tokens == 40 and engine.stats().pinned_tokens == 190
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    run(engine, scenario)
+
+
 def test_budget_409_numbers_and_bad_prompts(model_fp32):
     engine = small_engine(model_fp32, max_pinned_tokens=200)
 
