@@ -257,7 +257,7 @@ class Engine(OneProcessStats):
 
     def pinned(self) -> list[PinInfo]:
         """The pins, oldest first."""
-        return self.pins.list()
+        return self.pins.infos()
 
     # ---- the loop -----------------------------------------------------------------
 
@@ -382,7 +382,7 @@ class Engine(OneProcessStats):
         """Drop one namespace's cached prefixes (and those nested under it); the pages
         freed. Requests of other namespaces may keep running; refused (CacheBusy) while a
         pin or a request holds prefixes in it."""
-        held = [p for p in self.pins.list() if in_namespace(p.namespace, namespace)]
+        held = [p for p in self.pins.infos() if in_namespace(p.namespace, namespace)]
         if held:
             raise CacheBusy(f"{len(held)} pinned prefix(es) are in this namespace; unpin them "
                             f"first (DELETE /cache/pin/{{id}})")

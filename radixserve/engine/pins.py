@@ -87,7 +87,7 @@ class PinBook:
     def count(self) -> int:
         return len(self._pins)
 
-    def list(self) -> list[PinInfo]:
+    def infos(self) -> list[PinInfo]:
         return [p.info for p in self._pins.values()]
 
     def get(self, pin_id: str) -> PinInfo:
