@@ -191,25 +191,50 @@ class PrefixAffinityRouter(Router):
                 del self._holders[key]
 
 
-class CacheAwareRouter(Router):
-    """Least estimated time to first token, from what each replica really holds.
+DEFAULT_LOAD_BOUND = 2.0    # cache-aware: see within_load_bound and docs/scale-out.md
 
-    Score of a replica = its queued work (seconds) + the prefill of the prompt tokens it
-    does not hold (seconds per token from the service model). The cached tokens come from
-    the replicas themselves, so a hit is only counted where the prefix still is. Equal
-    scores (idle replicas holding nothing of the prompt) are broken by a rendezvous hash of
-    the first page key, so new prefixes spread out and their follow-ups find them.
+
+def within_load_bound(queued: Sequence[int], bound: float, slack: int = 1) -> list[int]:
+    """Replicas that may take one more request under bounded loads (consistent hashing with
+    bounded loads, Mirrokni et al.; SGLang's router balances the same way): after this
+    request, a replica's count may reach `bound` x the mean count plus `slack`, no more.
+
+    The least loaded replica always qualifies, so the list is never empty; a bound of
+    `math.inf` lets every replica qualify (no load rule at all).
+    """
+    n = len(queued)
+    limit = bound * (sum(queued) + 1) / n + slack
+    return [r for r, q in enumerate(queued) if q + 1 <= limit]
+
+
+class CacheAwareRouter(Router):
+    """Bounded load first, then least estimated time to first token from what each replica
+    really holds.
+
+    Only replicas within the load bound (`within_load_bound` on the requests in flight,
+    counted by the router itself from the moment it routes one) are candidates: this caps
+    how far one popular prefix can pile work onto its holder, at the price of computing
+    that prefix again on a second replica. Among the candidates, the score of a replica is
+    its queued work (seconds) + `cache_weight` x the prefill of the prompt tokens it does
+    not hold; the cached tokens come from the replicas themselves, so a hit is only counted
+    where the prefix still is. Equal scores (idle replicas holding nothing of the prompt)
+    are broken by a rendezvous hash of the first page key, so new prefixes spread out and
+    their follow-ups find them.
     """
 
     name = "cache-aware"
 
     def __init__(self, num_replicas: int, prefill_seconds_per_token: float,
-                 cache_weight: float = 4.0):
+                 cache_weight: float = 4.0, load_bound: float = DEFAULT_LOAD_BOUND):
         super().__init__(num_replicas)
         if prefill_seconds_per_token < 0 or cache_weight < 0:
             raise ValueError("prefill cost and cache weight must be >= 0")
+        if load_bound < 1:
+            raise ValueError(f"the load bound is a multiple of the mean load, >= 1; "
+                             f"got {load_bound}")
         self.prefill_seconds_per_token = prefill_seconds_per_token
         self.cache_weight = cache_weight
+        self.load_bound = load_bound
 
     def scores(self, request: RouteRequest, view: ClusterView) -> list[float]:
         cached = view.cached_tokens(request)
@@ -218,9 +243,10 @@ class CacheAwareRouter(Router):
         return [q + cost * (L - c) for q, c in zip(view.queued_seconds(), cached)]
 
     def choose(self, request, view):
+        candidates = within_load_bound(view.queued_requests(), self.load_bound)
         scores = self.scores(request, view)
-        best = min(scores)
-        tied = [r for r, s in enumerate(scores) if s == best]
+        best = min(scores[r] for r in candidates)
+        tied = [r for r in candidates if scores[r] == best]
         if len(tied) == 1:
             return tied[0]
         key = request.page_keys[0] if len(request.page_keys) else 0
@@ -232,7 +258,7 @@ ROUTERS = ("cache-aware", "prefix-affinity", "pow2", "round-robin", "consistent-
 
 def make_router(name: str, num_replicas: int, *, capacity_pages: int,
                 prefill_seconds_per_token: float, cache_weight: float = 4.0,
-                seed: int = 0) -> Router:
+                load_bound: float = DEFAULT_LOAD_BOUND, seed: int = 0) -> Router:
     """A fresh router by name."""
     if name == "round-robin":
         return RoundRobinRouter(num_replicas)
@@ -243,5 +269,5 @@ def make_router(name: str, num_replicas: int, *, capacity_pages: int,
     if name == "prefix-affinity":
         return PrefixAffinityRouter(num_replicas, capacity_pages, seed=seed)
     if name == "cache-aware":
-        return CacheAwareRouter(num_replicas, prefill_seconds_per_token, cache_weight)
+        return CacheAwareRouter(num_replicas, prefill_seconds_per_token, cache_weight, load_bound)
     raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
