@@ -13,7 +13,7 @@ prompt) and routing cost per decision.
   python scripts/bench_cluster.py                 # 4 replicas, every router, all workloads
   python scripts/bench_cluster.py --quick         # tiny workloads: a smoke run
   python scripts/bench_cluster.py --routers cache-aware,round-robin --workloads few-shot
-  python scripts/bench_cluster.py --routers cache-aware --load-bounds 2,1.25,inf
+  python scripts/bench_cluster.py --routers cache-aware --load-bounds 1.25+2,1+1,inf
 
 Needs the ray extra (pip install -e '.[ray]'). Replicas are CPU processes of one thread
 each (--replica-cpus); on a 2-core machine 4 replicas share the cores, so latencies are
@@ -39,7 +39,7 @@ from radixserve.cluster.options import ROUTER_CHOICES, ClusterOptions, import_la
 from radixserve.cluster.prefix_hashes import matched_blocks, prompt_hashes  # noqa: E402
 from radixserve.engine.config import EngineConfig                    # noqa: E402
 from radixserve.engine.sampling_params import SamplingParams         # noqa: E402
-from radixserve.routing import DEFAULT_LOAD_BOUND                    # noqa: E402
+from radixserve.routing import LoadBound                             # noqa: E402
 from radixserve.server.app import (ServerConfig, ServerState, bound_address,  # noqa: E402
                                    drain_and_stop, start_server)
 
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--routers", default=",".join(ROUTER_CHOICES),
                    help="comma-separated --router policies to compare")
-    p.add_argument("--load-bounds", default=str(DEFAULT_LOAD_BOUND), metavar="C,...",
+    p.add_argument("--load-bounds", default=str(LoadBound()), metavar="C[+S],...",
                    help="cache-aware: one configuration per --router-load-bound value")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--no-single", action="store_true",
@@ -194,7 +194,7 @@ async def main_async(args) -> list[dict]:
                             kv_cache_tokens=kv_tokens, warmup_tokens=64)
 
     def options(replicas: int, router: str, name: str,
-                load_bound: float = DEFAULT_LOAD_BOUND) -> ClusterOptions:
+                load_bound: LoadBound = LoadBound()) -> ClusterOptions:
         return ClusterOptions(replicas=replicas, router=router, num_cpus=ray_cpus,
                               replica_cpus=args.replica_cpus, app_name=f"bench-{name}",
                               routing_stats_period_s=args.routing_stats_period_s,
@@ -206,11 +206,11 @@ async def main_async(args) -> list[dict]:
         results.append(await run_config(name, options(1, "round-robin", "single"),
                                          engine(args.kv_tokens * args.replicas), workloads, args))
     for router in args.routers.split(","):
-        bounds = [float(c) for c in args.load_bounds.split(",")] \
-            if router == "cache-aware" else [DEFAULT_LOAD_BOUND]
+        bounds = [LoadBound.parse(c) for c in args.load_bounds.split(",")] \
+            if router == "cache-aware" else [LoadBound()]
         for c in bounds:
-            name = f"{args.replicas} x {router}" + (f" C={c:g}" if router == "cache-aware" else "")
-            app = f"{router}-c{c:g}".replace(".", "_")
+            name = f"{args.replicas} x {router}" + (f" {c}" if router == "cache-aware" else "")
+            app = f"{router}-{c}".replace(".", "_").replace("+", "-")
             results.append(await run_config(name, options(args.replicas, router, app, c),
                                              engine(args.kv_tokens), workloads, args))
     print(report(results, names))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from radixserve.routing import DEFAULT_LOAD_BOUND
+from radixserve.routing import LoadBound
 
 from . import RAY_EXTRA_HINT
 
@@ -25,7 +25,7 @@ class ClusterOptions:
     prefill_seconds_per_token: float = 2e-4    # cache-aware score: see docs/scale-out.md
     decode_seconds_per_request: float = 0.1
     cache_weight: float = 4.0
-    load_bound: float = DEFAULT_LOAD_BOUND     # cache-aware: requests in flight <= C x mean + 1
+    load_bound: LoadBound = LoadBound()    # cache-aware: requests in flight <= C x mean + S
     app_name: str = "radixserve"
     num_cpus: int | None = None            # a new local Ray only: CPUs it may use
     routing_stats_delay_s: float = 0.0     # tests: replicas slow to publish
@@ -35,8 +35,6 @@ class ClusterOptions:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
         if self.router not in ROUTER_CHOICES:
             raise ValueError(f"--router must be one of {', '.join(ROUTER_CHOICES)}")
-        if not self.load_bound >= 1:
-            raise ValueError(f"--router-load-bound must be >= 1, got {self.load_bound}")
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,10 +52,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--replica-gpus", type=float, default=d.replica_gpus, help="GPUs per replica")
     g.add_argument("--router", default=d.router, choices=ROUTER_CHOICES,
                    help="how requests are spread over the replicas (docs/scale-out.md)")
-    g.add_argument("--router-load-bound", type=float, default=d.load_bound, metavar="C",
+    g.add_argument("--router-load-bound", type=LoadBound.parse, default=d.load_bound,
+                   metavar="C[+S]",
                    help="cache-aware router: a replica is a candidate while its requests in "
-                        "flight stay within C x the mean (+1); higher keeps prefixes on "
-                        "fewer replicas, lower spreads load (default %(default)s; inf: no bound)")
+                        "flight stay within C x the mean + S; higher keeps prefixes on fewer "
+                        "replicas, lower spreads load (default %(default)s; inf: no bound)")
     g.add_argument("--routing-stats-period-s", type=float, default=d.routing_stats_period_s,
                    help="how often each replica publishes its cache digest and load")
 

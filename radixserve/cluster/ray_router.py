@@ -26,7 +26,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from radixserve.routing import (DEFAULT_LOAD_BOUND, CacheAwareRouter, PowerOfTwoRouter,
+from radixserve.routing import (CacheAwareRouter, LoadBound, PowerOfTwoRouter,
                                 RoundRobinRouter, RouteRequest)
 
 from .route_info import RouteInfo
@@ -109,7 +109,7 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
     def initialize_state(self, view_key: str = "", policy: str = "cache-aware",
                          block_tokens: int = 16, prefill_seconds_per_token: float = 2e-4,
                          decode_seconds_per_request: float = 0.1, cache_weight: float = 4.0,
-                         load_bound: float = DEFAULT_LOAD_BOUND, seed: int = 0,
+                         load_bound: str = str(LoadBound()), seed: int = 0,
                          **_: Any) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; choose from {POLICIES}")
@@ -119,7 +119,7 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
         self.decode_seconds_per_request = decode_seconds_per_request
         self._pow2 = PowerOfTwoRouter(1, seed)
         self._cache_aware = CacheAwareRouter(1, prefill_seconds_per_token, cache_weight,
-                                             load_bound)
+                                             LoadBound.parse(load_bound))
         self._round_robin = RoundRobinRouter(1)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],

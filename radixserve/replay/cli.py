@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from radixserve.routing import DEFAULT_LOAD_BOUND
+from radixserve.routing import LoadBound
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -84,9 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--cache-weight", type=float, default=4.0, metavar="W",
                          help="cache-aware router: weight of the prefill a cached prefix "
                          "saves against queued seconds (default 4; 1 = least estimated TTFT)")
-    cluster.add_argument("--load-bound", type=float, default=DEFAULT_LOAD_BOUND, metavar="C",
-                         help="cache-aware router: only replicas with at most C x the mean "
-                         "requests in flight (+1) are candidates (default %(default)s; "
+    cluster.add_argument("--load-bound", type=LoadBound.parse, default=LoadBound(),
+                         metavar="C[+S]",
+                         help="cache-aware router: only replicas that stay within C x the "
+                         "mean requests in flight + S are candidates (default %(default)s; "
                          "inf: no bound)")
     cluster.add_argument("--seed", type=int, default=0, help="seed of the random routers")
     tiers = parser.add_argument_group(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from radixserve.routing import DEFAULT_LOAD_BOUND, RouteRequest, make_router
+from radixserve.routing import LoadBound, RouteRequest, make_router
 
 from .replayer import HitCounts, ReplayConfig, _Run
 from .workload import Workload
@@ -53,7 +53,7 @@ class ClusterConfig:
     cache_weight: float = 4.0             # cache-aware router: see routing/routers.py
     seed: int = 0
     check_every: int = 0                  # check each replica's cache every N requests
-    load_bound: float = DEFAULT_LOAD_BOUND   # cache-aware router: see routing/routers.py
+    load_bound: LoadBound = LoadBound()   # cache-aware router: see routing/routers.py
 
     def __post_init__(self):
         if self.replicas < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radixserve.routing import DEFAULT_LOAD_BOUND, ROUTERS
+from radixserve.routing import ROUTERS, LoadBound
 
 from .cluster import ClusterConfig, ServiceModel, route_requests, simulate_cluster
 from .cluster_report import ClusterReport
@@ -22,7 +22,7 @@ class ClusterOptions:
     seconds_per_time_unit: float = 1e-3
     cache_weight: float = 4.0
     seed: int = 0
-    load_bound: float = DEFAULT_LOAD_BOUND
+    load_bound: LoadBound = LoadBound()
 
 
 def parse_routers(text: str) -> list[str]:

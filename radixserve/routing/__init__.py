@@ -6,10 +6,10 @@ The replay tool's cluster simulation (`radixserve replay --replicas N --router .
 these same objects; a serving router (Ray Serve) supplies its own view of the replicas.
 """
 
-from .routers import (DEFAULT_LOAD_BOUND, ROUTERS, CacheAwareRouter, ClusterView, ConsistentHashRouter,
-                      PowerOfTwoRouter, PrefixAffinityRouter, RoundRobinRouter, RouteRequest,
-                      Router, make_router, within_load_bound)
+from .routers import (ROUTERS, CacheAwareRouter, ClusterView, ConsistentHashRouter,
+                      LoadBound, PowerOfTwoRouter, PrefixAffinityRouter, RoundRobinRouter, RouteRequest,
+                      Router, make_router)
 
-__all__ = ["DEFAULT_LOAD_BOUND", "ROUTERS", "CacheAwareRouter", "ClusterView", "ConsistentHashRouter",
+__all__ = ["ROUTERS", "CacheAwareRouter", "ClusterView", "ConsistentHashRouter", "LoadBound",
            "PowerOfTwoRouter", "PrefixAffinityRouter", "RoundRobinRouter", "RouteRequest",
-           "Router", "make_router", "within_load_bound"]
+           "Router", "make_router"]

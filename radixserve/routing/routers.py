@@ -191,28 +191,50 @@ class PrefixAffinityRouter(Router):
                 del self._holders[key]
 
 
-DEFAULT_LOAD_BOUND = 2.0    # cache-aware: see within_load_bound and docs/scale-out.md
+@dataclass(frozen=True)
+class LoadBound:
+    """Bounded loads (consistent hashing with bounded loads, Mirrokni et al.; SGLang's
+    router balances the same way, with an absolute and a relative threshold): after this
+    request, a replica may hold at most `factor` x the mean requests in flight + `slack`.
 
-
-def within_load_bound(queued: Sequence[int], bound: float, slack: int = 1) -> list[int]:
-    """Replicas that may take one more request under bounded loads (consistent hashing with
-    bounded loads, Mirrokni et al.; SGLang's router balances the same way): after this
-    request, a replica's count may reach `bound` x the mean count plus `slack`, no more.
-
-    The least loaded replica always qualifies, so the list is never empty; a bound of
-    `math.inf` lets every replica qualify (no load rule at all).
+    The slack keeps the bound from binding on a lightly loaded cluster, where the mean is
+    below one and a replica with two requests would otherwise count as overloaded. The
+    least loaded replica always qualifies (slack >= 1); `factor` = inf is no bound at all.
     """
-    n = len(queued)
-    limit = bound * (sum(queued) + 1) / n + slack
-    return [r for r, q in enumerate(queued) if q + 1 <= limit]
+
+    factor: float = 1.25
+    slack: float = 2.0
+
+    def __post_init__(self):
+        if not (self.factor >= 1 and self.slack >= 1):
+            raise ValueError(f"a load bound needs factor >= 1 and slack >= 1, got {self}")
+
+    def candidates(self, queued: Sequence[int]) -> list[int]:
+        """The replicas that may take one more request."""
+        n = len(queued)
+        limit = self.factor * (sum(queued) + 1) / n + self.slack
+        return [r for r, q in enumerate(queued) if q + 1 <= limit]
+
+    @classmethod
+    def parse(cls, text: str) -> "LoadBound":
+        """'C' (default slack) or 'C+S', e.g. '1.25+2'; 'inf' for no bound."""
+        factor, _, slack = str(text).partition("+")
+        try:
+            return cls(float(factor), float(slack) if slack else cls.slack)
+        except ValueError:
+            raise ValueError(f"bad load bound {text!r}: want C or C+S with C >= 1, S >= 1 "
+                             f"(e.g. 1.25+2), or inf") from None
+
+    def __str__(self) -> str:
+        return f"{self.factor:g}+{self.slack:g}"
 
 
 class CacheAwareRouter(Router):
     """Bounded load first, then least estimated time to first token from what each replica
     really holds.
 
-    Only replicas within the load bound (`within_load_bound` on the requests in flight,
-    counted by the router itself from the moment it routes one) are candidates: this caps
+    Only replicas within the load bound (`LoadBound` on the requests in flight, counted by
+    the router itself from the moment it routes one) are candidates: this caps
     how far one popular prefix can pile work onto its holder, at the price of computing
     that prefix again on a second replica. Among the candidates, the score of a replica is
     its queued work (seconds) + `cache_weight` x the prefill of the prompt tokens it does
@@ -225,13 +247,10 @@ class CacheAwareRouter(Router):
     name = "cache-aware"
 
     def __init__(self, num_replicas: int, prefill_seconds_per_token: float,
-                 cache_weight: float = 4.0, load_bound: float = DEFAULT_LOAD_BOUND):
+                 cache_weight: float = 4.0, load_bound: LoadBound = LoadBound()):
         super().__init__(num_replicas)
         if prefill_seconds_per_token < 0 or cache_weight < 0:
             raise ValueError("prefill cost and cache weight must be >= 0")
-        if load_bound < 1:
-            raise ValueError(f"the load bound is a multiple of the mean load, >= 1; "
-                             f"got {load_bound}")
         self.prefill_seconds_per_token = prefill_seconds_per_token
         self.cache_weight = cache_weight
         self.load_bound = load_bound
@@ -243,7 +262,7 @@ class CacheAwareRouter(Router):
         return [q + cost * (L - c) for q, c in zip(view.queued_seconds(), cached)]
 
     def choose(self, request, view):
-        candidates = within_load_bound(view.queued_requests(), self.load_bound)
+        candidates = self.load_bound.candidates(view.queued_requests())
         scores = self.scores(request, view)
         best = min(scores[r] for r in candidates)
         tied = [r for r in candidates if scores[r] == best]
@@ -258,7 +277,7 @@ ROUTERS = ("cache-aware", "prefix-affinity", "pow2", "round-robin", "consistent-
 
 def make_router(name: str, num_replicas: int, *, capacity_pages: int,
                 prefill_seconds_per_token: float, cache_weight: float = 4.0,
-                load_bound: float = DEFAULT_LOAD_BOUND, seed: int = 0) -> Router:
+                load_bound: LoadBound = LoadBound(), seed: int = 0) -> Router:
     """A fresh router by name."""
     if name == "round-robin":
         return RoundRobinRouter(num_replicas)
