@@ -202,7 +202,7 @@ class LoadBound:
     least loaded replica always qualifies (slack >= 1); `factor` = inf is no bound at all.
     """
 
-    factor: float = 1.25
+    factor: float = 2.0
     slack: float = 2.0
 
     def __post_init__(self):
