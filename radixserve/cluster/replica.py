@@ -3,8 +3,9 @@
 Each replica loads the model and runs its own `Engine` on the replica actor's event loop.
 Calls come from the front end through a DeploymentHandle: `generate` streams the engine's
 `RequestOutput`s; `control` answers stats / flush / describe (and a tenant's namespace
-stats and flush) for the one replica a call is pinned to; `record_routing_stats` (called by Ray Serve every routing-stats period) returns
-the cache digest and engine stats the router reads. All three run on the replica's event
+stats and flush) for the one replica a call is pinned to; `record_routing_stats` (called
+by Ray Serve every routing-stats period) returns the cache digest and engine stats the
+router reads. All three run on the replica's event
 loop, the thread that owns the tree, so the digest walk sees a consistent tree.
 """
 

@@ -7,8 +7,8 @@ these same objects; a serving router (Ray Serve) supplies its own view of the re
 """
 
 from .routers import (ROUTERS, CacheAwareRouter, ClusterView, ConsistentHashRouter,
-                      LoadBound, PowerOfTwoRouter, PrefixAffinityRouter, RoundRobinRouter, RouteRequest,
-                      Router, make_router)
+                      LoadBound, PowerOfTwoRouter, PrefixAffinityRouter, RoundRobinRouter,
+                      RouteRequest, Router, make_router)
 
 __all__ = ["ROUTERS", "CacheAwareRouter", "ClusterView", "ConsistentHashRouter", "LoadBound",
            "PowerOfTwoRouter", "PrefixAffinityRouter", "RoundRobinRouter", "RouteRequest",
