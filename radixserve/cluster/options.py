@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from radixserve.routing import LoadBound
+from radixserve.routing import LoadBound, load_bound_arg
 
 from . import RAY_EXTRA_HINT
 
@@ -52,7 +52,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--replica-gpus", type=float, default=d.replica_gpus, help="GPUs per replica")
     g.add_argument("--router", default=d.router, choices=ROUTER_CHOICES,
                    help="how requests are spread over the replicas (docs/scale-out.md)")
-    g.add_argument("--router-load-bound", type=LoadBound.parse, default=d.load_bound,
+    g.add_argument("--router-load-bound", type=load_bound_arg, default=d.load_bound,
                    metavar="C[+S]",
                    help="cache-aware router: a replica is a candidate while its requests in "
                         "flight stay within C x the mean + S; higher keeps prefixes on fewer "

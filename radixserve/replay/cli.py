@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from radixserve.routing import LoadBound
+from radixserve.routing import LoadBound, load_bound_arg
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--cache-weight", type=float, default=4.0, metavar="W",
                          help="cache-aware router: weight of the prefill a cached prefix "
                          "saves against queued seconds (default 4; 1 = least estimated TTFT)")
-    cluster.add_argument("--load-bound", type=LoadBound.parse, default=LoadBound(),
+    cluster.add_argument("--load-bound", type=load_bound_arg, default=LoadBound(),
                          metavar="C[+S]",
                          help="cache-aware router: only replicas that stay within C x the "
                          "mean requests in flight + S are candidates (default %(default)s; "

@@ -229,6 +229,14 @@ class LoadBound:
         return f"{self.factor:g}+{self.slack:g}"
 
 
+def load_bound_arg(text: str) -> LoadBound:
+    """`LoadBound.parse` for argparse, whose error line names the type by `__name__`."""
+    return LoadBound.parse(text)
+
+
+load_bound_arg.__name__ = "load bound"      # "invalid load bound value: '0.5'"
+
+
 class CacheAwareRouter(Router):
     """Bounded load first, then least estimated time to first token from what each replica
     really holds.
