@@ -79,7 +79,7 @@ def run_cluster_sweep(opts: SweepOptions, cluster: ClusterOptions,
         page_size=prep.page_size, concurrency=opts.concurrency,
         warmup_fraction=opts.warmup_fraction, service=cluster.service,
         seconds_per_time_unit=cluster.seconds_per_time_unit,
-        cache_weight=cluster.cache_weight)
+        cache_weight=cluster.cache_weight, load_bound=str(cluster.load_bound))
     try:
         for total, pol in singles:
             if bar is not None:
