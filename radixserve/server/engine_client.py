@@ -6,7 +6,7 @@ the server tests; the server never reaches past it (no `getattr` probing, no `en
 
 from __future__ import annotations
 
-from typing import AsyncGenerator, Callable, Protocol, Sequence, runtime_checkable
+from typing import AsyncGenerator, Awaitable, Callable, Protocol, Sequence, runtime_checkable
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.outputs import EngineStats, RequestOutput
@@ -66,13 +66,16 @@ class EngineClient(Protocol):
         """Drop every namespace's cached prefixes (CacheBusy while requests run)."""
         ...
 
-    def flush_namespace(self, namespace: str | None) -> int:
+    def flush_namespace(self, namespace: str | None) -> int | Awaitable[int]:
         """Drop the cached prefixes of one namespace and the namespaces under it
-        (`namespace/...`); returns the pages freed (CacheBusy if any of them is locked)."""
+        (`namespace/...`); returns the pages freed (CacheBusy if any of them is locked).
+        Awaitable where the cache lives elsewhere (Ray replicas)."""
         ...
 
-    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
-        """Counters of one namespace and those under it: `cached_tokens`, `nodes`."""
+    def namespace_stats(self, namespace: str | None
+                        ) -> dict[str, int] | Awaitable[dict[str, int]]:
+        """Counters of one namespace and those under it: `cached_tokens`, `nodes`.
+        Awaitable where the cache lives elsewhere (Ray replicas)."""
         ...
 
     async def pin(self, prompt_ids: Sequence[int], namespace: str | None = None) -> PinInfo:

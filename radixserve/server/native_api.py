@@ -180,8 +180,10 @@ async def cache_stats(request: web.Request) -> web.Response:
     if who.admin:
         await state.engine.refresh_stats()
         return json_response(cache_stats_body(state))
-    namespace = tenant_namespace(who, "Reading the stats of")
-    counts = dict(state.engine.namespace_stats(namespace))
+    counts = state.engine.namespace_stats(tenant_namespace(who, "Reading the stats of"))
+    if inspect.isawaitable(counts):          # Ray replicas: summed over every one
+        counts = await counts
+    counts = dict(counts)
     counts["pins"] = pin_entries(visible_pins(who, state.engine.pinned()))
     return json_response({"namespace": counts})
 
@@ -191,6 +193,8 @@ async def cache_flush(request: web.Request) -> web.Response:
     who = caller(request)
     if not who.admin:
         freed = state.engine.flush_namespace(tenant_namespace(who, "Flushing"))   # CacheBusy: 409
+        if inspect.isawaitable(freed):       # Ray replicas: every one is flushed
+            freed = await freed
         return json_response({"flushed": True, "scope": "namespace", "freed_pages": freed,
                               "pages_free": state.engine.stats().pages_free})
     await state.engine.refresh_stats()
