@@ -14,6 +14,7 @@ import side by side. Rounds alternate which one goes first; the ratio of medians
 cancels the load other processes put on the machine.
 
     python scripts/bench_decode_step.py --baseline e33df27 --rounds 6 --steps 5 --threads 2
+    python scripts/bench_decode_step.py --baseline e33df27 --threads 1 --clock cpu   # shared
     python scripts/bench_decode_step.py --profile            # top operators, this checkout
 """
 
@@ -110,13 +111,13 @@ class Impl:
                               sample_params=[self.Params(max_tokens=1, temperature=0.0)] * n,
                               generators=[None] * n)
 
-    def time_steps(self, batch, steps: int) -> float:
+    def time_steps(self, batch, steps: int, clock) -> float:
         """Median seconds of ``steps`` executions of ``batch``."""
         times = []
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0 = clock()
             self.runner.execute(batch)
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
         return statistics.median(times)
 
 
@@ -144,11 +145,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=5, help="steps per round (median)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="cpu: the process's CPU time (use with --threads 1 on a shared "
+                        "machine: other processes then barely move the figures)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--top", type=int, default=18)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        p.error("--clock cpu needs --threads 1 (idle OpenMP workers would count as work)")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     args.kv_tokens = args.groups * args.system + args.batch * (args.question + 32) + 64
 
     sys.path.insert(0, str(REPO))
@@ -159,7 +166,8 @@ def main() -> None:
         kinds = [("decode", "decode_batch")]
         if args.prefill_tokens:
             kinds.append(("prefill", "prefill_batch"))
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, "
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} "
+              f"clock, {args.dtype}, "
               f"decode batch {args.batch} in {args.groups} groups of {args.system} shared "
               f"tokens")
         for kind, method in kinds:
@@ -176,7 +184,7 @@ def main() -> None:
                 if r % 2:
                     order.reverse()
                 for impl, batch in order:
-                    times[impl.name].append(impl.time_steps(batch, args.steps))
+                    times[impl.name].append(impl.time_steps(batch, args.steps, clock))
             for name, ts in times.items():
                 print(f"{kind:<8} {name:<16} ms per step by round: "
                       + " ".join(f"{t * 1e3:7.1f}" for t in ts))
