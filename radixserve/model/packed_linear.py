@@ -4,8 +4,8 @@ On CPU, torch runs a bf16 ``F.linear`` through oneDNN and reorders the weight in
 kernel's blocked layout on every call. Streaming a layer's weights is what a decode step is
 made of, so that reorder is most of a small-batch GEMM's cost: packing once (oneDNN's own
 layout, an opaque mkldnn tensor beside the parameter) took the gate/up GEMM at 64 tokens
-from 721 to 457 us with cold weights, 1 M-token GEMMs from 616 to 157 us, and gives the
-same bits as ``F.linear`` (same kernel, no reorder).
+from 721 to 457 us with cold weights, one-token GEMMs from 616 to 157 us. Up to 32 rows it
+gives the same bits as ``F.linear``; above, a different kernel rounds differently (1 ulp).
 
 The parameter itself stays what loaders, the weights cache and ``state_dict`` see; the
 packed copy is derived from it by ``repack()`` (LlamaForCausalLM.pack_weights after every
@@ -22,9 +22,12 @@ from torch import nn
 __all__ = ["Linear", "packing_available"]
 
 _PACKED_DTYPES = (torch.bfloat16, torch.float16)
-# oneDNN picks its blocking from this batch hint; measured at M=1, 64, 2048: hint 1 was
-# the best or within noise for decode sizes, and prefill sizes lost little.
-_BATCH_HINT = 1
+# oneDNN picks its blocking from this batch hint. Measured (gate/up, one thread, CPU time,
+# us at M = 1 / 64 / 512 / 2,048): F.linear 529 / 794 / 2,008 / 5,852; hint 1: 231 / 610 /
+# 2,520 / 8,907; hint 2,048: 244 / 544 / 1,680 / 6,085. So hint 2,048, and batches above
+# _MAX_PACKED_ROWS (prefill chunks, where packing gains nothing) keep F.linear.
+_BATCH_HINT = 2048
+_MAX_PACKED_ROWS = 1024
 
 
 def packing_available(weight: torch.Tensor) -> bool:
@@ -60,7 +63,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self._packed is not None and x.dtype == self._packed.dtype
-                and x.device.type == "cpu" and self._fresh()):
+                and x.device.type == "cpu" and x.numel() <= _MAX_PACKED_ROWS * x.shape[-1]
+                and self._fresh()):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none",
                                                       [], "")
         return F.linear(x, self.weight, self.bias)

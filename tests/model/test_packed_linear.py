@@ -21,14 +21,20 @@ def _layer(dtype: torch.dtype, bias: bool = True) -> Linear:
 
 
 @needs_packing
-@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("rows", [1, 7, 32, 64, 300, 1500])
 @pytest.mark.parametrize("bias", [True, False])
-def test_packed_bf16_equals_f_linear_bit_for_bit(rows, bias):
+def test_packed_bf16_equals_f_linear(rows, bias):
+    """Bit for bit up to 32 rows; above, oneDNN's packed kernel may round differently from
+    the one F.linear picks (1 ulp), and above 1,024 rows F.linear runs itself."""
     layer = _layer(torch.bfloat16, bias)
     x = torch.randn(rows, 96).to(torch.bfloat16)
     with torch.inference_mode():
         got = layer(x)
-    assert torch.equal(got, F.linear(x, layer.weight, layer.bias))
+    want = F.linear(x, layer.weight, layer.bias)
+    if rows <= 32 or rows > 1024:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, atol=0, rtol=2 ** -7)   # 1 bf16 ulp
 
 
 @needs_packing
