@@ -28,7 +28,7 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.model import load_model
 from radixserve.model.hf_reference import hf_model_for
 from radixserve.perf.probe import measure_peaks
-from radixserve.perf.roofline import ModelShape, SharedPromptWorkload, workload_floor
+from radixserve.perf.roofline import ModelShape, cache_on_and_off
 
 
 def make_prompts(args) -> list[list[int]]:
@@ -95,18 +95,14 @@ def workload_floors(loaded, args) -> dict[str, float]:
     shape = ModelShape.of(loaded.config)
     peaks, _ = measure_peaks(shape, loaded.dtype, decode_batch=args.groups * args.per_group,
                              prefill_batch=args.chunked_prefill_size)
-    size = loaded.dtype.itemsize
-    floors = {}
-    for cache in (True, False):
-        w = SharedPromptWorkload(args.groups, args.per_group, args.system, args.question,
-                                 args.output, cache=cache)
-        f = workload_floor(shape, peaks, w, weight_bytes=size, kv_bytes=size)
-        floors["on" if cache else "off"] = f.total_s
-        print(f"floor, cache {'on' if cache else 'off'}: prefill {f.prefill_s:.2f} s + decode "
-              f"{f.decode_s:.2f} s = {f.total_s:.2f} s (GEMM {peaks.prefill_gflops:.0f} / "
-              f"{peaks.decode_gflops:.0f} GFLOP/s at {args.chunked_prefill_size} / "
-              f"{args.groups * args.per_group} rows, {peaks.bandwidth_gbs:.1f} GB/s)")
-    return floors
+    floors = cache_on_and_off(shape, peaks, args.groups, args.per_group, args.system,
+                              args.question, args.output, dtype_bytes=loaded.dtype.itemsize)
+    for cache, f in floors.items():
+        print(f"floor, cache {cache}: prefill {f.prefill_s:.2f} s + decode {f.decode_s:.2f} s = "
+              f"{f.total_s:.2f} s (GEMM {peaks.prefill_gflops:.0f} / {peaks.decode_gflops:.0f} "
+              f"GFLOP/s at {args.chunked_prefill_size} / {args.groups * args.per_group} rows, "
+              f"{peaks.bandwidth_gbs:.1f} GB/s)")
+    return {cache: f.total_s for cache, f in floors.items()}
 
 
 _FLOOR_OF_RUN = {"cache on": "on", "cache on again": "on", "cache off": "off"}

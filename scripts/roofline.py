@@ -20,8 +20,7 @@ from radixserve.model.gguf_loader import load_gguf
 from radixserve.model.registry import resolve_model_path
 from radixserve.perf.probe import (DECODE_SIZES, PREFILL_SIZES, layer_rate, measure_bandwidth,
                                    measure_gemms)
-from radixserve.perf.roofline import (MachinePeaks, ModelShape, SharedPromptWorkload,
-                                      workload_floor)
+from radixserve.perf.roofline import MachinePeaks, ModelShape, cache_on_and_off
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -41,12 +40,11 @@ def print_floor(shape: ModelShape, peaks: MachinePeaks, args, dtype_bytes: int) 
           f"{args.output} output tokens)")
     print(f"{'cache':<7}{'prefill GFLOP':>14}{'prefill s':>11}{'decode GB':>11}"
           f"{'decode s':>10}{'floor s':>9}")
-    for cache in (True, False):
-        w = SharedPromptWorkload(args.groups, args.per_group, args.system, args.question,
-                                 args.output, cache=cache)
-        f = workload_floor(shape, peaks, w, weight_bytes=dtype_bytes, kv_bytes=dtype_bytes)
+    floors = cache_on_and_off(shape, peaks, args.groups, args.per_group, args.system,
+                              args.question, args.output, dtype_bytes)
+    for cache, f in floors.items():
         gb = sum(s.bytes for s in f.decode_steps) / 1e9
-        print(f"{'on' if cache else 'off':<7}{f.prefill.flops / 1e9:>14.0f}{f.prefill_s:>11.2f}"
+        print(f"{cache:<7}{f.prefill.flops / 1e9:>14.0f}{f.prefill_s:>11.2f}"
               f"{gb:>11.1f}{f.decode_s:>10.2f}{f.total_s:>9.2f}")
 
 

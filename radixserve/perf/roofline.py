@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 __all__ = ["MachinePeaks", "ModelShape", "SharedPromptWorkload", "StepCost", "WorkloadFloor",
-           "attention_flops", "workload_floor"]
+           "attention_flops", "cache_on_and_off", "weighted_gflops", "workload_floor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +166,17 @@ def workload_floor(shape: ModelShape, peaks: MachinePeaks, w: SharedPromptWorklo
     floor.decode_s = sum(s.seconds(peaks.decode_gflops, peaks.bandwidth_gbs)
                          for s in floor.decode_steps)
     return floor
+
+
+def cache_on_and_off(shape: ModelShape, peaks: MachinePeaks, groups: int, per_group: int,
+                     system: int, question: int, output: int,
+                     dtype_bytes: float = 2) -> dict[str, WorkloadFloor]:
+    """The shared-prompt workload's floor with the radix cache "on" and "off"."""
+    return {("on" if cache else "off"): workload_floor(
+                shape, peaks, SharedPromptWorkload(groups, per_group, system, question, output,
+                                                   cache=cache),
+                weight_bytes=dtype_bytes, kv_bytes=dtype_bytes)
+            for cache in (True, False)}
 
 
 def weighted_gflops(rates: Sequence[tuple[float, float]]) -> float:

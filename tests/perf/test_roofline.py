@@ -75,3 +75,11 @@ def test_step_takes_the_slower_of_compute_and_memory():
 def test_weighted_rate_is_total_flops_over_total_time():
     # 1 GFLOP at 1 GFLOP/s (1 s) and 3 GFLOP at 3 GFLOP/s (1 s): 4 GFLOP in 2 s
     assert weighted_gflops([(1e9, 1.0), (3e9, 3.0)]) == pytest.approx(2.0)
+
+
+def test_cache_on_and_off_are_the_two_workloads():
+    from radixserve.perf.roofline import cache_on_and_off
+    both = cache_on_and_off(TOY, PEAKS, dtype_bytes=2, **WORK)
+    assert both["on"].total_s == pytest.approx(31.744)
+    off = workload_floor(TOY, PEAKS, SharedPromptWorkload(**WORK, cache=False))
+    assert both["off"].total_s == pytest.approx(off.total_s)
