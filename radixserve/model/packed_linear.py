@@ -31,11 +31,17 @@ _MAX_PACKED_ROWS = 1024
 
 
 def packing_available(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` can run pre-packed: a CPU bf16/fp16 tensor with oneDNN present."""
-    return (weight.device.type == "cpu" and weight.dtype in _PACKED_DTYPES
-            and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """Whether ``weight`` can run pre-packed: a CPU bf16/fp16 tensor, with oneDNN present
+    and supporting that dtype on this CPU."""
+    if weight.device.type != "cpu" or weight.dtype not in _PACKED_DTYPES:
+        return False
+    ops = torch.ops.mkldnn
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return False
+    supported = (ops._is_mkldnn_bf16_supported if weight.dtype == torch.bfloat16
+                 else ops._is_mkldnn_fp16_supported)
+    return bool(supported())
 
 
 class Linear(nn.Linear):

@@ -59,3 +59,11 @@ def test_float32_does_not_pack():
 def test_loaded_bf16_model_runs_packed(model_bf16):
     packed = [m for m in model_bf16.model.modules() if isinstance(m, Linear)]
     assert packed and all(m._packed is not None and m._fresh() for m in packed)
+
+
+@pytest.mark.skipif(not packing_available(torch.empty(1, dtype=torch.float16)),
+                    reason="no oneDNN fp16 on this CPU")
+def test_float16_packs_and_matches():
+    layer = _layer(torch.float16)
+    x = torch.randn(5, 96).to(torch.float16)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
