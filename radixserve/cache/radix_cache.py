@@ -418,7 +418,8 @@ class RadixCache:
         leaf = self._new_node(packed, pages, parent, parent.depth + n, parent.namespace)
         leaf._pending = pending
         leaf.last_access = self._clock
-        self._add_child(parent, leaf)
+        pb = self._page_bytes
+        self._add_child(parent, leaf, key.upto(pos + pb)[pos:pos + pb].tobytes())
         self._num_nodes += 1
         self._total += n
         self._evictable_tokens += n
@@ -616,8 +617,11 @@ class RadixCache:
         self._next_id += 1
         return node
 
-    def _add_child(self, parent: TreeNode, child: TreeNode) -> None:
-        first = child.head(self.page_size)
+    def _add_child(self, parent: TreeNode, child: TreeNode, first: bytes | None = None) -> None:
+        """File `child` under `parent` by its first page (`first`, when the caller has it)."""
+        if first is None:
+            first = child.head(self.page_size)
+        child.filed_as = first
         parent.children[first] = child
         if self.page_size > 1:
             if parent.cow_index is None:
@@ -627,7 +631,7 @@ class RadixCache:
     def _remove_leaf(self, leaf: TreeNode) -> None:
         """Detach an evicted leaf; its parent may become an evictable leaf (or an empty root)."""
         parent = leaf.parent
-        head = leaf.head(self.page_size)
+        head = leaf.filed_as
         del parent.children[head]
         if self.page_size > 1:
             first = head[:_ITEM]
@@ -651,13 +655,13 @@ class RadixCache:
         """Cut `child`'s edge after m tokens (a page multiple); return the new upper node."""
         ps = self.page_size
         parent = child.parent
-        first = child.head(ps)
+        first = child.filed_as
         depth = child.depth - child.num_tokens + m
         head_key, head_pending = child.cut(m)
         upper = TreeNode(self._next_id, head_key, child.pages[:m // ps], parent, depth,
                          child.namespace, lock_ref=child.lock_ref,
                          last_access=child.last_access, hit_count=child.hit_count,
-                         _pending=head_pending)
+                         _pending=head_pending, filed_as=first)
         self._next_id += 1
         parent.children[first] = upper
         if ps > 1:

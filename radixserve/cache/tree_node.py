@@ -45,6 +45,7 @@ class TreeNode:
     evict_key: Any = None          # (policy key, id) while in the evictable set, else None
     cow_index: dict[int, list[TreeNode]] | None = None  # page_size > 1: children by 1st token
     _pending: tuple | None = None  # (list, start, stop) of the ids until `key` is read
+    filed_as: bytes = b""           # its key in parent.children (its first page, packed)
 
     @property
     def key(self) -> bytes:
