@@ -3,8 +3,9 @@
 Why bytes: the tree compares every request's tokens with edges of thousands of tokens. Two
 2,000-token Python lists compare in ~3.5 us (a pointer walk and an int compare per item,
 ~8 ns per item when the ints are distinct objects, as a tokenizer makes them); the same
-tokens as bytes compare with memcmp in ~0.2 us, and `key.startswith(edge, offset)` tests an
-edge at an offset without slicing anything. int64 holds any token id, the replay tool's
+tokens as bytes compare with memcmp in ~0.2 us, and `edge.startswith(view[a:b], offset)`
+tests a slice of a request's ids against an edge without copying either (a memoryview slice
+copies nothing; comparing two memoryviews would go item by item, so the edge side is bytes). int64 holds any token id, the replay tool's
 negative page marks and synthetic ids beyond 2**32 included.
 
 Callers that keep their tokens in an `array('q')` (the engine does) or an int64 numpy array
@@ -22,8 +23,8 @@ from typing import Sequence, Union
 
 import numpy as np
 
-__all__ = ["ITEM_BYTES", "LazyKey", "byte_view", "TYPECODE", "TokenIds", "count", "new_token_array",
-           "pack", "pack_range", "prefix", "TokenPrefix", "token_at", "unpack"]
+__all__ = ["ITEM_BYTES", "LazyKey", "TYPECODE", "TokenIds", "byte_view", "count",
+           "new_token_array", "pack", "pack_range", "prefix", "TokenPrefix", "token_at", "unpack"]
 
 TYPECODE = "q"                  # array typecode of a packed key: signed 64-bit
 ITEM_BYTES = 8
