@@ -120,9 +120,13 @@ def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int, edge_b: i
     if packed is not None and len(buf) >= stop and packed.startswith(buf[pos:stop]):
         return n        # both sides readable that far (the usual case): one memcmp
     lo = 0
-    # What is readable costs nothing to compare; an edge up to _WHOLE_EDGE tokens is
-    # compared in one go (if it differs early, at most that much was packed in vain).
-    width = max(_FIRST_WINDOW, (len(buf) - pos) // _ITEM, n if n <= _WHOLE_EDGE else 0)
+    # An edge up to _WHOLE_EDGE tokens is compared in one go (if it differs early, at most
+    # that much was packed in vain). What is readable on both sides costs nothing to
+    # compare: the key as far as it is packed (all of it when read in place) against a
+    # packed edge; a pending edge is packed window by window.
+    width = max(_FIRST_WINDOW, n if n <= _WHOLE_EDGE else 0)
+    if packed is not None:
+        width = max(width, (len(buf) - pos) // _ITEM)
     while lo < n:
         hi = min(n, lo + width)
         buf = key.upto(pos + hi * _ITEM)
