@@ -174,7 +174,16 @@ def test_paged_attention_on_quantized_kv_equals_it_on_decoded_kv(fmt, page_size,
     v_new = decoded_pool(qpool).v_flat[0][meta.write_slots]
     ref_backend = TorchAttentionBackend(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d)
     ref = ref_backend.forward(ref_backend.prepare(meta), 0, sc.q, k_new, v_new, ref_pool)
-    assert torch.equal(out, ref)
+    # Prefill tokens read the decoded values: bit for bit the same. Decode tokens fold the
+    # scales into scores and probabilities (quant_decode): the same sums rounded in another
+    # order, so equal within a few fp32 ulps of these O(1) outputs.
+    starts = meta.qo_indptr[:-1].numpy()
+    decodes = torch.tensor([starts[i] for i, s in enumerate(sc.spans) if s.new_len == 1])
+    prefills = torch.tensor([t for t in range(len(sc.q)) if t not in set(decodes.tolist())])
+    assert len(decodes) and len(prefills)
+    assert torch.equal(out[prefills], ref[prefills])
+    decode_err = (out[decodes] - ref[decodes]).abs().max().item()
+    assert decode_err < 2e-6
     # and both match dense attention over the decoded K/V
     dec = decoded_pool(qpool)
     dense_sc = Scenario(sc.spans,
