@@ -148,15 +148,20 @@ def gather_decoded(codec: KVCodec, flat: torch.Tensor, scales_flat: torch.Tensor
                    rows: torch.Tensor, dtype: torch.dtype, ws, name: str) -> torch.Tensor:
     """Rows (one head of one token each, index ``slot * Hkv + head``) of one side of a
     layer, decoded to ``dtype``: [len(rows), D], a workspace tensor under ``name``."""
-    d = flat.shape[-1]
-    src = flat.view(-1, d)
-    n = rows.shape[0]
     if not codec.quantized:
-        return torch.index_select(src, 0, rows, out=ws.take(name, (n, d), src.dtype,
-                                                               src.device))
+        words = _as_words(flat)
+        out = ws.take(name, (rows.shape[0], words.shape[1]), words.dtype, flat.device)
+        return torch.index_select(words, 0, rows, out=out).view(flat.dtype)
     codes, scales = _gather_codes(flat, scales_flat, rows, ws, name)
-    out = ws.take(name, (n, d), dtype, src.device)
+    out = ws.take(name, codes.shape, dtype, flat.device)
     return codec.decode(codes.view(codec.storage), scales, dtype, out=out)
+
+
+def _as_words(flat: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> the same bytes as rows of int64 words where the row allows:
+    index_select's int64 path is ~1.5x faster on CPU than its bf16 or uint8 ones."""
+    rows = flat.view(-1, flat.shape[-1])
+    return rows.view(torch.int64) if rows.shape[1] * rows.element_size() % 8 == 0 else rows
 
 
 @dataclass(frozen=True)
@@ -189,14 +194,8 @@ def gather_folded(codec: KVCodec, flat: torch.Tensor, scales_flat: torch.Tensor 
 
 def _gather_codes(flat: torch.Tensor, scales_flat: torch.Tensor, rows: torch.Tensor, ws,
                   name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of a quantized side: codes [n, D] as uint8 and scales [n] float32 (workspace).
-
-    The codes move as int64 words where the row allows (index_select's int64 path is the
-    fast one on CPU)."""
-    d = flat.shape[-1]
-    words = flat.view(-1, d).view(torch.uint8)
-    if d % 8 == 0:
-        words = words.view(torch.int64)
+    """Rows of a quantized side: codes [n, D] as uint8 and scales [n] float32 (workspace)."""
+    words = _as_words(flat.view(torch.uint8))
     n = rows.shape[0]
     codes = ws.take(f"{name}.codes", (n, words.shape[1]), words.dtype, flat.device)
     torch.index_select(words, 0, rows, out=codes)

@@ -169,7 +169,11 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
     def forward(self, plan: TorchPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
         # Quantized sides come back as their stored codes decode: what later steps read.
-        k, v = kv_pool.write(layer, plan.meta.write_slots, k, v)
+        # Only prefills without a cached prefix use them; all other paths read the pool.
+        own_kv = any(p.rows is None for p in plan.prefills)
+        used = kv_pool.write(layer, plan.meta.write_slots, k, v, decoded=own_kv)
+        if used is not None:
+            k, v = used
         out = torch.empty_like(q)
         # Cascade members' log-sum-exps over their own windows, for the merge.
         lse = q.new_empty(q.shape[:2], dtype=torch.float32) if plan.shared else None

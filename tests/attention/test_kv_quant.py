@@ -63,6 +63,11 @@ def test_pool_stores_codes_and_scales_and_returns_their_decoding(name):
     assert torch.equal(v_used, codec.decode(pool.v_flat[1][slots], pool.v_scale_flat[1][slots],
                                             torch.float32))
     assert not torch.equal(k_used, k)
+    # decoded=False stores the same bytes and skips decoding them
+    again = KVPool(2, 8, 4, 3, 64, torch.float32, "cpu", kv_format=KVFormat(name, name))
+    assert again.write(1, slots, k, v, decoded=False) is None
+    for a, b in ((again.k[1], pool.k[1]), (again.v_scale[1], pool.v_scale[1])):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     assert pool.bytes_per_token == 2 * 2 * 3 * (64 + 4)
     assert pool.total_bytes == sum(t.numel() * t.element_size()
                                    for t in pool.k + pool.v + pool.k_scale + pool.v_scale)
