@@ -97,9 +97,9 @@ class FakeQuantRunner(bench.Runner):
         k_round, v_round = VARIANTS[variant]
         write = self.pool.write
 
-        def rounded_write(layer, slots, k, v, decoded=True):
+        def rounded_write(layer, slots, k, v, **options):
             return write(layer, slots, k if k_round is None else k_round(k),
-                         v if v_round is None else v_round(v), decoded)
+                         v if v_round is None else v_round(v), **options)
         self.pool.write = rounded_write
 
 
