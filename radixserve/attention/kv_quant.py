@@ -180,6 +180,13 @@ class FoldedRows:
     lift: float = 1.0
 
 
+def can_fold(dtype: torch.dtype) -> bool:
+    """Whether decode attention in ``dtype`` may read FoldedRows: unscaled codes reach
+    57344 (e5m2) or 2^-111 (e4m3 moved by bits into bf16), which bf16 and fp32 hold with
+    room for q . k sums, and fp16 (max 65504, min normal 2^-14) does not."""
+    return dtype in (torch.bfloat16, torch.float32)
+
+
 def gather_folded(codec: KVCodec, flat: torch.Tensor, scales_flat: torch.Tensor | None,
                   rows: torch.Tensor, dtype: torch.dtype, ws, name: str) -> FoldedRows:
     """Like gather_decoded, but leaves each row's scale out of the values (FoldedRows)."""

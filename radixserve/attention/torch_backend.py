@@ -40,7 +40,7 @@ from radixserve.attention.partial_attention import (DEFAULT_MAX_SCORE_ELEMS, att
 from radixserve.attention.torch_plans import StepTables, TorchPlan, Window
 from radixserve.attention.workspace import Workspace
 from radixserve.attention.kv_pool import KVPool
-from radixserve.attention.kv_quant import gather_decoded, gather_folded
+from radixserve.attention.kv_quant import can_fold, gather_decoded, gather_folded
 from radixserve.attention.quant_decode import folded_decode_attention
 
 # Upper bound on one decode chunk's gathered K (and again V), in elements: 1M elements is
@@ -213,7 +213,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         hkv, d, dt = self.num_kv_heads, self.head_dim, q.dtype
         # Fold the GQA group into the query dim: q head h = kv_head * group + g.
         qd = q.index_select(0, c.tokens).view(c.batch, hkv, self.group, d)
-        if kv_pool.quantized:
+        if kv_pool.quantized and can_fold(dt):
             self._decode_quantized(c, layer, qd, kv_pool, out, lse)
             return
         kb, vb = self._gather(kv_pool, layer, c.rows, dt)
