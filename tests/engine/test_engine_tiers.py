@@ -81,3 +81,18 @@ def test_recompute_when_loading_is_measured_slower(model_fp32, uncached):
     assert [r.token_ids[0] for r in results] == expected
     assert engine.stats().tiers["l2"]["loaded_tokens"] == 0
     assert engine.stats().tiers["l2"]["demoted_tokens"] > 0
+
+
+def test_8bit_kv_scales_travel_with_the_pages(model_fp32):
+    """fp8 pages demoted and loaded back decode as before: the same tokens as fp8 with no
+    tiers (whose hits read the pool's own codes and scales)."""
+    plain = make_engine(model_fp32, kv_cache_dtype="fp8_e4m3")
+    prompts = scenario(plain)
+    pool = pool_for(prompts)
+    plain = make_engine(model_fp32, kv_cache_dtype="fp8_e4m3", kv_cache_tokens=pool)
+    expected = [r.token_ids[0] for r in run_in_turn(plain, prompts)]
+    engine = make_engine(model_fp32, kv_cache_dtype="fp8_e4m3", kv_cache_tokens=pool,
+                         kv_host_tokens=8 * pool)
+    results = run_in_turn(engine, prompts)
+    assert engine.stats().tiers["l2"]["loaded_tokens"] > 0
+    assert [r.token_ids[0] for r in results] == expected
