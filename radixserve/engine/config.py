@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 
 from radixserve.cache.eviction import POLICIES
 from radixserve.kv_sizing import KV_DTYPE_CHOICES
+from radixserve.planner.cli import parse_size
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -41,6 +42,8 @@ class EngineConfig:
     warmup_tokens: int | None = 32
     weights_cache_dir: str | None = None  # dequantized GGUF weights; None: default directory
     no_weights_cache: bool = False       # dequantize at every start instead
+    kv_disk_dir: str | None = None       # KV pages kept on disk, across restarts (L3)
+    kv_disk_bytes: int | None = None     # at most this much there; None: no bound
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -87,3 +90,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         "$RADIXSERVE_CACHE_DIR, else ~/.cache/radixserve)")
     g.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize GGUF weights at every start; write no cache")
+    g.add_argument("--kv-disk-dir", default=None,
+                   help="directory keeping KV pages across restarts: written on SIGTERM and "
+                        "POST /cache/save, read back at start (docs/tiers.md)")
+    g.add_argument("--kv-disk-bytes", type=parse_size, default=None,
+                   help="at most this many bytes of pages in --kv-disk-dir, e.g. 20GiB "
+                        "(default: no bound)")

@@ -59,6 +59,7 @@ class EngineStats:
     page_size: int = 1
     kv_pool_bytes: int = 0
     cache: dict = field(default_factory=dict)   # RadixCache counters (cached/evictable/locked tokens, nodes)
+    kv_disk: dict | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
 
 
 class OneProcessStats:

@@ -262,7 +262,7 @@ class DiskPageStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            return "another process is using it"
+            return "another server is using it (its lock is held)"
         self._lock_fd = fd
         return None
 

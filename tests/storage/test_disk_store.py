@@ -159,7 +159,7 @@ def test_second_process_on_the_same_directory_is_refused(tmp_path):
             f"print(DiskPageStore({str(tmp_path / 'kv')!r}, fingerprint()).refusal)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2], check=True).stdout
-    assert "another process" in out
+    assert "another server is using it" in out
     store.close()
 
 
