@@ -11,28 +11,39 @@ import struct
 
 import crc32c
 
-__all__ = ["HEADER", "BadBlob", "pack_header", "check_header", "check_payload"]
+__all__ = ["HEADER", "BadBlob", "StalePage", "pack_header", "check_header", "check_payload"]
 
-HEADER = struct.Struct("<8sQQII")     # magic, key, payload length, crc32c, reserved (0)
+HEADER = struct.Struct("<8sQQQI4x")   # magic, key, serial, payload length, crc32c
 
 
 class BadBlob(Exception):
     """A blob that must not be used (the message says why)."""
 
 
-def pack_header(magic: bytes, key: int, payload: bytes | memoryview) -> bytes:
-    return HEADER.pack(magic, key, len(payload), crc32c.crc32c(payload), 0)
+class StalePage(BadBlob):
+    """A complete page, but not the write the index names: its key was written again after
+    the index (a save that a crash cut short)."""
 
 
-def check_header(magic: bytes, key: int, header: bytes) -> tuple[int, int]:
-    """-> (payload length, crc) from a header that must carry `magic` and `key`."""
+def pack_header(magic: bytes, key: int, payload: bytes | memoryview, serial: int = 0) -> bytes:
+    """`serial` tells two writes of the same key apart (the disk store's write serial)."""
+    return HEADER.pack(magic, key, serial, len(payload), crc32c.crc32c(payload))
+
+
+def check_header(magic: bytes, key: int, header: bytes,
+                 serial: int | None = None) -> tuple[int, int]:
+    """-> (payload length, crc) from a header that must carry `magic`, `key` and (unless
+    None) `serial`."""
     if len(header) < HEADER.size:
         raise BadBlob(f"truncated header ({len(header)} of {HEADER.size} bytes)")
-    got_magic, got_key, length, crc, _ = HEADER.unpack(header)
+    got_magic, got_key, got_serial, length, crc = HEADER.unpack(header)
     if got_magic != magic:
         raise BadBlob(f"bad magic {got_magic!r}")
     if got_key != key:
         raise BadBlob(f"key {got_key:#x} in the header, {key:#x} expected")
+    if serial is not None and got_serial != serial:
+        raise StalePage(f"written by another save (serial {got_serial:#x}, the index "
+                        f"names {serial:#x})")
     return length, crc
 
 

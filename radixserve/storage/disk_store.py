@@ -18,8 +18,10 @@ the previous index or the new one, each naming complete pages. Opening a directo
   is logged) are removed.
 
 A page that fails its check when read is never returned: its file is removed, it is
-counted in `corrupt_pages` and logged once; the caller recomputes its tokens. Page keys are
-never reused (`new_page_key`): an old index can never name newer content.
+counted in `corrupt_pages` and logged once; the caller recomputes its tokens. A key may be
+written again once dropped; every write carries a serial in its header and the index
+records the serial of each page it names, so an index never serves a later write under an
+old name (such a page -- a crash between rewrite and index -- is dropped as `stale_pages`).
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
 import msgspec
 
 from .atomic_files import TMP_SUFFIX, fsync_dir, write_atomic
-from .checked_blob import HEADER, BadBlob, check_header, check_payload, pack_header
+from .checked_blob import HEADER, BadBlob, StalePage, check_header, check_payload, pack_header
 from .fingerprint import ModelFingerprint
 from .store_index import (INDEX_VERSION, IndexNode, StoreIndex, decode_index, encode_index,
                           restorable)
@@ -79,12 +82,14 @@ class DiskPageStore:
         self.fingerprint = fingerprint
         self.capacity_bytes = capacity_bytes
         self.corrupt_pages = 0
+        self.stale_pages = 0
         self.pages_dir = self.directory / PAGES_DIR
         self._lock = threading.Lock()
         self._sizes: dict[int, int] = {}        # page key -> file bytes
         self._used = 0
-        self._indexed: frozenset[int] = frozenset()   # keys named by the index on disk
+        self._serials: dict[int, int] = {}      # page key -> serial of its write
         self._next_key = 1
+        self._next_serial = time.time_ns()      # grows across restarts too
         self._lock_fd: int | None = None
         self.refusal: str | None = self._open()
         if self.refusal:
@@ -118,21 +123,22 @@ class DiskPageStore:
 
     def write_page(self, page_key: int, payload: bytes | memoryview) -> None:
         """Store one page (complete on disk when this returns). Raises StoreRefused,
-        DiskStoreFull (nothing written), ValueError for a key stored or indexed before."""
+        DiskStoreFull (nothing written), ValueError for a key stored now (drop it first)."""
         self._check_usable()
         size = HEADER.size + len(payload)
         with self._lock:
-            if page_key in self._sizes or page_key in self._indexed:
-                raise ValueError(f"page key {page_key:#x} was used before; take new ones "
-                                 "from new_page_key()")
+            if page_key in self._sizes:
+                raise ValueError(f"page key {page_key:#x} is stored; drop it first")
             if self.capacity_bytes is not None and self._used + size > self.capacity_bytes:
                 raise DiskStoreFull(size, self._used, self.capacity_bytes)
             self._sizes[page_key] = size          # reserved: concurrent writers see it
             self._used += size
             self._next_key = max(self._next_key, page_key + 1)
+            serial = self._serials[page_key] = self._next_serial
+            self._next_serial += 1
         try:
             write_atomic(self._page_path(page_key),
-                         [pack_header(PAGE_MAGIC, page_key, payload), payload])
+                         [pack_header(PAGE_MAGIC, page_key, payload, serial), payload])
         except BaseException:
             self._forget(page_key)
             raise
@@ -144,10 +150,18 @@ class DiskPageStore:
             return None
         try:
             with open(self._page_path(page_key), "rb") as f:
-                length, crc = check_header(PAGE_MAGIC, page_key, f.read(HEADER.size))
+                length, crc = check_header(PAGE_MAGIC, page_key, f.read(HEADER.size),
+                                           self._serials.get(page_key))
                 payload = f.read(length)
                 check_payload(payload, length, crc, trailing=bool(f.read(1)))
             return payload
+        except StalePage as e:
+            with self._lock:
+                self.stale_pages += 1
+            log.warning("KV disk store %s: page %#x %s; dropped, its tokens will be "
+                        "recomputed", self.directory, page_key, e)
+            self.drop_page(page_key)
+            return None
         except (BadBlob, OSError) as e:
             with self._lock:
                 self.corrupt_pages += 1
@@ -176,13 +190,13 @@ class DiskPageStore:
         keys = index.page_keys()
         with self._lock:
             missing = keys.difference(self._sizes)
+            serials = {k: self._serials[k] for k in keys if k in self._serials}
         if missing:
             raise ValueError(f"index names {len(missing)} pages not stored, e.g. "
                              f"{min(missing):#x}")
         fsync_dir(self.pages_dir)                 # the pages' renames are durable first
+        index = StoreIndex(index.version, index.fingerprint, index.nodes, serials)
         write_atomic(self.directory / INDEX_FILE, encode_index(index), sync_dir=True)
-        with self._lock:
-            self._indexed = frozenset(keys)
 
     def read_index(self) -> StoreIndex | None:
         """The index on disk, reduced to the nodes that can be restored (see
@@ -281,8 +295,7 @@ class DiskPageStore:
         self._next_key = highest + 1
 
     def _remove_unindexed(self) -> None:
-        """Remove the page files no restorable index node names: they can never be used.
-        Keys the index names stay reserved even when their pages are gone."""
+        """Remove the page files no restorable index node names: they can never be used."""
         raw = self._load_index()
         named = raw.page_keys() if raw is not None else set()
         index = self._restorable(raw)
@@ -296,7 +309,9 @@ class DiskPageStore:
             log.warning("KV disk store %s: ignored and removed %d page files that no "
                         "restorable index entry names (an interrupted save, or a damaged "
                         "index)", self.directory, len(unused))
-        self._indexed = frozenset(named)
+        if index is not None:
+            self._serials = {k: v for k, v in index.page_serials.items() if k in keep}
+            self._next_serial = max([self._next_serial, *(v + 1 for v in self._serials.values())])
         self._next_key = max([self._next_key, *(k + 1 for k in named)])
 
     def _load_index(self) -> StoreIndex | None:
@@ -333,6 +348,7 @@ class DiskPageStore:
     def _forget(self, page_key: int) -> bool:
         with self._lock:
             size = self._sizes.pop(page_key, None)
+            self._serials.pop(page_key, None)
             if size is not None:
                 self._used -= size
             return size is not None

@@ -39,6 +39,9 @@ class StoreIndex(msgspec.Struct):
     version: int
     fingerprint: ModelFingerprint
     nodes: list[IndexNode]
+    # The write serial of each named page (filled by DiskPageStore.write_index): a page
+    # file whose header carries another serial was rewritten after this index.
+    page_serials: dict[int, int] = {}
 
     def page_keys(self) -> set[int]:
         return {k for n in self.nodes for k in n.page_keys}
@@ -85,7 +88,9 @@ def restorable(index: StoreIndex, page_size: int, stored: Collection[int]) -> Re
         kept.append(node)
         namespaces[node.node_id] = node.namespace
         used.update(node.page_keys)
-    return Restorable(StoreIndex(index.version, index.fingerprint, kept), dropped)
+    keys = {k for n in kept for k in n.page_keys}
+    serials = {k: v for k, v in index.page_serials.items() if k in keys}
+    return Restorable(StoreIndex(index.version, index.fingerprint, kept, serials), dropped)
 
 
 def _problem(node: IndexNode, page_size: int, stored: Collection[int],

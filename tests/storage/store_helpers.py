@@ -25,10 +25,17 @@ def payload_for(key: int, size: int = 4096) -> bytes:
     return (block * (size // 64 + 1))[:size]
 
 
-def tokens_for(page_keys: list[int]) -> list[int]:
-    return [key * 100 + j for key in page_keys for j in range(PAGE_SIZE)]
+def tokens_for(contents: list[int]) -> list[int]:
+    """An edge's tokens naming the content of each of its pages (`payload_for(c)`)."""
+    return [c * 100 + j for c in contents for j in range(PAGE_SIZE)]
+
+
+def contents_of(token_ids: list[int]) -> list[int]:
+    return [t // 100 for t in token_ids[::PAGE_SIZE]]
 
 
 def node(node_id: int, parent_id: int | None, page_keys: list[int],
-         namespace: str | None = None) -> IndexNode:
-    return IndexNode(node_id, parent_id, namespace, tokens_for(page_keys), list(page_keys))
+         namespace: str | None = None, contents: list[int] | None = None) -> IndexNode:
+    """A node whose page i holds `payload_for(contents[i])` (default: its key)."""
+    return IndexNode(node_id, parent_id, namespace, tokens_for(contents or page_keys),
+                     list(page_keys))

@@ -52,9 +52,32 @@ def test_pages_and_index_round_trip_across_reopen(tmp_path):
     assert again.new_page_key() > max(keys)           # keys are never reused
     again.drop_page(keys[2])
     assert not page_file(again, keys[2]).exists() and again.read_page(keys[2]) is None
-    with pytest.raises(ValueError, match="used before"):
-        again.write_page(keys[2], b"other content")   # an index on disk still names it
     assert again.corrupt_pages == 0
+
+
+def test_a_key_written_again_after_the_index_is_never_served_under_the_old_name(tmp_path,
+                                                                               caplog):
+    """Drop a page the index names, write other content under its key, crash before the
+    next index: the old index must not serve the new content."""
+    store, keys = filled_store(tmp_path / "kv")
+    store.drop_page(keys[2])
+    store.write_page(keys[2], payload_for(999))
+    with pytest.raises(ValueError, match="drop it first"):
+        store.write_page(keys[2], payload_for(998))
+    assert store.read_page(keys[2]) == payload_for(999)  # its own write, before any index
+    store.close()                                        # "crash": no new index
+    again = DiskPageStore(tmp_path / "kv", fingerprint())
+    assert keys[2] in again.page_keys()                  # named by the old index
+    with caplog.at_level(logging.WARNING, logger="radixserve.storage"):
+        assert again.read_page(keys[2]) is None
+    assert again.stale_pages == 1 and again.corrupt_pages == 0
+    assert "written by another save" in caplog.records[-1].getMessage()
+    assert again.read_page(keys[0]) == payload_for(keys[0])
+    again.write_page(keys[2], payload_for(997))          # and a new index adopts it
+    again.write_index(again.read_index())
+    again.close()
+    third = DiskPageStore(tmp_path / "kv", fingerprint())
+    assert third.read_page(keys[2]) == payload_for(997) and third.stale_pages == 0
 
 
 def test_flipped_byte_is_never_served(tmp_path, caplog):
@@ -173,7 +196,7 @@ def test_capacity_and_index_checks(tmp_path):
     assert store.page_keys() == [a, b]
     with pytest.raises(ValueError, match="not stored"):
         store.write_index(store.new_index([node(1, None, [a, c])]))
-    with pytest.raises(ValueError, match="used before"):
+    with pytest.raises(ValueError, match="drop it first"):
         store.write_page(a, payload_for(a))
     store.drop_page(a)
     store.write_page(c, payload_for(c))               # the freed bytes are usable again
