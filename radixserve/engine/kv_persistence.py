@@ -109,6 +109,7 @@ class KVPersistence:
                 "capacity_bytes": self.store.capacity_bytes,
                 "pages": len(self.store.page_keys()),
                 "corrupt_pages": self.store.corrupt_pages,
+                "stale_pages": self.store.stale_pages,
                 "restored_tokens": self.restored.tokens if self.restored else 0,
                 "saves": self.saves,
                 "last_save": self.last_save.as_dict() if self.last_save else None}

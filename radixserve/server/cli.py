@@ -138,6 +138,10 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
     print(f"radixserve: serving {state.info.name!r} on http://{host}:{port} "
           f"(context {state.info.max_model_len} tokens)", flush=True)
     print(f"radixserve: {describe_pool(engine)}", flush=True)
+    disk = engine.stats().kv_disk
+    if disk is not None:
+        print(f"radixserve: KV disk store {disk['dir']}: restored {disk['restored_tokens']} "
+              f"tokens, {disk['pages']} pages on disk", flush=True)
     print(f"radixserve: {timer.summary()}", flush=True)
     print(f"radixserve: cache view on http://{host}:{port}/ui", flush=True)
     runner = getattr(engine, "runner", None)     # None: replicas behind Ray Serve
