@@ -44,10 +44,11 @@ class EngineConfig:
     # Tiers below the KV pool (docs/tiers.md): host memory (L2) and a disk directory (L3).
     kv_host_tokens: int | None = None    # host tier size in tokens (None/0: no host tier)
     kv_host_bytes: int | None = None     #   or in bytes
-    kv_disk_dir: str | None = None       # disk tier directory (None: no disk tier)
-    kv_disk_bytes: int | None = None     # disk tier size (None: DEFAULT_KV_DISK_BYTES)
     weights_cache_dir: str | None = None  # dequantized GGUF weights; None: default directory
     no_weights_cache: bool = False       # dequantize at every start instead
+    kv_disk_dir: str | None = None       # KV pages kept on disk, across restarts (L3)
+    kv_disk_bytes: int | None = None     # at most this much there; None: no bound
+                                         #   (the live disk tier: DEFAULT_KV_DISK_BYTES)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -95,14 +96,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         "docs/tiers.md)")
     g.add_argument("--kv-host-bytes", type=parse_size, default=None,
                    help="the host tier's size in bytes instead (e.g. 8GiB)")
-    g.add_argument("--kv-disk-dir", default=None,
-                   help="disk tier below the host tier: evicted prefixes are written to this "
-                        "directory (checksummed) and loaded back")
-    g.add_argument("--kv-disk-bytes", type=parse_size, default=None,
-                   help=f"the disk tier's size (default: "
-                        f"{DEFAULT_KV_DISK_BYTES // 2**30}GiB)")
     g.add_argument("--weights-cache-dir", default=None,
                    help="where a GGUF's dequantized weights are kept between starts (default: "
                         "$RADIXSERVE_CACHE_DIR, else ~/.cache/radixserve)")
     g.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize GGUF weights at every start; write no cache")
+    g.add_argument("--kv-disk-dir", default=None,
+                   help="directory of KV pages on disk: the tier below host memory (evicted "
+                        "prefixes written there, checksummed, and loaded back; in tier/) and "
+                        "the cache kept across restarts: written on SIGTERM and POST "
+                        "/cache/save, read back at start (docs/tiers.md)")
+    g.add_argument("--kv-disk-bytes", type=parse_size, default=None,
+                   help=f"at most this many bytes of pages in --kv-disk-dir, e.g. 20GiB, for "
+                        f"the saved cache and for the disk tier each (default: saved cache "
+                        f"unbounded, disk tier {DEFAULT_KV_DISK_BYTES // 2**30}GiB)")

@@ -11,7 +11,7 @@ import re
 import msgspec
 
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
-                                      QueueFull)
+                                      NoDiskStore, QueueFull)
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
@@ -92,6 +92,8 @@ def api_error_from(exc: BaseException) -> ApiError:
     if isinstance(exc, CacheBusy):
         return ApiError(409, f"cannot flush the cache while requests are running ({exc})",
                         type="conflict_error", code="cache_busy")
+    if isinstance(exc, NoDiskStore):
+        return ApiError(409, str(exc), type="conflict_error", code="no_disk_store")
     if isinstance(exc, msgspec.DecodeError):
         return from_decode_error(exc)
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}",

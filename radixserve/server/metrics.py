@@ -57,6 +57,12 @@ class EngineCollector(Collector):
                              ("locked", s.pages_locked), ("private", s.pages_private)):
             pages.add_metric([state], value)
         yield pages
+        if s.kv_disk is not None:                    # --kv-disk-dir
+            yield CounterMetricFamily("radixserve_kv_disk_corrupt_pages",
+                                      "KV pages on disk that failed their checksum (dropped, "
+                                      "recomputed)", value=s.kv_disk["corrupt_pages"])
+            yield GaugeMetricFamily("radixserve_kv_disk_bytes", "Bytes of KV pages on disk",
+                                    value=s.kv_disk["used_bytes"])
 
 
 class ServerMetrics:
