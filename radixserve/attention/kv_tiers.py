@@ -15,6 +15,7 @@ are read before the step writes into them.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ import torch
 
 from radixserve.attention.kv_pool import KVPool
 from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
+
+log = logging.getLogger(__name__)
 
 __all__ = ["HostKVPool", "MoveTimes", "PageWriter", "TierMover", "page_nbytes", "pool_tensors"]
 
@@ -80,6 +83,7 @@ class TierMover:
         sizes = [t[0].numel() * t.element_size() for t in self.pool_tensors]
         self.parts = list(zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes))
         self.page_bytes = sum(sizes)
+        self.failed_writes = 0
 
     def run(self, moves: Sequence[DemoteOrder | LoadOrder]) -> MoveTimes:
         times = MoveTimes()
@@ -131,7 +135,13 @@ class TierMover:
             return
         assert mv.dst_tier == DISK
         for key, payload in zip(mv.dst.tolist(), self._to_bytes(rows)):
-            self.disk.write_page(key, payload)
+            try:
+                self.disk.write_page(key, payload)
+            except Exception as e:      # full, refused, I/O: the page reads as missing
+                self.failed_writes += 1
+                if self.failed_writes == 1:
+                    log.warning("disk tier: a page write failed (%s: %s); such pages are "
+                                "recomputed when needed", type(e).__name__, e)
 
     def _load(self, mv: LoadOrder) -> None:
         if mv.src_tier == HOST:

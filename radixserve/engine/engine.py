@@ -49,7 +49,6 @@ class Engine(OneProcessStats):
         self.page_size = config.page_size
         self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
         self.tier_costs = TierCosts()
-        self.tiers = make_tiers(config, self.runner, self.tree)
         self.memory = PagedMemory(self.runner.num_pages, self.tree)
         self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache,
                                          costs=self.tier_costs)
@@ -75,6 +74,8 @@ class Engine(OneProcessStats):
         self._step_lock = asyncio.Lock()
         self.persistence = open_persistence(config, self.runner, self.tree, self.memory,
                                             self._on_compute, self._step_lock)
+        self.tiers = make_tiers(config, self.runner, self.tree,
+                                disk_ok=self.persistence is not None)
 
     async def _on_compute(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -137,6 +138,8 @@ class Engine(OneProcessStats):
             log.info("KV disk store: saved on shutdown: %s", report.as_dict())
         if self.persistence is not None:
             self.persistence.store.close()      # another engine may open the directory
+        if self.tiers is not None and self.tiers.disk is not None:
+            self.tiers.disk.close()
 
     async def save_cache(self, deadline: float | None = None) -> dict:
         """Write the cache to --kv-disk-dir now (POST /cache/save); requests keep running.

@@ -7,15 +7,18 @@ the disk writer: attention/kv_tiers.py) are sized here from the same page size i
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from radixserve.attention.kv_tiers import page_nbytes
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.cache.tiers import DISK, HOST, TIER_NAMES, LowerTiers
 from radixserve.engine.compute_thread import on_compute_thread
-from radixserve.engine.config import EngineConfig
+from radixserve.engine.config import DEFAULT_KV_DISK_BYTES, EngineConfig
 from radixserve.engine.tier_costs import TierCosts
 
 log = logging.getLogger(__name__)
+
+TIER_SUBDIR = "tier"
 
 
 def tier_pages(tokens: int | None, nbytes: int | None, page_size: int, page_bytes: int) -> int:
@@ -27,16 +30,18 @@ def tier_pages(tokens: int | None, nbytes: int | None, page_size: int, page_byte
     return 0
 
 
-def make_tiers(config: EngineConfig, runner, tree: RadixCache) -> LowerTiers | None:
+def make_tiers(config: EngineConfig, runner, tree: RadixCache,
+               disk_ok: bool) -> LowerTiers | None:
     """The engine's LowerTiers (None when no tier is configured or the cache is off); the
-    runner gets the host slots and the disk writer."""
+    runner gets the host slots and the disk writer. `disk_ok`: --kv-disk-dir was accepted
+    (by the persistence, which opened it first); a refused directory is left untouched."""
     if config.disable_radix_cache:
         return None
     ps = config.page_size
     page_bytes = page_nbytes(runner.kv_pool)
     host_pages = tier_pages(config.kv_host_tokens, config.kv_host_bytes, ps, page_bytes)
     disk_pages, store = 0, None
-    if config.kv_disk_dir:
+    if config.kv_disk_dir and disk_ok:
         store, disk_pages = open_disk_tier(config, runner, page_bytes)
     if not host_pages and not disk_pages:
         return None
@@ -48,8 +53,19 @@ def make_tiers(config: EngineConfig, runner, tree: RadixCache) -> LowerTiers | N
 
 
 def open_disk_tier(config: EngineConfig, runner, page_bytes: int):
-    """(page store, pages) of the --kv-disk-dir tier."""
-    raise NotImplementedError("--kv-disk-dir needs radixserve.storage (not merged yet)")
+    """(page store, pages) of the disk tier: its own store in --kv-disk-dir/tier (its own
+    keys and budget; no index: what it holds does not outlive the process -- the saved
+    cache beside it does)."""
+    from radixserve.engine.kv_persistence import engine_fingerprint
+    from radixserve.storage import DiskPageStore
+    from radixserve.storage.checked_blob import HEADER
+
+    capacity = config.kv_disk_bytes or DEFAULT_KV_DISK_BYTES
+    store = DiskPageStore(Path(config.kv_disk_dir) / TIER_SUBDIR,
+                          engine_fingerprint(config, runner), capacity)
+    if not store.usable:
+        return None, 0
+    return store, capacity // (page_bytes + HEADER.size)
 
 
 def tier_stats(tiers: LowerTiers, costs: TierCosts) -> dict:

@@ -96,3 +96,55 @@ def test_8bit_kv_scales_travel_with_the_pages(model_fp32):
     results = run_in_turn(engine, prompts)
     assert engine.stats().tiers["l2"]["loaded_tokens"] > 0
     assert [r.token_ids[0] for r in results] == expected
+
+
+@pytest.mark.parametrize("host", [False, True], ids=["disk", "host+disk"])
+def test_a_prefix_demoted_to_disk_is_loaded_back(model_fp32, uncached, tmp_path, host):
+    prompts, expected = uncached
+    pool = pool_for(prompts)
+    engine = make_engine(model_fp32, kv_cache_tokens=pool, kv_disk_dir=str(tmp_path),
+                         kv_host_tokens=pool // 2 if host else None)
+    results = run_in_turn(engine, prompts)
+    assert [r.token_ids[0] for r in results] == expected
+    tiers = engine.stats().tiers
+    assert tiers["l3"]["demoted_tokens"] > 0 and tiers["l3"]["loaded_tokens"] > 0
+    assert results[-1].final.usage.cached_tokens >= len(chat_ids(engine, "")) - 8
+    assert tiers["corrupt_pages"] == 0
+
+
+def test_a_flipped_byte_on_disk_is_recomputed(model_fp32, uncached, tmp_path):
+    """Every page of A on disk gets one byte flipped before A comes back: its replies are
+    still the cache-off ones, the bad pages are never served, and they are counted."""
+    prompts, expected = uncached
+    pool = pool_for(prompts)
+    engine = make_engine(model_fp32, kv_cache_tokens=pool, kv_disk_dir=str(tmp_path))
+    flipped = []
+
+    def flip_all_disk_pages():
+        for path in sorted((tmp_path / "tier").rglob("*")):
+            if path.is_file() and path.stat().st_size > 4096:
+                data = bytearray(path.read_bytes())
+                data[-100] ^= 0x40
+                path.write_bytes(bytes(data))
+                flipped.append(path)
+
+    async def main():
+        await engine.start()
+        try:
+            out = []
+            for i, p in enumerate(prompts):
+                if i == len(prompts) - 1:
+                    flip_all_disk_pages()
+                out.append(await collect(engine.generate(p, GREEDY)))
+                await wait_idle(engine)
+                engine.check_invariants()
+            return out
+        finally:
+            await engine.shutdown()
+
+    results = asyncio.run(main())
+    assert flipped
+    assert [r.token_ids[0] for r in results] == expected
+    stats = engine.stats().tiers
+    assert stats["corrupt_pages"] == 1          # the first bad page ends the load
+    assert stats["l3"]["loaded_tokens"] == 0
