@@ -144,7 +144,17 @@ def stats_body(s) -> dict:
         },
         "requests": {"running": s.running, "waiting": s.waiting, "preemptions": s.preemptions},
         "kv_disk": s.kv_disk,
+        "tiers": tier_body(s),
     }
+
+
+def tier_body(s) -> dict | None:
+    """Hits by tier (l1: the KV pool) and each lower tier's use and movement."""
+    if not s.tiers:
+        return None
+    loaded = {n: s.tiers[n]["loaded_tokens"] for n in ("l2", "l3")}
+    hits = {"l1": max(0, s.prefix_hit_tokens - sum(loaded.values())), **loaded}
+    return {"hit_tokens": hits, **s.tiers}
 
 
 def tenant_namespace(who: Caller, action: str) -> str | None:
