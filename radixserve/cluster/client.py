@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
-from radixserve.engine.errors import CacheBusy, PinConflict, UnknownPin
+from radixserve.engine.errors import CacheBusy, NoDiskStore, PinConflict, UnknownPin
 from radixserve.engine.outputs import EngineStats, RequestOutput
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -111,7 +111,10 @@ class RayEngineClient:
             await asyncio.sleep(0.05)
         await self.refresh_stats()
 
-    async def shutdown(self, grace_s: float = 0.0) -> None:
+    async def save_cache(self) -> dict:
+        raise NoDiskStore("--kv-disk-dir is not supported with --replicas")
+
+    async def shutdown(self, grace_s: float = 0.0, save_by: float | None = None) -> None:
         for response in list(self._live.values()):
             response.cancel()
         if self.teardown is not None:

@@ -22,8 +22,9 @@ from radixserve.cache.radix_cache import CacheLockedError, RadixCache
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
+from radixserve.engine.kv_persistence import open_persistence
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
-                                      PinConflict, QueueFull)
+                                      NoDiskStore, PinConflict, QueueFull)
 from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.outputs import EngineStats, OneProcessStats, RequestOutput
 from radixserve.engine.pins import PinBook, PinInfo, in_namespace
@@ -33,6 +34,8 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
 from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
+from radixserve.engine.tier_costs import TierCosts
+from radixserve.engine.tier_setup import make_tiers, tier_stats
 from radixserve.engine.validation import check_request
 from radixserve.model import LoadedModel
 
@@ -47,8 +50,10 @@ class Engine(OneProcessStats):
         self.runner = on_compute_thread(ModelRunner, config, loaded)
         self.page_size = config.page_size
         self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
+        self.tier_costs = TierCosts()
         self.memory = PagedMemory(self.runner.num_pages, self.tree)
-        self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache)
+        self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache,
+                                         costs=self.tier_costs)
         self.pool_tokens = self.runner.num_pages * config.page_size
         self.max_model_len = self._max_model_len()
         self.pins = PinBook(self.memory, self._pin_limit())
@@ -68,6 +73,15 @@ class Engine(OneProcessStats):
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._failure: str | None = None
+        # Held by each step (schedule, forward, complete) and by the disk saves' page copies.
+        self._step_lock = asyncio.Lock()
+        self.persistence = open_persistence(config, self.runner, self.tree, self.memory,
+                                            self._on_compute, self._step_lock)
+        self.tiers = make_tiers(config, self.runner, self.tree,
+                                disk_ok=self.persistence is not None)
+
+    async def _on_compute(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _max_model_len(self) -> int:
         model_len = self.loaded.config.max_position_embeddings
@@ -107,6 +121,8 @@ class Engine(OneProcessStats):
     async def start(self) -> None:
         if self._task is None:
             await self._warm_up()
+            if self.persistence is not None and self.persistence.restored is None:
+                await self.persistence.restore()
             self._wake = asyncio.Event()
             self._stopping = False
             self._task = asyncio.get_running_loop().create_task(self._run_loop())
@@ -127,8 +143,29 @@ class Engine(OneProcessStats):
         finally:
             self.memory.free(pages)
 
-    async def shutdown(self, grace_s: float = 0.0) -> None:
-        """Stop taking requests, let running ones finish for `grace_s`, abort the rest."""
+    async def shutdown(self, grace_s: float = 0.0, save_by: float | None = None) -> None:
+        """Stop taking requests, let running ones finish for `grace_s`, abort the rest;
+        then, with --kv-disk-dir, save the cache to disk, copying pages until `save_by`
+        (time.monotonic; None: all of them)."""
+        await self._stop_loop(grace_s)
+        # Only after a restore: the tree then holds what the directory did (or more).
+        if (self.persistence is not None and self.persistence.restored is not None
+                and self._failure is None):
+            report = await self.persistence.save(save_by)
+            log.info("KV disk store: saved on shutdown: %s", report.as_dict())
+        if self.persistence is not None:
+            self.persistence.store.close()      # another engine may open the directory
+        if self.tiers is not None and self.tiers.disk is not None:
+            self.tiers.disk.close()
+
+    async def save_cache(self, deadline: float | None = None) -> dict:
+        """Write the cache to --kv-disk-dir now (POST /cache/save); requests keep running.
+        Raises NoDiskStore without one."""
+        if self.persistence is None:
+            raise NoDiskStore("the server was started without a usable --kv-disk-dir")
+        return (await self.persistence.save(deadline)).as_dict()
+
+    async def _stop_loop(self, grace_s: float) -> None:
         self._stopping = True
         if self._task is None:
             return
@@ -308,27 +345,44 @@ class Engine(OneProcessStats):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            try:
-                plan = self.core.schedule()
-            except Exception as exc:  # a scheduler bug must not leave requests hanging
-                log.exception("scheduling step %d failed", self.scheduler.step)
-                self.core.fail_all(exc)
-                continue
-            if not plan.batch:
+            async with self._step_lock:
+                stepped = await self._step(loop)
+            if not stepped:
                 # Nothing fits right now (all waiting, memory short): let aborts arrive.
                 await asyncio.sleep(0.001)
-                continue
-            try:
-                result = await loop.run_in_executor(self._executor, self.runner.execute, plan.batch)
-            except Exception as exc:  # a failed step fails its requests, not the engine
-                log.exception("step %d failed", self.scheduler.step)
-                self.core.fail_step(plan, exc)
-                continue
-            try:
-                self.core.complete(plan, result)
-            except Exception as exc:
-                log.exception("completing step %d failed", self.scheduler.step)
-                self.core.fail_all(exc)
+
+    async def _step(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """One step: schedule, forward pass, complete. False when nothing could run."""
+        try:
+            plan = self.core.schedule()
+        except Exception as exc:  # a scheduler bug must not leave requests hanging
+            log.exception("scheduling step %d failed", self.scheduler.step)
+            self.core.fail_all(exc)
+            return True
+        if not plan.batch:
+            return False
+        try:
+            result = await loop.run_in_executor(self._executor, self.runner.execute, plan.batch)
+        except Exception as exc:  # a failed step fails its requests, not the engine
+            log.exception("step %d failed", self.scheduler.step)
+            self.core.fail_step(plan, exc)
+            return True
+        self._observe_costs(plan.batch)
+        try:
+            self.core.complete(plan, result)
+        except Exception as exc:
+            log.exception("completing step %d failed", self.scheduler.step)
+            self.core.fail_all(exc)
+        return True
+
+    def _observe_costs(self, batch) -> None:
+        """Feed what the step's moves and forward pass took to the load-or-compute choice."""
+        if self.tiers is None:
+            return
+        moves = self.runner.last_moves      # disk loads are timed at admission (reads)
+        if "l2->l1" in moves.tokens:
+            self.tier_costs.observe_load(2, moves.tokens["l2->l1"], moves.seconds["l2->l1"])
+        self.tier_costs.observe_prefill(batch.num_tokens, self.runner.last_forward_seconds)
 
     # ---- introspection ------------------------------------------------------------
 
@@ -354,6 +408,9 @@ class Engine(OneProcessStats):
             "hit_tokens": s.prefix_hit_tokens,
             "enabled": not self.config.disable_radix_cache,
         }
+        if self.tiers is not None:
+            s.tiers = tier_stats(self.tiers, self.tier_costs)
+        s.kv_disk = self.persistence.stats() if self.persistence is not None else None
         return s
 
     def cache_summary(self, top_k: int = 20) -> dict:

@@ -26,6 +26,10 @@ class CacheBusy(EngineError):
     """The cache cannot be flushed while requests hold pages (HTTP 409)."""
 
 
+class NoDiskStore(EngineError):
+    """A disk operation (POST /cache/save) on an engine without --kv-disk-dir (HTTP 409)."""
+
+
 class EngineStopped(EngineError):
     """The engine is shutting down and accepts no new requests (HTTP 503)."""
 

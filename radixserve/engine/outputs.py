@@ -62,6 +62,8 @@ class EngineStats:
     pinned_prefixes: int = 0
     pinned_tokens_limit: int = 0   # --max-pinned-tokens in effect
     cache: dict = field(default_factory=dict)   # RadixCache counters (cached/evictable/locked tokens, nodes)
+    tiers: dict = field(default_factory=dict)   # host/disk tiers (engine/tier_setup.tier_stats)
+    kv_disk: dict | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
 
 
 class OneProcessStats:

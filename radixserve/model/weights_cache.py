@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from radixserve.file_hash import file_sha256
+
 from .checked_safetensors import DTYPE_NAMES, BadFile, read_checked, write_checked
 
 log = logging.getLogger(__name__)
@@ -42,14 +44,6 @@ def default_cache_dir() -> Path:
         return Path(os.environ[CACHE_DIR_ENV]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "radixserve"
-
-
-def file_sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            digest.update(chunk)              # releases the GIL: other threads run
-    return digest.hexdigest()
 
 
 @lru_cache(maxsize=1)

@@ -138,19 +138,27 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
     print(f"radixserve: serving {state.info.name!r} on http://{host}:{port} "
           f"(context {state.info.max_model_len} tokens)", flush=True)
     print(f"radixserve: {describe_pool(engine)}", flush=True)
+    disk = engine.stats().kv_disk
+    if disk is not None:
+        print(f"radixserve: KV disk store {disk['dir']}: restored {disk['restored_tokens']} "
+              f"tokens, {disk['pages']} pages on disk", flush=True)
     print(f"radixserve: {timer.summary()}", flush=True)
     print(f"radixserve: cache view on http://{host}:{port}/ui", flush=True)
     runner = getattr(engine, "runner", None)     # None: replicas behind Ray Serve
     if runner is not None:
         print(f"radixserve: {runner.describe_kv_cache()}", flush=True)
+    save_by = None              # with a disk store, the last half of the grace is the save's
     try:
         await stop.wait()
         started = time.monotonic()
         print("radixserve: shutting down", flush=True)
-        await drain_and_stop(server, config.shutdown_grace_s)
+        grace = config.shutdown_grace_s
+        if engine.stats().kv_disk is not None:
+            save_by, grace = started + grace, grace / 2
+        await drain_and_stop(server, grace)
         drained = time.monotonic()
     finally:
-        await engine.shutdown()
+        await engine.shutdown(save_by=save_by)
     print(f"radixserve: stopped (drain {drained - started:.2f} s, "
           f"engine {time.monotonic() - drained:.2f} s)", flush=True)
 

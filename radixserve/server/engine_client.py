@@ -38,7 +38,7 @@ class EngineClient(Protocol):
 
     async def start(self) -> None: ...
 
-    async def shutdown(self, grace_s: float = 0.0) -> None: ...
+    async def shutdown(self, grace_s: float = 0.0, save_by: float | None = None) -> None: ...
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  namespace: str | None = None,
@@ -64,6 +64,10 @@ class EngineClient(Protocol):
 
     def flush_cache(self) -> None:
         """Drop every namespace's cached prefixes (CacheBusy while requests run)."""
+        ...
+
+    async def save_cache(self) -> dict:
+        """Write the cache to --kv-disk-dir now (NoDiskStore without one); the report."""
         ...
 
     def flush_namespace(self, namespace: str | None) -> int | Awaitable[int]:

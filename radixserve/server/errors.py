@@ -11,7 +11,8 @@ import re
 import msgspec
 
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
-                                      PinConflict, PinLimitExceeded, QueueFull, UnknownPin)
+                                      NoDiskStore, PinConflict, PinLimitExceeded, QueueFull,
+                                      UnknownPin)
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
@@ -96,6 +97,8 @@ def api_error_from(exc: BaseException) -> ApiError:
     if isinstance(exc, CacheBusy):
         return ApiError(409, f"cannot flush the cache now: {exc}",
                         type="conflict_error", code="cache_busy")
+    if isinstance(exc, NoDiskStore):
+        return ApiError(409, str(exc), type="conflict_error", code="no_disk_store")
     if isinstance(exc, PinLimitExceeded):
         return ApiError(409, str(exc), type="conflict_error", code=exc.code,
                         extra={"requested_tokens": exc.requested, "pinned_tokens": exc.pinned,

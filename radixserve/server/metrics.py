@@ -62,6 +62,49 @@ class EngineCollector(Collector):
                              ("locked", s.pages_locked), ("private", s.pages_private)):
             pages.add_metric([state], value)
         yield pages
+        if s.kv_disk is not None:                    # --kv-disk-dir
+            yield CounterMetricFamily("radixserve_kv_disk_corrupt_pages",
+                                      "KV pages on disk that failed their checksum (dropped, "
+                                      "recomputed)", value=s.kv_disk["corrupt_pages"])
+            yield GaugeMetricFamily("radixserve_kv_disk_bytes", "Bytes of KV pages on disk",
+                                    value=s.kv_disk["used_bytes"])
+        if s.tiers:                                  # --kv-host-tokens / --kv-disk-dir
+            yield from tier_metrics(s)
+
+
+def tier_metrics(s: EngineStats) -> Iterator[Metric]:
+    """Hits, loads, demotions and bytes moved by tier (docs/tiers.md)."""
+    t = s.tiers
+    lower = ("l2", "l3")
+    hits = CounterMetricFamily("radixserve_kv_tier_hits_tokens",
+                               "Prompt tokens served from the cache, by the tier they were in",
+                               labels=["tier"])
+    loaded = sum(t[n]["loaded_tokens"] for n in lower)
+    hits.add_metric(["l1"], max(0, s.prefix_hit_tokens - loaded))
+    for n in lower:
+        hits.add_metric([n], t[n]["loaded_tokens"])
+    yield hits
+    for key, doc in (("demoted_tokens", "Tokens written down into a tier"),
+                     ("loaded_tokens", "Tokens loaded from a tier into the KV pool")):
+        family = CounterMetricFamily(f"radixserve_kv_tier_{key}", doc, labels=["tier"])
+        for n in lower:
+            family.add_metric([n], t[n][key])
+        yield family
+    moved = CounterMetricFamily("radixserve_kv_tier_bytes", "Bytes moved into and out of a tier",
+                                labels=["tier", "direction"])
+    for n in lower:
+        moved.add_metric([n, "in"], t[n]["bytes_in"])
+        moved.add_metric([n, "out"], t[n]["bytes_out"])
+    yield moved
+    yield CounterMetricFamily("radixserve_kv_tier_unreadable_pages",
+                              "Disk-tier pages missing or failing their checksum (recomputed)",
+                              value=t["corrupt_pages"])
+    held = GaugeMetricFamily("radixserve_kv_tier_tokens", "Tokens held and capacity by tier",
+                             labels=["tier", "kind"])
+    for n in lower:
+        held.add_metric([n, "cached"], t[n]["cached_tokens"])
+        held.add_metric([n, "capacity"], t[n]["capacity_tokens"])
+    yield held
 
 
 class ServerMetrics:

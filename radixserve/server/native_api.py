@@ -146,9 +146,20 @@ def stats_body(s) -> dict:
             "usage": 1.0 - (s.pages_free / s.pages_total) if s.pages_total else 0.0,
         },
         "requests": {"running": s.running, "waiting": s.waiting, "preemptions": s.preemptions},
+        "kv_disk": s.kv_disk,
+        "tiers": tier_body(s),
         "pins": {"pinned_tokens": s.pinned_tokens, "pinned_prefixes": s.pinned_prefixes,
                  "max_pinned_tokens": s.pinned_tokens_limit},
     }
+
+
+def tier_body(s) -> dict | None:
+    """Hits by tier (l1: the KV pool) and each lower tier's use and movement."""
+    if not s.tiers:
+        return None
+    loaded = {n: s.tiers[n]["loaded_tokens"] for n in ("l2", "l3")}
+    hits = {"l1": max(0, s.prefix_hit_tokens - sum(loaded.values())), **loaded}
+    return {"hit_tokens": hits, **s.tiers}
 
 
 def pin_entries(pins: list[PinInfo]) -> list[P.PinEntry]:
@@ -213,6 +224,15 @@ async def cache_flush(request: web.Request) -> web.Response:
                           "pages_free": after.pages_free})
 
 
+async def cache_save(request: web.Request) -> web.Response:
+    """Write the cache to --kv-disk-dir now (admins); 409 without a disk store."""
+    state = request.app[STATE]
+    if not caller(request).admin:
+        raise ApiError(403, "saving the cache to disk needs an admin key (--admin-api-key)",
+                       type="permission_error", code="admin_key_required")
+    return json_response({"saved": True, **await state.engine.save_cache()})
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = request.app[STATE].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
@@ -223,4 +243,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/cache/stats", cache_stats)
     app.router.add_post("/cache/flush", cache_flush)
+    app.router.add_post("/cache/save", cache_save)
     app.router.add_get("/metrics", metrics)

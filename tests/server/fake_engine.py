@@ -13,8 +13,8 @@ import uuid
 from dataclasses import dataclass
 
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.errors import (CacheBusy, EngineStopped, PinLimitExceeded, QueueFull,
-                                      UnknownPin)
+from radixserve.engine.errors import (CacheBusy, EngineStopped, NoDiskStore, PinLimitExceeded,
+                                      QueueFull, UnknownPin)
 from radixserve.engine.outputs import (EngineStats, OneProcessStats, RequestOutput,
                                       TokenLogprob, Usage)
 from radixserve.engine.pins import PinInfo
@@ -79,7 +79,10 @@ class FakeEngine(OneProcessStats):
     async def start(self) -> None:
         self.stopped = False
 
-    async def shutdown(self, grace_s: float = 0) -> None:
+    async def save_cache(self) -> dict:
+        raise NoDiskStore("the fake engine has no disk store")
+
+    async def shutdown(self, grace_s: float = 0, save_by: float | None = None) -> None:
         self.stopped = True
         for live in self.live.values():
             live.aborted = True

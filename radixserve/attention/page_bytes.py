@@ -1,0 +1,60 @@
+"""A KV pool page as bytes and back: what the disk store keeps of it.
+
+One page's payload is, in order, the page's slice of every K layer, every V layer, then
+(8-bit formats only) every K scale layer and every V scale layer, each as its raw stored
+bytes (codes stay codes: a restored page decodes exactly as the original). Its length is
+`page_payload_bytes(pool)`, the pool's own arithmetic (kv_sizing) for `page_size` tokens.
+Runs on the compute thread, batched: one gather per pool tensor, not one per page.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .kv_pool import KVPool
+
+__all__ = ["page_payload_bytes", "pages_to_bytes", "bytes_to_pages"]
+
+
+def _tensors(pool: KVPool) -> list[torch.Tensor]:
+    return pool.k + pool.v + (pool.k_scale or []) + (pool.v_scale or [])
+
+
+def page_payload_bytes(pool: KVPool) -> int:
+    return pool.bytes_per_token * pool.page_size
+
+
+def pages_to_bytes(pool: KVPool, pages: Sequence[int]) -> list[bytes]:
+    """The payload of each page in `pages` (pool page ids)."""
+    if not len(pages):
+        return []
+    index = torch.as_tensor(np.asarray(pages, dtype=np.int64), device=pool.device)
+    parts = []                                   # per tensor: uint8 [n, bytes of one page]
+    for t in _tensors(pool):
+        rows = t.index_select(0, index).view(torch.uint8).reshape(len(pages), -1)
+        parts.append(rows.cpu().numpy())
+    joined = np.concatenate(parts, axis=1)       # [n, payload bytes]
+    return [joined[i].tobytes() for i in range(len(pages))]
+
+
+def bytes_to_pages(pool: KVPool, pages: Sequence[int], payloads: Sequence[bytes]) -> None:
+    """Write each payload into its pool page (the inverse of pages_to_bytes)."""
+    if not len(pages):
+        return
+    size = page_payload_bytes(pool)
+    bad = [len(p) for p in payloads if len(p) != size]
+    if bad or len(payloads) != len(pages):
+        raise ValueError(f"page payloads of {bad[:1] or len(payloads)} bytes; {size} bytes "
+                         f"for each of {len(pages)} pages expected")
+    joined = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(pages), size)
+    index = torch.as_tensor(np.asarray(pages, dtype=np.int64), device=pool.device)
+    offset = 0
+    for t in _tensors(pool):
+        dst = t.view(torch.uint8).view(t.shape[0], -1)      # [num_pages, bytes of one page]
+        width = dst.shape[1]
+        src = torch.from_numpy(joined[:, offset:offset + width].copy()).to(pool.device)
+        dst.index_copy_(0, index, src)
+        offset += width

@@ -1,0 +1,104 @@
+"""--kv-disk-dir in the engine: the cache saved at shutdown comes back at the next start
+(the system prompt hits on the first request), a corrupt page is recomputed (same reply as
+without the cache, counter 1), another configuration leaves the directory untouched, and a
+save while requests run keeps pages conserved."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from engine_helpers import QUESTIONS, chat_ids, collect, make_engine, run_all, wait_idle
+from radixserve.engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
+PAGE_SIZE = 4
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def uncached(model_fp32):
+    engine = make_engine(model_fp32, disable_radix_cache=True)
+    prompts = [chat_ids(engine, q) for q in QUESTIONS[:2]]
+    return prompts, [r.token_ids[0] for r in run_all(engine, prompts, GREEDY)]
+
+
+def first_then_second(model_fp32, directory, uncached, **overrides):
+    """Serve question 0 and shut down (saving); start again, serve question 1: -> its
+    result and the second engine."""
+    prompts, expected = uncached
+    first = make_engine(model_fp32, page_size=PAGE_SIZE, kv_disk_dir=str(directory))
+    assert [r.token_ids[0] for r in run_all(first, prompts[:1], GREEDY)] == expected[:1]
+    assert first.persistence.last_save.pages_written > 0
+    return make_engine(model_fp32, page_size=PAGE_SIZE, kv_disk_dir=str(directory),
+                       **overrides)
+
+
+def test_restart_hits_the_system_prompt_on_the_first_request(model_fp32, tmp_path, uncached):
+    prompts, expected = uncached
+    second = first_then_second(model_fp32, tmp_path / "kv", uncached)
+    [result] = run_all(second, prompts[1:2], GREEDY)
+    assert result.token_ids[0] == expected[1]
+    shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1])) if a != b)
+    assert result.final.usage.cached_tokens == shared     # a partial page copied too
+    stats = second.stats().kv_disk
+    assert stats["corrupt_pages"] == 0 and stats["restored_tokens"] >= shared - PAGE_SIZE
+
+
+def test_a_flipped_byte_is_recomputed(model_fp32, tmp_path, uncached):
+    prompts, expected = uncached
+    second = first_then_second(model_fp32, tmp_path / "kv", uncached)
+    pages = sorted((tmp_path / "kv" / "pages").glob("*.page"))
+    victim = pages[3]                                     # inside the system prompt
+    data = bytearray(victim.read_bytes())
+    data[-100] ^= 0x10
+    victim.write_bytes(bytes(data))
+    [result] = run_all(second, prompts[1:2], GREEDY)
+    assert result.token_ids[0] == expected[1]             # as without the cache (fp32)
+    assert result.final.usage.cached_tokens == 3 * PAGE_SIZE   # pages before the bad one
+    assert second.stats().kv_disk["corrupt_pages"] == 1
+    assert not victim.exists()
+
+
+def test_another_page_size_leaves_the_directory_untouched(model_fp32, tmp_path, uncached,
+                                                          caplog):
+    first_then_second(model_fp32, tmp_path / "kv", uncached)
+    before = snapshot(tmp_path / "kv")
+    other = make_engine(model_fp32, page_size=8, kv_disk_dir=str(tmp_path / "kv"))
+    assert other.persistence is None and other.stats().kv_disk is None
+    lines = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
+    assert len(lines) == 1 and "page size 4 there, 8 here" in lines[0]
+    run_all(other, uncached[0][:1], GREEDY)
+    assert snapshot(tmp_path / "kv") == before
+
+
+def test_save_while_requests_run(model_fp32, tmp_path, uncached):
+    prompts, expected = uncached
+    engine = make_engine(model_fp32, page_size=PAGE_SIZE, kv_disk_dir=str(tmp_path / "kv"))
+
+    async def main():
+        await engine.start()
+        try:
+            await collect(engine.generate(prompts[0], GREEDY))
+            task = asyncio.create_task(collect(engine.generate(prompts[1], GREEDY)))
+            report = await engine.save_cache()
+            result = await task
+            await wait_idle(engine)
+            engine.check_invariants()
+            again = await engine.save_cache()
+            return report, result, again
+        finally:
+            await engine.shutdown()
+
+    report, result, again = asyncio.run(main())
+    assert result.token_ids[0] == expected[1]
+    assert report["pages_written"] > 0 and report["complete"]
+    assert again["pages_kept"] >= report["pages_written"]   # nothing written twice
+    assert engine.persistence.last_save.pages_written == 0  # shutdown: nothing new
