@@ -162,13 +162,8 @@ class Scheduler:
             if self._shares_prefix_in_flight(seq, cached):
                 deferred.append(seq)
                 continue
-            try:
-                hit = self.memory.admit(seq)
-            except OutOfPages:
-                break
-            need = self.memory.pages_for(len(seq.token_ids) + DECODE_RESERVE_TOKENS) - len(seq.pages)
-            if need + reserve_pages > self.memory.available_pages():
-                self.memory.release(seq, keep=False)
+            hit = self._admit_within(seq, reserve_pages)
+            if hit is None:
                 break
             chunk = min(seq.remaining, budget)
             try:
@@ -192,6 +187,28 @@ class Scheduler:
         if admitted:
             self.waiting = [s for s in self.waiting if id(s) not in admitted]
         return deferred
+
+    def _admit_within(self, seq: SeqState, reserve_pages: int) -> int | None:
+        """Lease `seq`'s cached prefix if its prompt then fits beside `reserve_pages`;
+        returns the cached tokens, or None (nothing held) when memory is short.
+
+        With nothing running, no page will come free by waiting: if the hit's own lock is
+        what keeps the prompt out (a copy-on-write match locks its whole edge, which a tiny
+        pool may need back), the sequence is admitted without the hit instead of retrying
+        the same admission every step forever.
+        """
+        for reuse in (True, False):
+            try:
+                hit = self.memory.admit(seq, reuse_cache=reuse)
+            except OutOfPages:
+                return None
+            need = self.memory.pages_for(len(seq.token_ids) + DECODE_RESERVE_TOKENS) - len(seq.pages)
+            if need + reserve_pages <= self.memory.available_pages():
+                return hit
+            self.memory.release(seq, keep=False)
+            if not hit or self.running:
+                return None
+        return None
 
     def _ordered_waiting(self) -> list[tuple[SeqState, int | None]]:
         """Waiting sequences in admission order, with their cached prefix when it was

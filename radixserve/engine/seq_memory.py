@@ -45,16 +45,19 @@ class SequenceMemory:
         return self.tree.peek_prefix(seq.token_ids, seq.request.namespace,
                                      max_tokens=len(seq.token_ids) - 1)
 
-    def admit(self, seq: SeqState) -> int:
+    def admit(self, seq: SeqState, reuse_cache: bool = True) -> int:
         """Lease the cached prefix; returns the tokens served from the cache.
 
-        Takes no page: a copy-on-write page comes with the first `reserve`. With tiers, the
+        Takes no page: a copy-on-write page comes with the first `reserve`. Without
+        `reuse_cache` the lease matches nothing (its pages are still inserted after
+        computing): the scheduler's way out when the hit itself blocks admission. With tiers, the
         part of the prefix in host memory / on disk is loaded into pool pages (LoadOrders
         for the next step) when `costs` say loading beats computing it.
         """
         assert seq.lease is None
         lease = PrefixLease(self.memory, seq.request.namespace, self.use_cache)
-        match = lease.acquire(seq.token_ids, max_tokens=len(seq.token_ids) - 1)
+        match = lease.acquire(seq.token_ids,
+                              max_tokens=len(seq.token_ids) - 1 if reuse_cache else 0)
         seq.lease = lease
         if match is not None and match.lower:
             self._load(lease, match)

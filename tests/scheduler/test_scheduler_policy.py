@@ -216,3 +216,20 @@ def test_decodes_run_even_when_the_budget_is_smaller_than_the_running_set():
     for record in bench.drain():
         decoding = [s for s in record.running_before if record.remaining_before[s] == 1]
         assert all(record.new_lens(s) == [1] for s in decoding)
+
+
+def test_a_hit_whose_lock_blocks_its_own_admission_is_given_up():
+    """Page size 4, a 17-page pool: b's copy-on-write hit locks all of a's edge (10
+    pages), which leaves too few pages for b; with nothing running no page would ever
+    come free. b must be admitted without the hit, not retried every step forever."""
+    rng = random.Random(0)
+    bench = Bench(page_size=4, num_pages=17)
+    a = random_prompt(rng, 40)
+    bench.submit(a, max_tokens=1, request_id="a")
+    bench.run(max_steps=50)
+    b = a[:30] + random_prompt(rng, 14)
+    bench.submit(b, max_tokens=2, request_id="b")
+    bench.run(max_steps=50)
+    final = bench.final("b")
+    assert final.finished and final.usage.completion_tokens == 2
+    assert final.usage.cached_tokens == 0
