@@ -125,6 +125,7 @@ class KVPersistence:
             async with self._step_lock:
                 live = {h for n in self._walk() for h in n.hashes}
             report.pages_dropped = await asyncio.to_thread(self._drop_all_but, live)
+            new_keys: set[int] = set()
             while True:
                 if deadline is not None and time.monotonic() >= deadline:
                     report.complete = False
@@ -140,6 +141,7 @@ class KVPersistence:
                 written, full = await asyncio.to_thread(self._write, [h for h, _ in todo],
                                                         payloads)
                 report.pages_written += written
+                new_keys.update(self._disk_key[h] for h, _ in todo[:written])
                 if full:
                     report.complete = False
                     break
@@ -147,8 +149,7 @@ class KVPersistence:
                 nodes = self._walk()
             index_nodes = self._index_nodes(nodes)
             report.nodes = len(index_nodes)
-            report.pages_kept = sum(len(n.page_keys) for n in index_nodes) - \
-                report.pages_written
+            report.pages_kept = sum(k not in new_keys for n in index_nodes for k in n.page_keys)
             await asyncio.to_thread(self.store.write_index, self.store.new_index(index_nodes))
             report.seconds = time.monotonic() - started
             self.last_save = report
@@ -275,6 +276,9 @@ def open_persistence(config, runner, tree: RadixCache, memory: PagedMemory, comp
     from radixserve.storage import model_fingerprint
 
     if not config.kv_disk_dir:
+        return None
+    if config.disable_radix_cache:
+        log.warning("--kv-disk-dir is not used with --disable-radix-cache")
         return None
     mc = runner.loaded.config
     fingerprint = model_fingerprint(
