@@ -1,5 +1,6 @@
 """The prefix cache: page allocator, radix tree, eviction policies, the two together
-(PagedMemory) and one request's hold on pages (PrefixLease).
+(PagedMemory), one request's hold on pages (PrefixLease) and the host/disk tiers below the
+KV pool (LowerTiers).
 
 Imports neither torch nor kv_pool: the offline replay tool uses this package without a model.
 """
@@ -9,10 +10,11 @@ from .memory import PagedMemory
 from .page_allocator import OutOfPages, PageAccountingError, PageAllocator
 from .prefix_lease import CopyOrder, PrefixLease
 from .radix_cache import EMPTY_PAGES, CacheLockedError, InsertResult, MatchResult, RadixCache
+from .tiers import DemoteOrder, LoadOrder, LowerTiers
 from .tree_node import TreeNode
 
 __all__ = [
-    "CacheLockedError", "CopyOrder", "EMPTY_PAGES", "EvictionPolicy", "GDSFPolicy", "InsertResult",
+    "CacheLockedError", "CopyOrder", "DemoteOrder", "EMPTY_PAGES", "LoadOrder", "LowerTiers", "EvictionPolicy", "GDSFPolicy", "InsertResult",
     "LFUPolicy", "LRUPolicy", "MatchResult", "OutOfPages", "POLICIES", "PageAccountingError",
     "PageAllocator", "PagedMemory", "PrefixLease", "RadixCache", "TreeNode", "make_policy",
 ]

@@ -45,6 +45,8 @@ def check_tree(cache: RadixCache) -> None:
                 assert child.depth == node.depth + k, f"{child} depth vs parent {node.depth}"
                 assert child.pages.dtype == np.int32, f"{child} pages {child.pages.dtype}"
                 assert child.lock_ref >= 0, f"{child} negative lock_ref"
+                assert child.tier >= (node.tier if node.depth else 1), \
+                    f"{child} in tier {child.tier} under {node} in tier {node.tier}"
                 locks_below += child.lock_ref
                 stack.append(child)
             if ps > 1 and node.children:
@@ -57,11 +59,14 @@ def check_tree(cache: RadixCache) -> None:
                 continue
             assert node.lock_ref >= locks_below, f"{node}: lock_ref < sum over children"
             nodes += 1
-            cached += node.num_tokens
             pages.append(node.pages)
+            if node.tier != 1:          # host/disk: tiers.check() counts them
+                assert node.evict_key is None, f"{node} in tier {node.tier} is keyed"
+                continue
+            cached += node.num_tokens
             if node.lock_ref == 0:
                 unlocked += node.num_tokens
-                if not node.children:
+                if not any(c.tier == 1 for c in node.children.values()):
                     candidates[node.id] = node
                     want_key = (cache.policy.key(node), node.id)
                     assert node.evict_key == want_key, \
@@ -84,3 +89,5 @@ def check_tree(cache: RadixCache) -> None:
     all_pages = np.concatenate([np.empty(0, np.int32), *pages])
     uniq, counts = np.unique(all_pages, return_counts=True)
     assert len(uniq) == len(all_pages), f"pages owned twice in the tree: {uniq[counts > 1][:16]}"
+    if cache.tiers is not None:
+        cache.tiers.check()

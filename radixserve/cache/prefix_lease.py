@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .memory import PagedMemory
+from .page_allocator import OutOfPages
 from .radix_cache import EMPTY_PAGES, MatchResult
 from .token_keys import TokenIds, prefix
 from .tree_node import TreeNode
@@ -109,6 +110,39 @@ class PrefixLease:
         if match.cow_tokens:
             self._cow = (match.cow_page, match.cow_tokens)
         return match
+
+    def load(self, match: MatchResult, max_tier: int = 3) -> int:
+        """Bring the host/disk part of this lease's match (`match.lower`) into the pool.
+
+        Right after `acquire`: pool pages are allocated for the nodes that can come (tiers
+        up to `max_tier`; disk pages that fail their checksum end it, see tiers.py), the
+        nodes move into the pool on them, and LoadOrders wait in `tree.tiers.take_moves()`
+        (the caller runs them before computing from here). The lock moves to the last
+        loaded node. Returns the tokens loaded: 0 when none (no room: OutOfPages is not
+        raised; the caller computes those tokens instead).
+        """
+        tiers = self.tree.tiers
+        if tiers is None or not match.lower or self._cow is not None or \
+                self.num_tree_pages != len(self.pages):
+            return 0
+        plan = tiers.plan_load(match.lower, max_tier)
+        if plan is None:
+            return 0
+        try:
+            new = self.memory.alloc(plan.num_pages)
+        except OutOfPages:
+            tiers.cancel(plan)
+            return 0
+        end = tiers.load(plan, new)
+        if self.node is not None:
+            self.tree.unlock(self.node)
+        self.node = end
+        pages = np.concatenate((self.pages, new)) if len(self.pages) else new
+        pages.flags.writeable = False
+        self.pages = pages
+        self.num_tree_pages = len(pages)
+        self.matched_tokens = len(pages) * self.page_size
+        return plan.num_tokens
 
     def grow(self, num_pages: int) -> None:
         """Add `num_pages` private pages (evicting unlocked leaves when short).

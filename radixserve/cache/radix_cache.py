@@ -45,7 +45,7 @@ tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 from sortedcontainers import SortedList
@@ -53,6 +53,9 @@ from sortedcontainers import SortedList
 from .eviction import EvictionPolicy, make_policy
 from .token_keys import ITEM_BYTES, LazyKey, TokenIds, count
 from .tree_node import TreeNode
+
+if TYPE_CHECKING:
+    from .tiers import LowerTiers
 
 __all__ = ["CacheLockedError", "InsertResult", "MatchResult", "RadixCache", "EMPTY_PAGES"]
 
@@ -75,6 +78,12 @@ class MatchResult:
     node: TreeNode          # lock handle: deepest node the match touched (covers cow_page)
     cow_page: int = -1      # page_size > 1: a tree page whose first cow_tokens tokens also
     cow_tokens: int = 0     #   match; the caller copies them into a fresh private page
+    lower: tuple = ()       # tiers: the host/disk nodes continuing the match past `node`,
+                            #   whole edges, in order (not locked; PrefixLease.load)
+
+    def lower_tokens(self, tier: int | None = None) -> int:
+        """Tokens of the match held by lower tiers (by one tier when given)."""
+        return sum(n.num_tokens for n in self.lower if tier is None or n.tier == tier)
 
 
 @dataclass(slots=True)
@@ -190,6 +199,9 @@ class RadixCache:
         self._evicted_tokens = 0
         # Handle for a match in a namespace that holds nothing: locking it is a no-op.
         self._empty_root = TreeNode(0, b"", EMPTY_PAGES, None, 0, None)
+        # Host/disk tiers below the KV pool (cache/tiers.py attaches itself); None: evicted
+        # pages are dropped. The O(1) counters above count the KV pool's (tier 1) tokens.
+        self.tiers: LowerTiers | None = None
 
     # ------------------------------------------------------------------ counters (O(1))
     @property
@@ -255,14 +267,31 @@ class RadixCache:
                 cow_node, cow_tokens = partial, m - m_full
         if ps > 1 and cow_node is None and pos < limit_b and node.cow_index:
             cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b)
+        if cow_node is not None and cow_node.tier != 1:
+            cow_node, cow_tokens = None, 0  # tiers: its KV is not in the pool to copy
         handle = cow_node or node
         self._touch(handle, hit=True)
+        lower: tuple = ()
+        if handle.tier != 1:                # tiers: the match runs on past the KV pool
+            handle, lower, parts = self._lower_tail(handle, parts)
+            pos = handle.depth * _ITEM
         if handle.evict_key is not None:
             self._rekey(handle)
         matched = pos // _ITEM + cow_tokens
         self._hit_tokens += matched
         cow_page = int(cow_node.pages[0]) if cow_node is not None else -1
-        return MatchResult(matched, _concat(parts), handle, cow_page, cow_tokens)
+        return MatchResult(matched, _concat(parts), handle, cow_page, cow_tokens, lower)
+
+    @staticmethod
+    def _lower_tail(node: TreeNode, parts: list) -> tuple[TreeNode, tuple, list]:
+        """Split a match path ending in a lower tier at the last KV-pool node: (that node,
+        the lower nodes after it, the KV-pool part of `parts`)."""
+        lower = []
+        while node.tier != 1:
+            lower.append(node)
+            node = node.parent
+        lower.reverse()
+        return node, tuple(lower), parts[:len(parts) - len(lower)]
 
     def peek_prefix(self, tokens: TokenIds, namespace: str | None = None,
                     max_tokens: int | None = None) -> int:
@@ -383,6 +412,9 @@ class RadixCache:
             same_pages = False
             parts.append(node.pages)
             pos += m * _ITEM
+        if node.tier != 1:                  # tiers: the path runs into host/disk nodes
+            self._promote_path(node, pages, parts)
+            same_pages = False
         self._touch(node, hit=False)
         already = base + pos // _ITEM
         if pos < nb:
@@ -452,7 +484,8 @@ class RadixCache:
             if node.lock_ref == 0:
                 if node.evict_key is not None:
                     self._remove_evictable(node)
-                freed_from_pool += node.num_tokens
+                if node.tier == 1:
+                    freed_from_pool += node.num_tokens
             node.lock_ref += 1
             node = node.parent
         self._evictable_tokens -= freed_from_pool
@@ -464,9 +497,10 @@ class RadixCache:
         released = 0
         while node.depth:
             node.lock_ref -= 1
-            if node.lock_ref == 0:
+            if node.lock_ref == 0 and node.tier == 1:
                 released += node.num_tokens
-                if not node.children:
+                if not node.children or (self.tiers is not None
+                                         and self._no_pool_children(node)):
                     self._make_evictable(node)
             node = node.parent
         self._evictable_tokens += released
@@ -489,6 +523,7 @@ class RadixCache:
         self._clock += 1
         ps = self.page_size
         evictable = self._evictable
+        tiers = self.tiers
         freed: list[np.ndarray] = []
         remaining = num_tokens
         while remaining > 0 and evictable:
@@ -496,10 +531,14 @@ class RadixCache:
             leaf.evict_key = None
             need = -(-remaining // ps)
             npages = len(leaf.pages)
+            if npages > need and tiers is not None:
+                self._split(leaf, (npages - need) * ps)     # tiers: demote the tail alone
+                npages = need
             if npages <= need:
                 freed.append(leaf.pages)
                 remaining -= leaf.num_tokens
-                self._remove_leaf(leaf)
+                if tiers is None or not tiers.demote(leaf):
+                    self._remove_leaf(leaf)
             else:
                 keep = npages - need
                 gone = need * ps
@@ -521,7 +560,10 @@ class RadixCache:
                 f"cannot flush the prefix cache: {self.locked_tokens} cached tokens are locked "
                 f"by running requests; wait until they finish (or abort them)")
         pages = self.tree_page_ids()
-        for node in self.iter_nodes():
+        nodes = list(self.iter_nodes())
+        if self.tiers is not None:
+            self.tiers.forget(nodes)
+        for node in nodes:
             node.parent = None          # stale: a late lock() on it raises
             node.evict_key = None
         self._ns_roots.clear()
@@ -540,16 +582,20 @@ class RadixCache:
             raise CacheLockedError(
                 f"cannot flush namespace {namespace!r}: {locked} cached tokens are locked by "
                 f"running requests; wait until they finish (or abort them)")
+        pool = [n for n in nodes if n.tier == 1]
+        if self.tiers is not None:
+            self.tiers.forget([n for n in nodes if n.tier != 1])
         for node in nodes:
             if node.evict_key is not None:
                 self._remove_evictable(node)
             node.parent = None          # stale: a late lock() on it raises
+            self._num_nodes -= 1
+        for node in pool:
             self._total -= node.num_tokens
             self._evictable_tokens -= node.num_tokens
-            self._num_nodes -= 1
         for root in roots:
             del self._ns_roots[root.namespace]
-        return _concat([EMPTY_PAGES, *(n.pages for n in nodes)])
+        return _concat([EMPTY_PAGES, *(n.pages for n in pool)])
 
     def namespace_counts(self, namespace: str | None) -> dict[str, int]:
         """`cached_tokens`, `locked_tokens` and `nodes` of one namespace and those nested
@@ -590,8 +636,9 @@ class RadixCache:
         return (entry[2] for entry in self._evictable)
 
     def tree_page_ids(self) -> np.ndarray:
-        """Every page the tree owns (a walk: for conservation checks)."""
-        return np.concatenate([EMPTY_PAGES, *(n.pages for n in self.iter_nodes())])
+        """Every KV-pool page the tree owns (a walk: for conservation checks)."""
+        return np.concatenate([EMPTY_PAGES, *(n.pages for n in self.iter_nodes()
+                                              if n.tier == 1)])
 
     def check_invariants(self) -> None:
         """Recount everything and compare with the O(1) counters; AssertionError on a mismatch."""
@@ -626,6 +673,21 @@ class RadixCache:
 
     def _remove_leaf(self, leaf: TreeNode) -> None:
         """Detach an evicted leaf; its parent may become an evictable leaf (or an empty root)."""
+        parent = self._detach(leaf)
+        k = leaf.num_tokens
+        self._total -= k
+        self._evictable_tokens -= k
+        if not parent.children:
+            if parent.depth:
+                if parent.lock_ref == 0:
+                    self._make_evictable(parent)
+            else:
+                del self._ns_roots[parent.namespace]
+        elif self.tiers is not None:
+            self._check_pool_leaf(parent)
+
+    def _detach(self, leaf: TreeNode) -> TreeNode:
+        """Unlink a childless node from its parent (which is returned)."""
         parent = leaf.parent
         head = leaf.head(self.page_size)
         del parent.children[head]
@@ -636,16 +698,68 @@ class RadixCache:
             if not same_first:
                 del parent.cow_index[first]
         leaf.parent = None
-        k = leaf.num_tokens
         self._num_nodes -= 1
-        self._total -= k
-        self._evictable_tokens -= k
-        if not parent.children:
-            if parent.depth:
-                if parent.lock_ref == 0:
-                    self._make_evictable(parent)
-            else:
-                del self._ns_roots[parent.namespace]
+        return parent
+
+    # ------------------------------------------------------------------ tiers (tiers.py)
+    @staticmethod
+    def _no_pool_children(node: TreeNode) -> bool:
+        for child in node.children.values():
+            if child.tier == 1:
+                return False
+        return True
+
+    def _check_pool_leaf(self, node: TreeNode) -> None:
+        """A child of `node` left the KV pool (demoted or dropped): `node` may now be an
+        evictable leaf of the pool (its children in lower tiers do not count), or, as a
+        namespace root left with no child, go."""
+        if not node.depth:
+            if not node.children:
+                del self._ns_roots[node.namespace]
+        elif (node.tier == 1 and node.lock_ref == 0 and node.evict_key is None
+              and self._no_pool_children(node)):
+            self._make_evictable(node)
+
+    def _leave_pool(self, node: TreeNode) -> None:
+        """An evicted KV-pool leaf stays in the tree in a lower tier (LowerTiers.demote)."""
+        self._total -= node.num_tokens
+        self._evictable_tokens -= node.num_tokens      # evicted leaves are unlocked
+        self._check_pool_leaf(node.parent)
+
+    def _drop_lower(self, leaf: TreeNode) -> None:
+        """Remove a childless host/disk node from the tree (its slots are the caller's)."""
+        self._check_pool_leaf(self._detach(leaf))
+
+    def _promote_path(self, node: TreeNode, pages: np.ndarray, parts: list) -> None:
+        """An insert ran over host/disk nodes ending at `node`: the caller computed them
+        again, so the tree takes the caller's KV-pool pages for them (frees their slots)
+        and `parts` (one entry per edge of the path) gets those pages."""
+        path = []
+        while node.tier != 1:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        ps = self.page_size
+        for x in path:
+            self.enter_pool(x, pages[(x.depth - x.num_tokens) // ps: x.depth // ps])
+        parts[len(parts) - len(path):] = [x.pages for x in path]
+
+    def enter_pool(self, node: TreeNode, pages: np.ndarray) -> None:
+        """A host/disk node whose parent is in the KV pool moves into it on `pages` (the
+        caller's: loaded or recomputed); its lower-tier slots are released."""
+        self.tiers.release(node)
+        if pages.flags.writeable or not _frozen(pages):
+            pages = pages.copy()
+            pages.flags.writeable = False
+        node.pages = pages
+        node.tier = 1
+        parent = node.parent
+        if parent.evict_key is not None:     # it has a child in the pool now
+            self._remove_evictable(parent)
+        self._total += node.num_tokens
+        if node.lock_ref == 0:
+            self._evictable_tokens += node.num_tokens
+            self._check_pool_leaf(node)      # evictable unless a child is in the pool
 
     def _split(self, child: TreeNode, m: int) -> TreeNode:
         """Cut `child`'s edge after m tokens (a page multiple); return the new upper node."""
@@ -657,7 +771,7 @@ class RadixCache:
         upper = TreeNode(self._next_id, head_key, child.pages[:m // ps], parent, depth,
                          child.namespace, lock_ref=child.lock_ref,
                          last_access=child.last_access, hit_count=child.hit_count,
-                         _pending=head_pending)
+                         _pending=head_pending, tier=child.tier)
         self._next_id += 1
         parent.children[first] = upper
         if ps > 1:
@@ -667,6 +781,8 @@ class RadixCache:
         child.parent = upper
         self._add_child(upper, child)
         self._num_nodes += 1
+        if upper.tier != 1:
+            self.tiers.added(upper)
         if child.evict_key is not None:
             self._rekey(child)
         return upper

@@ -45,6 +45,10 @@ class TreeNode:
     evict_key: Any = None          # (policy key, id) while in the evictable set, else None
     cow_index: dict[int, list[TreeNode]] | None = None  # page_size > 1: children by 1st token
     _pending: tuple | None = None  # (list, start, stop) of the ids until `key` is read
+    # Tiers (cache/tiers.py): 1 = the KV pool, `pages` are its page ids; 2 = host memory,
+    # 3 = disk, `pages` are that tier's slot ids (offset past the tiers above, so ids of
+    # different tiers never collide). A node's parent is in its tier or a higher one.
+    tier: int = 1
 
     @property
     def key(self) -> bytes:

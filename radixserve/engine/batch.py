@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from radixserve.attention.spans import SeqSpan
 from radixserve.cache.prefix_lease import CopyOrder
+from radixserve.cache.tiers import DemoteOrder, LoadOrder
 from radixserve.engine.outputs import TokenLogprob
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -32,13 +33,16 @@ class StepBatch:
     sample_params: list[SamplingParams] = field(default_factory=list)
     generators: list[torch.Generator | None] = field(default_factory=list)
     copies: list[CopyOrder] = field(default_factory=list)   # copy-on-write, before the forward
+    moves: list[DemoteOrder | LoadOrder] = field(default_factory=list)  # tiers: run first,
+                                                            #   in this order
 
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
 
     def __bool__(self) -> bool:
-        return bool(self.spans)
+        """Anything to run: spans to compute, or tier moves alone."""
+        return bool(self.spans) or bool(self.moves)
 
 
 @dataclass(slots=True)

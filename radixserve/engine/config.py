@@ -10,9 +10,10 @@ from dataclasses import dataclass, fields
 
 from radixserve.cache.eviction import POLICIES
 from radixserve.kv_sizing import KV_DTYPE_CHOICES
-from radixserve.planner.cli import parse_size
+from radixserve.planner.cli import parse_size, parse_tokens
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_KV_DISK_BYTES = 16 * 2**30
 
 
 @dataclass
@@ -40,10 +41,14 @@ class EngineConfig:
     # forward pass runs before /health says ready (~0.05 s); a full-size one cost ~1.8 CPU-s
     # and saved under 0.1 s on the first request (docs/benchmarks.md, "Startup").
     warmup_tokens: int | None = 32
+    # Tiers below the KV pool (docs/tiers.md): host memory (L2) and a disk directory (L3).
+    kv_host_tokens: int | None = None    # host tier size in tokens (None/0: no host tier)
+    kv_host_bytes: int | None = None     #   or in bytes
     weights_cache_dir: str | None = None  # dequantized GGUF weights; None: default directory
     no_weights_cache: bool = False       # dequantize at every start instead
     kv_disk_dir: str | None = None       # KV pages kept on disk, across restarts (L3)
     kv_disk_bytes: int | None = None     # at most this much there; None: no bound
+                                         #   (the live disk tier: DEFAULT_KV_DISK_BYTES)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -85,14 +90,23 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"tokens of a throw-away prefill run at start-up, before /health says "
                         f"ready (default: {d.warmup_tokens}; 0: off; --chunked-prefill-size "
                         f"grows the heap to a full step's size, for benchmarks)")
+    g.add_argument("--kv-host-tokens", type=parse_tokens, default=None,
+                   help="host-memory tier below the KV pool, in tokens (e.g. 256k): evicted "
+                        "prefixes are copied there and loaded back (default: none; "
+                        "docs/tiers.md)")
+    g.add_argument("--kv-host-bytes", type=parse_size, default=None,
+                   help="the host tier's size in bytes instead (e.g. 8GiB)")
     g.add_argument("--weights-cache-dir", default=None,
                    help="where a GGUF's dequantized weights are kept between starts (default: "
                         "$RADIXSERVE_CACHE_DIR, else ~/.cache/radixserve)")
     g.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize GGUF weights at every start; write no cache")
     g.add_argument("--kv-disk-dir", default=None,
-                   help="directory keeping KV pages across restarts: written on SIGTERM and "
-                        "POST /cache/save, read back at start (docs/tiers.md)")
+                   help="directory of KV pages on disk: the tier below host memory (evicted "
+                        "prefixes written there, checksummed, and loaded back; in tier/) and "
+                        "the cache kept across restarts: written on SIGTERM and POST "
+                        "/cache/save, read back at start (docs/tiers.md)")
     g.add_argument("--kv-disk-bytes", type=parse_size, default=None,
-                   help="at most this many bytes of pages in --kv-disk-dir, e.g. 20GiB "
-                        "(default: no bound)")
+                   help=f"at most this many bytes of pages in --kv-disk-dir, e.g. 20GiB, for "
+                        f"the saved cache and for the disk tier each (default: saved cache "
+                        f"unbounded, disk tier {DEFAULT_KV_DISK_BYTES // 2**30}GiB)")

@@ -32,6 +32,8 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
 from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
+from radixserve.engine.tier_costs import TierCosts
+from radixserve.engine.tier_setup import make_tiers, tier_stats
 from radixserve.engine.validation import check_request
 from radixserve.model import LoadedModel
 
@@ -46,8 +48,10 @@ class Engine(OneProcessStats):
         self.runner = on_compute_thread(ModelRunner, config, loaded)
         self.page_size = config.page_size
         self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
+        self.tier_costs = TierCosts()
         self.memory = PagedMemory(self.runner.num_pages, self.tree)
-        self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache)
+        self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache,
+                                         costs=self.tier_costs)
         self.pool_tokens = self.runner.num_pages * config.page_size
         self.max_model_len = self._max_model_len()
         self._stats = EngineStats(pages_total=self.runner.num_pages, page_size=config.page_size)
@@ -70,6 +74,8 @@ class Engine(OneProcessStats):
         self._step_lock = asyncio.Lock()
         self.persistence = open_persistence(config, self.runner, self.tree, self.memory,
                                             self._on_compute, self._step_lock)
+        self.tiers = make_tiers(config, self.runner, self.tree,
+                                disk_ok=self.persistence is not None)
 
     async def _on_compute(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -132,6 +138,8 @@ class Engine(OneProcessStats):
             log.info("KV disk store: saved on shutdown: %s", report.as_dict())
         if self.persistence is not None:
             self.persistence.store.close()      # another engine may open the directory
+        if self.tiers is not None and self.tiers.disk is not None:
+            self.tiers.disk.close()
 
     async def save_cache(self, deadline: float | None = None) -> dict:
         """Write the cache to --kv-disk-dir now (POST /cache/save); requests keep running.
@@ -280,12 +288,22 @@ class Engine(OneProcessStats):
             log.exception("step %d failed", self.scheduler.step)
             self.core.fail_step(plan, exc)
             return True
+        self._observe_costs(plan.batch)
         try:
             self.core.complete(plan, result)
         except Exception as exc:
             log.exception("completing step %d failed", self.scheduler.step)
             self.core.fail_all(exc)
         return True
+
+    def _observe_costs(self, batch) -> None:
+        """Feed what the step's moves and forward pass took to the load-or-compute choice."""
+        if self.tiers is None:
+            return
+        moves = self.runner.last_moves      # disk loads are timed at admission (reads)
+        if "l2->l1" in moves.tokens:
+            self.tier_costs.observe_load(2, moves.tokens["l2->l1"], moves.seconds["l2->l1"])
+        self.tier_costs.observe_prefill(batch.num_tokens, self.runner.last_forward_seconds)
 
     # ---- introspection ------------------------------------------------------------
 
@@ -308,6 +326,8 @@ class Engine(OneProcessStats):
             "hit_tokens": s.prefix_hit_tokens,
             "enabled": not self.config.disable_radix_cache,
         }
+        if self.tiers is not None:
+            s.tiers = tier_stats(self.tiers, self.tier_costs)
         s.kv_disk = self.persistence.stats() if self.persistence is not None else None
         return s
 

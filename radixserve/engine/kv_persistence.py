@@ -161,6 +161,8 @@ class KVPersistence:
         ends: dict[int, bytes] = {}
         nodes = []
         for node in self.tree.iter_nodes():
+            if node.tier != 1:      # host/disk tier nodes (and all below them): not saved
+                continue
             parent = node.parent
             below_root = parent is None or parent.depth == 0
             start = _seed(node.namespace) if below_root else ends[parent.id]
@@ -272,21 +274,26 @@ def open_persistence(config, runner, tree: RadixCache, memory: PagedMemory, comp
                      step_lock: asyncio.Lock) -> KVPersistence | None:
     """The persistence of `--kv-disk-dir`, or None (no flag, or the directory refused:
     the store logged why in one line)."""
-    from radixserve.model.registry import resolve_model_path
-    from radixserve.storage import model_fingerprint
-
     if not config.kv_disk_dir:
         return None
     if config.disable_radix_cache:
         log.warning("--kv-disk-dir is not used with --disable-radix-cache")
         return None
+    store = DiskPageStore(config.kv_disk_dir, engine_fingerprint(config, runner),
+                          config.kv_disk_bytes)
+    if not store.usable:
+        return None
+    return KVPersistence(store, tree, memory, runner.kv_pool, compute, step_lock)
+
+
+def engine_fingerprint(config, runner):
+    """What pages on disk depend on: the weights, dtype, page size and KV layout."""
+    from radixserve.model.registry import resolve_model_path
+    from radixserve.storage import model_fingerprint
+
     mc = runner.loaded.config
-    fingerprint = model_fingerprint(
+    return model_fingerprint(
         model_path=resolve_model_path(config.model), dtype=str(runner.dtype),
         page_size=config.page_size, kv_k=runner.kv_format.k, kv_v=runner.kv_format.v,
         num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
         fixed_kv_scale=runner.backend.fixed_kv_scale)
-    store = DiskPageStore(config.kv_disk_dir, fingerprint, config.kv_disk_bytes)
-    if not store.usable:
-        return None
-    return KVPersistence(store, tree, memory, runner.kv_pool, compute, step_lock)

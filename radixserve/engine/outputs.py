@@ -59,6 +59,7 @@ class EngineStats:
     page_size: int = 1
     kv_pool_bytes: int = 0
     cache: dict = field(default_factory=dict)   # RadixCache counters (cached/evictable/locked tokens, nodes)
+    tiers: dict = field(default_factory=dict)   # host/disk tiers (engine/tier_setup.tier_stats)
     kv_disk: dict | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from radixserve.attention.context import ForwardContext
 from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.kv_quant import describe_kv_cache
+from radixserve.attention.kv_tiers import HostKVPool, MoveTimes, PageWriter, TierMover
 from radixserve.engine.batch import SampleResult, StepBatch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
@@ -93,6 +95,14 @@ class ModelRunner:
                               mc.head_dim, self.dtype, self.device, kv_format=self.kv_format,
                               fixed_scale=self.backend.fixed_kv_scale)
         self.sampler = Sampler()
+        self.mover: TierMover | None = None     # host/disk tiers (attach_tiers)
+        self.last_moves = MoveTimes()           # what the last step's moves took
+        self.last_forward_seconds = 0.0         # the last step's forward + sampling
+
+    def attach_tiers(self, host_pages: int, disk: PageWriter | None) -> None:
+        """Host slots (pinned on CUDA) and the disk writer the cache's tier moves use."""
+        host = HostKVPool(self.kv_pool, host_pages) if host_pages else None
+        self.mover = TierMover(self.kv_pool, host, disk)
 
     @property
     def num_pages(self) -> int:
@@ -124,6 +134,13 @@ class ModelRunner:
         guard = (torch.cuda.device(self.device) if self.device.type == "cuda"
                  else contextlib.nullcontext())
         with guard:
+            if batch.moves:                 # tiers: demotions and loads, in issue order
+                self.last_moves = self.mover.run(batch.moves)
+            else:
+                self.last_moves = MoveTimes()
+            if not batch.spans:
+                return SampleResult(token_ids=[], logprobs=[])
+            started = time.perf_counter()
             for order in batch.copies:      # copy-on-write pages this step computes into
                 self.kv_pool.copy_prefix(order.src_page, order.dst_page, order.num_tokens)
             meta = build_metadata(batch.spans, self.page_size, self.device)
@@ -134,5 +151,8 @@ class ModelRunner:
                                        self.device)
             logits = self.model(input_ids, positions, ctx, logits_indices)
             if not batch.sample_rows:
-                return SampleResult(token_ids=[], logprobs=[])
-            return self.sampler.sample(logits, batch.sample_params, batch.generators)
+                result = SampleResult(token_ids=[], logprobs=[])
+            else:
+                result = self.sampler.sample(logits, batch.sample_params, batch.generators)
+            self.last_forward_seconds = time.perf_counter() - started
+            return result

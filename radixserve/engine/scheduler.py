@@ -130,6 +130,7 @@ class Scheduler:
         plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred)
         for seq, n in work:
             self._add_span(plan, seq, n)
+        plan.batch.moves = self.memory.take_moves()     # tiers: before copies and compute
         return plan
 
     def _reserve_or_preempt(self, seq: SeqState, want: int) -> bool:
@@ -252,6 +253,7 @@ class Scheduler:
     def complete(self, plan: StepPlan, result: SampleResult) -> StepUpdate:
         """Advance every sequence of the step: count its computed tokens, insert computed
         pages into the tree, append sampled tokens. Aborted sequences are retired."""
+        self.memory.moves_done()
         update = StepUpdate()
         row = 0
         for seq, n, samples in zip(plan.seqs, plan.new_lens, plan.samples):
@@ -283,6 +285,7 @@ class Scheduler:
 
     def fail(self, plan: StepPlan) -> list[SeqState]:
         """A step raised: retire its sequences, freeing their (maybe half-written) pages."""
+        self.memory.moves_done()
         return self._fail_sequences(plan.seqs)
 
     def fail_all(self) -> list[SeqState]:

@@ -9,18 +9,22 @@ errors all go through it, so a page is returned exactly once whatever path a req
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Sequence
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.prefix_lease import CopyOrder, PrefixLease
 from radixserve.engine.request import SeqState
+from radixserve.engine.tier_costs import TierCosts
 
 LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
 
 
 class SequenceMemory:
-    def __init__(self, memory: PagedMemory, use_cache: bool):
+    def __init__(self, memory: PagedMemory, use_cache: bool,
+                 costs: TierCosts | None = None):
         self.memory = memory
+        self.costs = costs or TierCosts()
         self.tree = memory.tree
         self.page_size = memory.page_size
         self.use_cache = use_cache
@@ -44,14 +48,36 @@ class SequenceMemory:
     def admit(self, seq: SeqState) -> int:
         """Lease the cached prefix; returns the tokens served from the cache.
 
-        Takes no page: a copy-on-write page comes with the first `reserve`.
+        Takes no page: a copy-on-write page comes with the first `reserve`. With tiers, the
+        part of the prefix in host memory / on disk is loaded into pool pages (LoadOrders
+        for the next step) when `costs` say loading beats computing it.
         """
         assert seq.lease is None
         lease = PrefixLease(self.memory, seq.request.namespace, self.use_cache)
-        lease.acquire(seq.token_ids, max_tokens=len(seq.token_ids) - 1)
+        match = lease.acquire(seq.token_ids, max_tokens=len(seq.token_ids) - 1)
         seq.lease = lease
+        if match is not None and match.lower:
+            self._load(lease, match)
         seq.num_computed = lease.matched_tokens
         return seq.num_computed
+
+    def _load(self, lease: PrefixLease, match) -> None:
+        max_tier = self.costs.max_tier()
+        if max_tier == 1:
+            return
+        on_disk = match.lower_tokens(3) if max_tier >= 3 else 0
+        started = time.perf_counter()
+        lease.load(match, max_tier)
+        if on_disk:             # the disk reads happened here; the runner times the copies
+            self.costs.observe_load(3, on_disk, time.perf_counter() - started)
+
+    def take_moves(self) -> list:
+        """Tier moves issued since the last call, for the next step (in this order)."""
+        return self.tree.tiers.take_moves() if self.tree.tiers is not None else []
+
+    def moves_done(self) -> None:
+        if self.tree.tiers is not None:
+            self.tree.tiers.moves_done()
 
     def reserve(self, seq: SeqState, new_tokens: int) -> None:
         """Make the page table cover `new_tokens` more tokens (raises OutOfPages).

@@ -1,0 +1,171 @@
+"""The KV data of the lower tiers: host slots (L2), disk pages (L3), and the mover.
+
+`HostKVPool` holds page slots in host memory with the pool's layout (every layer's K and
+V, and the 8-bit scales beside them when the pool is quantized, so a page decodes the same
+after a round trip); on CUDA it is pinned, so copies to and from the GPU run as DMA.
+A disk page is the same data as bytes: each pool tensor's slice for that page, in a fixed
+order (`pool_tensors`), concatenated (`page_nbytes` bytes).
+
+`TierMover.run(moves)` executes the cache's DemoteOrder / LoadOrder list on the compute
+thread, strictly in issue order (cache/tiers.py says why that order is safe), each order
+batched over its pages: one gather and one scatter per tensor. The runner calls it at the
+start of a step, before copy-on-write and the forward pass: pool pages an eviction freed
+are read before the step writes into them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from radixserve.attention.kv_pool import KVPool
+from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HostKVPool", "MoveTimes", "PageWriter", "TierMover", "page_nbytes", "pool_tensors"]
+
+
+class PageWriter(Protocol):
+    def write_page(self, page_key: int, payload: bytes) -> None: ...
+
+
+def pool_tensors(pool: KVPool) -> list[torch.Tensor]:
+    """Every tensor a page lives in, first dim = page: K and V per layer, then scales."""
+    return pool.k + pool.v + (pool.k_scale or []) + (pool.v_scale or [])
+
+
+def page_nbytes(pool: KVPool) -> int:
+    """Bytes of one page in host memory or on disk (== page_size * bytes_per_token)."""
+    return sum(t[0].numel() * t.element_size() for t in pool_tensors(pool))
+
+
+class HostKVPool:
+    """`num_slots` page slots in host memory, shaped like the pool's pages."""
+
+    def __init__(self, pool: KVPool, num_slots: int):
+        pin = pool.device.type == "cuda" and torch.cuda.is_available()
+        self.num_slots = num_slots
+        self.tensors = [torch.empty((num_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
+                        for t in pool_tensors(pool)]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+@dataclass
+class MoveTimes:
+    """What one `run` moved: tokens and seconds by direction ("l1->l2", "l3->l1", ...)."""
+
+    tokens: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, key: str, tokens: int, seconds: float) -> None:
+        self.tokens[key] = self.tokens.get(key, 0) + tokens
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+
+
+class TierMover:
+    def __init__(self, pool: KVPool, host: HostKVPool | None, disk: PageWriter | None):
+        self.pool = pool
+        self.pool_tensors = pool_tensors(pool)
+        self.host = host
+        self.disk = disk
+        self.device = pool.device
+        # (offset, bytes) of each tensor's part in a page's bytes
+        sizes = [t[0].numel() * t.element_size() for t in self.pool_tensors]
+        self.parts = list(zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes))
+        self.page_bytes = sum(sizes)
+        self.failed_writes = 0
+
+    def run(self, moves: Sequence[DemoteOrder | LoadOrder]) -> MoveTimes:
+        times = MoveTimes()
+        ps = self.pool.page_size
+        for mv in moves:
+            started = time.perf_counter()
+            if isinstance(mv, DemoteOrder):
+                self._demote(mv)
+                key = f"l{mv.src_tier}->l{mv.dst_tier}"
+                n = len(mv.src)
+            else:
+                self._load(mv)
+                key = f"l{mv.src_tier}->l1"
+                n = len(mv.dst)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+            times.add(key, n * ps, time.perf_counter() - started)
+        return times
+
+    # ------------------------------------------------------------------ directions
+    def _tensors(self, tier: int) -> list[torch.Tensor]:
+        return self.pool_tensors if tier == POOL else self.host.tensors
+
+    def _gather(self, tier: int, ids: np.ndarray) -> list[torch.Tensor]:
+        """Each tensor's rows `ids` of a pool or host tier (on that tier's device)."""
+        tensors = self._tensors(tier)
+        index = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
+        if tier == POOL:
+            index = index.to(self.device)
+        return [t.index_select(0, index) for t in tensors]
+
+    def _scatter(self, tier: int, ids: np.ndarray, rows: list[torch.Tensor]) -> None:
+        tensors = self._tensors(tier)
+        index = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
+        if tier == POOL:
+            index = index.to(self.device)
+        for t, r in zip(tensors, rows):
+            r = r.to(t.device, non_blocking=True) if r.device != t.device else r
+            if t.dtype.itemsize == 1 and t.dtype != torch.uint8:
+                # index_copy_ has no fp8 kernel on every device: move the same bytes as uint8
+                t.view(torch.uint8).index_copy_(0, index, r.view(torch.uint8))
+            else:
+                t.index_copy_(0, index, r)
+
+    def _demote(self, mv: DemoteOrder) -> None:
+        rows = self._gather(mv.src_tier, mv.src)
+        if mv.dst_tier == HOST:
+            self._scatter(HOST, mv.dst, rows)
+            return
+        assert mv.dst_tier == DISK
+        for key, payload in zip(mv.dst.tolist(), self._to_bytes(rows)):
+            try:
+                self.disk.write_page(key, payload)
+            except Exception as e:      # full, refused, I/O: the page reads as missing
+                self.failed_writes += 1
+                if self.failed_writes == 1:
+                    log.warning("disk tier: a page write failed (%s: %s); such pages are "
+                                "recomputed when needed", type(e).__name__, e)
+
+    def _load(self, mv: LoadOrder) -> None:
+        if mv.src_tier == HOST:
+            rows = self._gather(HOST, mv.src)
+        else:
+            rows = self._from_bytes(mv.payloads)
+        self._scatter(POOL, mv.dst, rows)
+
+    # ------------------------------------------------------------------ page bytes
+    def _to_bytes(self, rows: list[torch.Tensor]) -> list[bytes]:
+        n = rows[0].shape[0]
+        flat = [r.cpu().contiguous().view(torch.uint8).reshape(n, -1).numpy() for r in rows]
+        data = np.concatenate(flat, axis=1)
+        return [data[i].tobytes() for i in range(n)]
+
+    def _from_bytes(self, payloads: Sequence[bytes]) -> list[torch.Tensor]:
+        for p in payloads:
+            if len(p) != self.page_bytes:
+                raise ValueError(f"a disk page holds {len(p)} bytes, a pool page "
+                                 f"{self.page_bytes}: written by another KV layout")
+        n = len(payloads)
+        data = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8).view(n, -1)
+        rows = []
+        for t, (offset, size) in zip(self.pool_tensors, self.parts):
+            part = data[:, offset:offset + size].contiguous()
+            rows.append(part.view(t.dtype).view(n, *t.shape[1:]))
+        return rows

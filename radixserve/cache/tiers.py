@@ -1,0 +1,390 @@
+"""LowerTiers: host memory (L2) and disk (L3) below the KV pool (L1), in the one radix tree.
+
+Every TreeNode records the tier holding its pages (`node.tier`): 1 = the KV pool the model
+reads (`pages` are pool page ids), 2 = host memory, 3 = disk (`pages` are that tier's slot
+ids). Ids live in one space, `[0, pool)` for the pool, then `[pool, pool + host)` for host
+slots, then disk keys, so the ids of two tiers never collide: an insert that compares its
+pool pages with a host node's ids can never take them for its own, and conservation checks
+see every id once. Orders carry tier-local ids (a pool page, a host slot, a disk key).
+
+Shape of the tree: a node's parent is in the same tier or a higher one, so the pool's nodes
+form a prefix-closed subtree (what a match serves from the pool is a prefix), and pool plus
+host nodes form another.
+
+How pages move (all bookkeeping here and in radix_cache.py; no torch, no I/O but the disk
+reads of a load):
+- Demote: the tree evicts a pool leaf (`RadixCache.evict_pages`); instead of dropping it,
+  `demote` gives it slots in the first lower tier with room and queues a `DemoteOrder`.
+  Making room in host memory pushes the host tier's own victims (policy order, unlocked,
+  no child in host memory) down to disk; making room on disk drops disk leaves.
+- Load: a match reports the lower nodes continuing its pool part (`MatchResult.lower`).
+  `plan_load` reads their disk pages (checksums checked by the store: a page that fails is
+  treated as missing, the node is cut there and the rest dropped) and locks them; the
+  caller allocates pool pages; `load` moves the nodes into the pool on them and queues
+  `LoadOrder`s. An insert running over lower nodes (the tokens were recomputed) moves them
+  into the pool on the caller's pages the same way (`RadixCache.enter_pool`).
+- Orders are executed by whoever owns the KV data (the engine's runner, at the start of the
+  next step, before copy-on-write and the forward pass) strictly in the order they were
+  issued. That order is causal: an order that reuses a page, slot or key was issued after
+  the order that read it (the pool page an eviction frees is read by its DemoteOrder before
+  the step writes into it; a host slot freed by a load is read before a later demote
+  writes it). The one read out of order is a load's disk read, done when the order is
+  made: a node whose disk write has not run yet (`pending_writes`) is neither loaded nor
+  dropped until `moves_done()` says the orders ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from .page_allocator import PageAllocator
+
+if TYPE_CHECKING:
+    from .radix_cache import RadixCache
+    from .tree_node import TreeNode
+
+__all__ = ["POOL", "HOST", "DISK", "TIER_NAMES", "DemoteOrder", "LoadOrder", "LoadPlan",
+           "LowerTiers", "PageStore", "TierCounters"]
+
+POOL, HOST, DISK = 1, 2, 3
+TIER_NAMES = {POOL: "l1", HOST: "l2", DISK: "l3"}
+
+
+@dataclass(frozen=True, slots=True)
+class DemoteOrder:
+    """Copy pages down: `src` ids of `src_tier` into `dst` ids of `dst_tier` (tier-local)."""
+
+    src_tier: int
+    src: np.ndarray
+    dst_tier: int
+    dst: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOrder:
+    """Copy pages up into the KV pool: `src` ids of `src_tier` into pool pages `dst`.
+
+    From disk the pages were read (and checked) when the order was made: `payloads` holds
+    them, one bytes object per page."""
+
+    src_tier: int
+    src: np.ndarray
+    dst: np.ndarray
+    payloads: tuple[bytes, ...] = ()
+
+
+class PageStore(Protocol):
+    """The disk tier's reads (the runner writes pages with the store's `write_page`)."""
+
+    def read_page(self, page_key: int) -> bytes | None:
+        """The page, or None when it is missing or its checksum fails."""
+
+    def drop_page(self, page_key: int) -> None: ...
+
+
+@dataclass
+class TierCounters:
+    """Cumulative, by tier name ("l2", "l3"): tokens demoted into a tier, loaded from it,
+    dropped from it, and the bytes moved in and out; corrupt disk pages."""
+
+    demoted_tokens: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
+    loaded_tokens: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
+    dropped_tokens: dict[str, int] = field(default_factory=lambda: {"l1": 0, "l2": 0, "l3": 0})
+    bytes_in: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
+    bytes_out: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
+    corrupt_pages: int = 0
+
+
+@dataclass
+class LoadPlan:
+    """Lower nodes to bring into the pool, in path order, locked (via the last one) until
+    `LowerTiers.load` or `cancel`; `payloads[i]` holds node i's disk pages (() for host)."""
+
+    nodes: list[TreeNode]
+    payloads: list[tuple[bytes, ...]]
+
+    @property
+    def num_pages(self) -> int:
+        return sum(len(n.pages) for n in self.nodes)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n.num_tokens for n in self.nodes)
+
+
+class LowerTiers:
+    """The host and disk tiers of one RadixCache (attaches itself as `tree.tiers`)."""
+
+    def __init__(self, tree: RadixCache, pool_pages: int, host_pages: int = 0,
+                 disk_pages: int = 0, disk: PageStore | None = None, page_bytes: int = 0):
+        if disk_pages and disk is None:
+            raise ValueError("a disk tier needs a page store")
+        if tree.tiers is not None or tree.num_nodes:
+            raise ValueError("attach the tiers to an empty tree without tiers")
+        self.tree = tree
+        self.page_bytes = page_bytes            # bytes of one page (for the byte counters)
+        self.disk = disk
+        self.offset = {HOST: pool_pages, DISK: pool_pages + host_pages}
+        self.alloc = {HOST: PageAllocator(host_pages), DISK: PageAllocator(disk_pages)}
+        self.nodes: dict[int, dict[int, TreeNode]] = {HOST: {}, DISK: {}}   # by node id
+        self.pending_writes: set[int] = set()   # disk ids whose write has not run yet
+        self.counters = TierCounters()
+        self._moves: list[DemoteOrder | LoadOrder] = []
+        self._below = [t for t in (HOST, DISK) if self.alloc[t].num_pages]
+        tree.tiers = self
+
+    # ------------------------------------------------------------------ state
+    def capacity_pages(self, tier: int) -> int:
+        return self.alloc[tier].num_pages
+
+    def used_pages(self, tier: int) -> int:
+        a = self.alloc[tier]
+        return a.num_pages - a.num_free
+
+    def tokens(self, tier: int) -> int:
+        return sum(n.num_tokens for n in self.nodes[tier].values())
+
+    def take_moves(self) -> list[DemoteOrder | LoadOrder]:
+        """The orders issued since the last call, in the order they must run."""
+        moves, self._moves = self._moves, []
+        return moves
+
+    def moves_done(self) -> None:
+        """Every order taken so far has run: pending disk writes are on disk now."""
+        self.pending_writes.clear()
+
+    def local(self, tier: int, ids: np.ndarray) -> np.ndarray:
+        """Tree ids of `tier` as that tier's own slot ids / disk keys."""
+        return (ids - self.offset[tier]).astype(np.int32) if tier != POOL else ids
+
+    # ------------------------------------------------------------------ demotion
+    def demote(self, leaf: TreeNode) -> bool:
+        """Move an evicted, unlocked pool leaf down (False: no tier had room; drop it)."""
+        n = len(leaf.pages)
+        highest_child = min((c.tier for c in leaf.children.values()), default=DISK)
+        dst = None
+        for tier in self._below:
+            dst = self._take(tier, n) if tier <= highest_child else None
+            if dst is not None:
+                break
+        else:
+            self.counters.dropped_tokens["l1"] += leaf.num_tokens
+            for child in list(leaf.children.values()):
+                self._drop_branch(child, force=True)
+        # Making room may have dropped a child of the leaf, which put the leaf (being
+        # evicted, so out of the evictable set) back in: take it out again.
+        if leaf.evict_key is not None:
+            self.tree._remove_evictable(leaf)
+        if dst is None:
+            return False
+        src = leaf.pages
+        self._place(leaf, tier, dst)
+        self.tree._leave_pool(leaf)
+        self._moves.append(DemoteOrder(POOL, src, tier, self.local(tier, dst)))
+        self._count_in(tier, leaf.num_tokens)
+        return True
+
+    def _take(self, tier: int, n: int) -> np.ndarray | None:
+        """`n` free ids of `tier` (making room by pushing its victims down), or None."""
+        a = self.alloc[tier]
+        if a.num_pages < n or (a.num_free < n and not self._make_room(tier, n)):
+            return None
+        ids = a.alloc(n) + np.int32(self.offset[tier])
+        ids.flags.writeable = False
+        return ids
+
+    def _make_room(self, tier: int, n: int) -> bool:
+        """Free `n` ids of `tier`: its victims in policy order go down a tier (or are
+        dropped from the last one)."""
+        a = self.alloc[tier]
+        while a.num_free < n:
+            progress = False
+            for victim in self._victims(tier):
+                if victim.tier == tier and self._push_down(victim):
+                    progress = True
+                    if a.num_free >= n:
+                        return True
+            if not progress:
+                return False
+        return True
+
+    def _victims(self, tier: int) -> list[TreeNode]:
+        """Nodes of `tier` that may leave it, first to go first: unlocked, not waiting for
+        their disk write, and with no child in this tier (the pool and host parts of the
+        tree stay prefix-closed)."""
+        policy = self.tree.policy
+        ready = [n for n in self.nodes[tier].values()
+                 if n.lock_ref == 0 and not self._pending(n)
+                 and all(c.tier > tier for c in n.children.values())]
+        ready.sort(key=lambda n: (policy.key(n), n.id))
+        return ready
+
+    def _push_down(self, node: TreeNode) -> bool:
+        tier = node.tier
+        dst = None
+        if tier == HOST and self.alloc[DISK].num_pages:
+            dst = self._take(DISK, len(node.pages))
+        if dst is None:
+            if node.children:
+                return False            # its children would lose their parent
+            self._drop(node)
+            return True
+        src = node.pages
+        del self.nodes[tier][node.id]
+        self._release_ids(tier, src)
+        self._place(node, DISK, dst)
+        self._moves.append(DemoteOrder(tier, self.local(tier, src), DISK,
+                                       self.local(DISK, dst)))
+        self._count_out(tier, node.num_tokens)
+        self._count_in(DISK, node.num_tokens)
+        return True
+
+    def _drop(self, node: TreeNode) -> None:
+        """Remove a childless lower node from the tree; its ids are freed."""
+        self.counters.dropped_tokens[TIER_NAMES[node.tier]] += node.num_tokens
+        self.release(node)
+        self.tree._drop_lower(node)
+
+    def _place(self, node: TreeNode, tier: int, ids: np.ndarray) -> None:
+        node.pages = ids
+        node.tier = tier
+        self.nodes[tier][node.id] = node
+        if tier == DISK:
+            self.pending_writes.update(ids.tolist())
+
+    def _pending(self, node: TreeNode) -> bool:
+        return node.tier == DISK and bool(self.pending_writes) and \
+            not self.pending_writes.isdisjoint(node.pages.tolist())
+
+    # ------------------------------------------------------------------ loading
+    def plan_load(self, lower: Sequence[TreeNode], max_tier: int = DISK) -> LoadPlan | None:
+        """The leading nodes of a match's lower part that can come into the pool now (tiers
+        up to `max_tier`), locked; None when there are none.
+
+        Disk pages are read here: the first one that is missing or fails its checksum ends
+        the plan, and the tree is cut before it and the rest of that branch dropped (when
+        nobody holds a lock in it), so the prefix from that page on is recomputed.
+        """
+        nodes: list[TreeNode] = []
+        payloads: list[tuple[bytes, ...]] = []
+        for node in lower:
+            if node.tier > max_tier or node.parent is None or self._pending(node):
+                break
+            if node.tier == DISK:
+                got = self._read(node)
+                if len(got) < len(node.pages):
+                    if got:
+                        upper = self.tree._split(node, len(got) * self.tree.page_size)
+                        nodes.append(upper)
+                        payloads.append(got)
+                    self._drop_branch(node)
+                    break
+                payloads.append(got)
+            else:
+                payloads.append(())
+            nodes.append(node)
+        if not nodes:
+            return None
+        self.tree.lock(nodes[-1])
+        return LoadPlan(nodes, payloads)
+
+    def _read(self, node: TreeNode) -> tuple[bytes, ...]:
+        got = []
+        for key in self.local(DISK, node.pages).tolist():
+            data = self.disk.read_page(key)
+            if data is None:
+                self.counters.corrupt_pages += 1
+                break
+            got.append(data)
+        return tuple(got)
+
+    def _drop_branch(self, node: TreeNode, force: bool = False) -> None:
+        """Drop a lower node and everything below it (all in lower tiers), unless locked
+        (`force`: the caller knows it is not)."""
+        if node.lock_ref and not force:
+            return
+        stack, order = [node], []
+        while stack:
+            n = stack.pop()
+            order.append(n)
+            stack.extend(n.children.values())
+        for n in reversed(order):           # children first: each is childless when dropped
+            self._drop(n)
+
+    def cancel(self, plan: LoadPlan) -> None:
+        """Give up a plan (no pool pages for it): unlock its nodes."""
+        self.tree.unlock(plan.nodes[-1])
+
+    def load(self, plan: LoadPlan, pages: np.ndarray) -> TreeNode:
+        """Move the plan's nodes into the pool on `pages` (pool ids, `plan.num_pages` of
+        them, in path order) and queue their LoadOrders. Returns the last node, still
+        locked once by the plan: the caller takes that lock over."""
+        i = 0
+        for node, data in zip(plan.nodes, plan.payloads):
+            n = len(node.pages)
+            dst = pages[i:i + n]
+            i += n
+            tier = node.tier
+            self._moves.append(LoadOrder(tier, self.local(tier, node.pages), dst, data))
+            self.counters.loaded_tokens[TIER_NAMES[tier]] += node.num_tokens
+            self._count_out(tier, node.num_tokens)
+            self.tree.enter_pool(node, dst)
+        return plan.nodes[-1]
+
+    # ------------------------------------------------------------------ release
+    def release(self, node: TreeNode) -> None:
+        """A lower node leaves its tier (into the pool, dropped or flushed): free its ids."""
+        tier = node.tier
+        del self.nodes[tier][node.id]
+        self._release_ids(tier, node.pages)
+
+    def _release_ids(self, tier: int, ids: np.ndarray) -> None:
+        local = self.local(tier, ids)
+        if tier == DISK:
+            for key in local.tolist():
+                self.disk.drop_page(key)
+        self.alloc[tier].free(local)
+
+    def forget(self, nodes: Sequence[TreeNode]) -> None:
+        """Flushed nodes: the lower ones give their ids back."""
+        for node in nodes:
+            if node.tier != POOL:
+                self.release(node)
+
+    def added(self, node: TreeNode) -> None:
+        """A split made a new lower node (the upper part of an edge)."""
+        self.nodes[node.tier][node.id] = node
+
+    def _count_in(self, tier: int, tokens: int) -> None:
+        name = TIER_NAMES[tier]
+        self.counters.demoted_tokens[name] += tokens
+        self.counters.bytes_in[name] += tokens // self.tree.page_size * self.page_bytes
+
+    def _count_out(self, tier: int, tokens: int) -> None:
+        self.counters.bytes_out[TIER_NAMES[tier]] += \
+            tokens // self.tree.page_size * self.page_bytes
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """Each tier's ids are free or held by exactly one of its nodes; the registry is
+        the tree's lower nodes. AssertionError naming the problem."""
+        found: dict[int, dict[int, TreeNode]] = {HOST: {}, DISK: {}}
+        for node in self.tree.iter_nodes():
+            if node.tier != POOL:
+                found[node.tier][node.id] = node
+        for tier in (HOST, DISK):
+            name = TIER_NAMES[tier]
+            assert found[tier].keys() == self.nodes[tier].keys(), \
+                f"{name}: registry {sorted(self.nodes[tier])} != tree {sorted(found[tier])}"
+            a = self.alloc[tier]
+            held = [self.local(tier, n.pages) for n in found[tier].values()]
+            ids = np.concatenate([a.free_page_ids(), *held]).astype(np.int64)
+            uniq = np.unique(ids)
+            assert len(uniq) == len(ids) == a.num_pages and \
+                (len(ids) == 0 or (uniq[0] == 0 and uniq[-1] == a.num_pages - 1)), \
+                f"{name}: free {a.num_free} + held {len(ids) - a.num_free} ids are not " \
+                f"each of its {a.num_pages} slots once"

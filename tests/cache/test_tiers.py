@@ -1,0 +1,77 @@
+"""Tiers by hand: a prefix demoted down the tiers comes back, a corrupt disk page is a miss."""
+
+from __future__ import annotations
+
+from radixserve.cache import PagedMemory, RadixCache
+from radixserve.cache.prefix_lease import PrefixLease
+from radixserve.cache.tiers import DISK, HOST, DemoteOrder, LoadOrder, LowerTiers
+
+from .test_tiers_stateful import FakeDisk
+
+
+def tiered(num_pages=8, host=4, disk=8, ps=2):
+    tree = RadixCache(ps)
+    store = FakeDisk()
+    tiers = LowerTiers(tree, num_pages, host, disk, store if disk else None, page_bytes=16)
+    return tree, PagedMemory(num_pages, tree), tiers, store
+
+
+def cache(mem, tokens):
+    lease = PrefixLease(mem)
+    lease.acquire(tokens)
+    lease.grow(len(tokens) // mem.page_size - len(lease.pages))
+    lease.release(tokens, len(tokens))
+
+
+def run(tiers, store):
+    """The runner's part for the disk: write what is demoted there (payload = the ids)."""
+    for mv in tiers.take_moves():
+        if isinstance(mv, DemoteOrder) and mv.dst_tier == DISK:
+            for key in mv.dst.tolist():
+                store.write_page(key, key.to_bytes(8, "little"))
+    tiers.moves_done()
+
+
+def test_a_prefix_goes_down_to_host_then_disk_and_matches_in_every_tier():
+    tree, mem, tiers, store = tiered()
+    a = list(range(8))                       # 4 pages of 2
+    cache(mem, a)
+    mem.free(tree.evict(8))                  # all of it to host (4 slots)
+    m = tree.match_prefix(a + [99])
+    assert m.matched_tokens == 0 and m.lower_tokens(HOST) == 8
+    cache(mem, [50 + t for t in range(8)])   # fills the pool again
+    mem.free(tree.evict(8))                  # host is full: `a` goes on to disk
+    run(tiers, store)
+    m = tree.match_prefix(a + [99])
+    assert m.lower_tokens(DISK) == 8 and m.lower_tokens(HOST) == 0
+    lease = PrefixLease(mem)
+    m = lease.acquire(a + [99])
+    assert lease.load(m) == 8 and lease.matched_tokens == 8
+    loads = [mv for mv in tiers.take_moves() if isinstance(mv, LoadOrder)]
+    assert [mv.src_tier for mv in loads] == [DISK] and sum(len(mv.payloads) for mv in loads) == 4
+    assert tiers.counters.loaded_tokens["l3"] == 8
+    lease.release()
+    tree.check_invariants()
+    mem.check_conservation()
+
+
+def test_a_corrupt_disk_page_ends_the_load_and_the_rest_is_dropped():
+    tree, mem, tiers, store = tiered(host=0)
+    a = list(range(8))
+    cache(mem, a)
+    mem.free(tree.evict(8))
+    run(tiers, store)
+    node = tree.match_prefix(a).lower[0]
+    third = int(node.pages[2]) - tiers.offset[DISK]
+    crc, payload = store.pages[third]
+    store.pages[third] = (crc, b"x" + payload[1:])      # flip the third page's first byte
+    lease = PrefixLease(mem)
+    m = lease.acquire(a + [99])
+    assert lease.load(m) == 4                # pages 1 and 2 load; 3 and 4 are recomputed
+    assert tiers.counters.corrupt_pages == 1 and store.corrupt == 1
+    assert tiers.counters.dropped_tokens["l3"] == 4
+    assert tree.peek_prefix(a + [99]) == 4
+    lease.release()
+    tree.check_invariants()
+    mem.check_conservation()
+
