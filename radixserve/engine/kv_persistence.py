@@ -27,7 +27,8 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from radixserve.attention.page_bytes import bytes_to_pages, page_payload_bytes, pages_to_bytes
+from radixserve.attention.page_bytes import (bytes_to_pages, page_payload_bytes, pages_to_bytes,
+                                             rows_to_bytes)
 from radixserve.attention.kv_pool import KVPool
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.radix_cache import RadixCache
@@ -63,6 +64,7 @@ class RestoreReport:
 
 @dataclass
 class _Node:                    # a tree node as one save pass saw it
+    tier: int                   # 1: pages are pool pages; 2: host slots (tree ids)
     node_id: int
     parent_id: int | None
     namespace: str | None
@@ -89,15 +91,16 @@ def _chain(start: bytes, key: bytes | memoryview, page_size: int) -> list[bytes]
 
 class KVPersistence:
     def __init__(self, store: DiskPageStore, tree: RadixCache, memory: PagedMemory,
-                 pool: KVPool, compute: Compute, step_lock: asyncio.Lock):
+                 runner, compute: Compute, step_lock: asyncio.Lock):
         self.store = store
         self.tree = tree
         self.memory = memory
-        self.pool = pool
+        self.runner = runner                # its KV pool, and its tier mover (host slots)
+        self.pool: KVPool = runner.kv_pool
         self._compute = compute
         self._step_lock = step_lock
         self._disk_key: dict[bytes, int] = {}      # page path hash -> disk page key
-        self._batch_pages = max(1, BATCH_BYTES // page_payload_bytes(pool))
+        self._batch_pages = max(1, BATCH_BYTES // page_payload_bytes(self.pool))
         self._saving = asyncio.Lock()
         self.restored: RestoreReport | None = None
         self.last_save: SaveReport | None = None
@@ -131,17 +134,17 @@ class KVPersistence:
                     report.complete = False
                     break
                 async with self._step_lock:      # no step evicts between walk and copy
-                    todo = [(h, int(p)) for n in self._walk()
+                    await self._run_pending_moves()
+                    todo = [(h, n.tier, int(p)) for n in self._walk()
                             for h, p in zip(n.hashes, n.pages) if h not in self._disk_key]
                     todo = todo[:self._batch_pages]
                     if not todo:
                         break
-                    payloads = await self._compute(pages_to_bytes, self.pool,
-                                                   [p for _, p in todo])
-                written, full = await asyncio.to_thread(self._write, [h for h, _ in todo],
+                    payloads = await self._compute(self._copy_out, todo)
+                written, full = await asyncio.to_thread(self._write, [t[0] for t in todo],
                                                         payloads)
                 report.pages_written += written
-                new_keys.update(self._disk_key[h] for h, _ in todo[:written])
+                new_keys.update(self._disk_key[t[0]] for t in todo[:written])
                 if full:
                     report.complete = False
                     break
@@ -161,7 +164,7 @@ class KVPersistence:
         ends: dict[int, bytes] = {}
         nodes = []
         for node in self.tree.iter_nodes():
-            if node.tier != 1:      # host/disk tier nodes (and all below them): not saved
+            if node.tier not in (1, 2):  # the disk tier (and all below it) is not saved
                 continue
             parent = node.parent
             below_root = parent is None or parent.depth == 0
@@ -169,9 +172,36 @@ class KVPersistence:
             hashes = _chain(start, node.key, self.tree.page_size)
             if hashes:
                 ends[node.id] = hashes[-1]
-            nodes.append(_Node(node.id, None if below_root else parent.id, node.namespace,
+            nodes.append(_Node(node.tier, node.id, None if below_root else parent.id,
+                               node.namespace,
                                node.key, node.pages, hashes, node.last_access))
         return nodes
+
+    async def _run_pending_moves(self) -> None:
+        """Run tier orders issued since the last step (the step lock is held): a host slot
+        or pool page a pending order fills holds its content only afterwards."""
+        tiers = self.tree.tiers
+        moves = tiers.take_moves() if tiers is not None else []
+        if moves:
+            await self._compute(self.runner.mover.run, moves)
+            tiers.moves_done()
+
+    def _copy_out(self, todo: list[tuple[bytes, int, int]]) -> list[bytes]:
+        """Page bytes of (hash, tier, tree id) entries, in order (compute thread)."""
+        out: list[bytes | None] = [None] * len(todo)
+        for tier in (1, 2):
+            rows = [i for i, t in enumerate(todo) if t[1] == tier]
+            if not rows:
+                continue
+            ids = np.array([todo[i][2] for i in rows], dtype=np.int64)
+            if tier == 1:
+                payloads = pages_to_bytes(self.pool, ids)
+            else:
+                local = self.tree.tiers.local(tier, ids)
+                payloads = rows_to_bytes(self.runner.mover.host.tensors, local)
+            for i, payload in zip(rows, payloads):
+                out[i] = payload
+        return out
 
     def _write(self, hashes: list[bytes], payloads: list[bytes]) -> tuple[int, bool]:
         """Write pages (a worker thread); -> (how many, whether the disk budget is full)."""
@@ -283,7 +313,7 @@ def open_persistence(config, runner, tree: RadixCache, memory: PagedMemory, comp
                           config.kv_disk_bytes)
     if not store.usable:
         return None
-    return KVPersistence(store, tree, memory, runner.kv_pool, compute, step_lock)
+    return KVPersistence(store, tree, memory, runner, compute, step_lock)
 
 
 def engine_fingerprint(config, runner):
