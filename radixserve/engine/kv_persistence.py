@@ -1,10 +1,12 @@
 """KVPersistence: the prefix cache saved to a DiskPageStore and restored from it at start.
 
-Save (SIGTERM, `POST /cache/save`): every page the tree holds that the store lacks is copied
-out of the KV pool and written (batches of ~32 MiB, each copied while the step loop waits
-at `step_lock`, so no page is evicted and overwritten between the walk that chose it and
-its copy; steps run between batches and while the files are written); then pages the tree
-no longer holds are dropped, and the index of every node whose pages are all on disk is
+Save (SIGTERM, `POST /cache/save`): every page the tree holds in the KV pool (L1) or in
+host memory (L2) that the store lacks is copied out and written, in batches of ~32 MiB.
+Each batch is chosen and copied while the step loop waits at `step_lock` (tier orders
+still pending are run first), so no page is evicted and overwritten between the walk that
+chose it and its copy; steps run between batches and while the files are written. Pages
+only the disk tier holds are not saved. Then the pages the tree no longer holds are
+dropped, and the index of every node whose pages are all on disk is
 written last. Restore (start, before serving): the index's nodes, parents first, are read
 (each page's checksum verified: a failed page ends its node there and skips everything
 below it, so those tokens are recomputed), copied into free pool pages and inserted into
