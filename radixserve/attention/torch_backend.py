@@ -213,18 +213,30 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         vd = vb.view(c.batch, hkv, c.max_kv, d).to(dt)
         # Two batched matmuls with the softmax in fp32 (the numerics of transformers'
         # eager attention): ~2.5x faster than CPU SDPA for these 1-row queries.
-        scores = torch.matmul(qd, kd.transpose(-1, -2)).float()
-        if c.mask is None:
-            scores.mul_(self.sm_scale)
-        else:
-            scores = torch.add(c.mask.additive(torch.float32), scores, alpha=self.sm_scale)
+        scores = torch.matmul(qd, kd.transpose(-1, -2))
         if c.with_lse:
+            # fp32 scores (the scale applied in the same pass): the lse must be exact.
+            scores = (torch.mul(scores, self.sm_scale, out=self._ws.take(
+                "decode.scores32", scores.shape, torch.float32, scores.device))
+                if c.mask is None else
+                torch.add(c.mask.additive(torch.float32), scores, alpha=self.sm_scale))
             probs, o_lse = softmax_with_lse(scores)
             lse.index_copy_(0, c.tokens, o_lse.view(c.batch, self.num_qo_heads))
+            probs = probs.to(dt)
         else:
-            probs = scores.softmax(-1)
-        o = torch.matmul(probs.to(dt), vd)
+            probs = self._softmax_low_precision(scores, c.mask)
+        o = torch.matmul(probs, vd)
         out.index_copy_(0, c.tokens, o.reshape(c.batch, self.num_qo_heads, d))
+
+    def _softmax_low_precision(self, scores: torch.Tensor, mask: plans.Mask | None,
+                               ) -> torch.Tensor:
+        """softmax(scores * scale + mask) in the scores' dtype. CPU softmax computes in
+        fp32 inside and rounds its output once, so this equals the fp32 softmax cast back
+        (transformers' eager numerics) without two fp32 copies of the scores. In bf16 the
+        scale is exact for power-of-two head dims (64: 1/8), as transformers rounds it."""
+        if mask is None:
+            return scores.mul_(self.sm_scale).softmax(-1)
+        return torch.add(mask.additive(scores.dtype), scores, alpha=self.sm_scale).softmax(-1)
 
     # ------------------------------------------------------- cascade, per layer
     def _fold_heads(self, x: torch.Tensor) -> torch.Tensor:

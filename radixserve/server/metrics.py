@@ -47,6 +47,11 @@ class EngineCollector(Collector):
         for reason, count in sorted(s.requests_finished.items()):
             finished.add_metric([reason], count)
         yield finished
+        yield GaugeMetricFamily("radixserve_pinned_tokens",
+                                "Tokens of the pinned prefixes (POST /cache/pin), summed",
+                                value=s.pinned_tokens)
+        yield GaugeMetricFamily("radixserve_pinned_prefixes", "Pinned prefixes",
+                                value=s.pinned_prefixes)
         yield GaugeMetricFamily("radixserve_running_requests", "Requests being computed",
                                 value=s.running)
         yield GaugeMetricFamily("radixserve_waiting_requests", "Requests waiting for admission",
@@ -63,6 +68,43 @@ class EngineCollector(Collector):
                                       "recomputed)", value=s.kv_disk["corrupt_pages"])
             yield GaugeMetricFamily("radixserve_kv_disk_bytes", "Bytes of KV pages on disk",
                                     value=s.kv_disk["used_bytes"])
+        if s.tiers:                                  # --kv-host-tokens / --kv-disk-dir
+            yield from tier_metrics(s)
+
+
+def tier_metrics(s: EngineStats) -> Iterator[Metric]:
+    """Hits, loads, demotions and bytes moved by tier (docs/tiers.md)."""
+    t = s.tiers
+    lower = ("l2", "l3")
+    hits = CounterMetricFamily("radixserve_kv_tier_hits_tokens",
+                               "Prompt tokens served from the cache, by the tier they were in",
+                               labels=["tier"])
+    loaded = sum(t[n]["loaded_tokens"] for n in lower)
+    hits.add_metric(["l1"], max(0, s.prefix_hit_tokens - loaded))
+    for n in lower:
+        hits.add_metric([n], t[n]["loaded_tokens"])
+    yield hits
+    for key, doc in (("demoted_tokens", "Tokens written down into a tier"),
+                     ("loaded_tokens", "Tokens loaded from a tier into the KV pool")):
+        family = CounterMetricFamily(f"radixserve_kv_tier_{key}", doc, labels=["tier"])
+        for n in lower:
+            family.add_metric([n], t[n][key])
+        yield family
+    moved = CounterMetricFamily("radixserve_kv_tier_bytes", "Bytes moved into and out of a tier",
+                                labels=["tier", "direction"])
+    for n in lower:
+        moved.add_metric([n, "in"], t[n]["bytes_in"])
+        moved.add_metric([n, "out"], t[n]["bytes_out"])
+    yield moved
+    yield CounterMetricFamily("radixserve_kv_tier_unreadable_pages",
+                              "Disk-tier pages missing or failing their checksum (recomputed)",
+                              value=t["corrupt_pages"])
+    held = GaugeMetricFamily("radixserve_kv_tier_tokens", "Tokens held and capacity by tier",
+                             labels=["tier", "kind"])
+    for n in lower:
+        held.add_metric([n, "cached"], t[n]["cached_tokens"])
+        held.add_metric([n, "capacity"], t[n]["capacity_tokens"])
+    yield held
 
 
 class ServerMetrics:

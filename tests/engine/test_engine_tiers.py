@@ -8,7 +8,11 @@ import asyncio
 import pytest
 
 from engine_helpers import QUESTIONS, SYSTEM_PROMPT, chat_ids, collect, make_engine, wait_idle
+from prometheus_client import generate_latest
+
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.server.metrics import ServerMetrics
+from radixserve.server.native_api import stats_body
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 OTHER_SYSTEM = ("You are a terse librarian who answers with the title of one book and its "
@@ -70,6 +74,13 @@ def test_a_prefix_demoted_to_host_memory_is_loaded_back(model_fp32, uncached, pa
     assert again >= system, (again, system)
     assert results[0].final.usage.cached_tokens == 0
     engine.check_invariants()
+    # /cache/stats and /metrics split the hits by tier.
+    body = stats_body(stats)["tiers"]
+    assert body["hit_tokens"]["l2"] == stats.tiers["l2"]["loaded_tokens"]
+    assert body["hit_tokens"]["l1"] + body["hit_tokens"]["l2"] == stats.prefix_hit_tokens
+    text = generate_latest(ServerMetrics(engine.stats).registry).decode()
+    assert f'radixserve_kv_tier_loaded_tokens_total{{tier="l2"}} ' \
+           f'{float(stats.tiers["l2"]["loaded_tokens"])}' in text
 
 
 def test_recompute_when_loading_is_measured_slower(model_fp32, uncached):
