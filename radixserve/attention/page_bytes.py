@@ -16,7 +16,7 @@ import torch
 
 from .kv_pool import KVPool
 
-__all__ = ["page_payload_bytes", "pages_to_bytes", "bytes_to_pages"]
+__all__ = ["page_payload_bytes", "pages_to_bytes", "rows_to_bytes", "bytes_to_pages"]
 
 
 def _tensors(pool: KVPool) -> list[torch.Tensor]:
@@ -29,15 +29,21 @@ def page_payload_bytes(pool: KVPool) -> int:
 
 def pages_to_bytes(pool: KVPool, pages: Sequence[int]) -> list[bytes]:
     """The payload of each page in `pages` (pool page ids)."""
-    if not len(pages):
+    return rows_to_bytes(_tensors(pool), pages)
+
+
+def rows_to_bytes(tensors: Sequence[torch.Tensor], ids: Sequence[int]) -> list[bytes]:
+    """Page payloads from tensors laid out as the pool's (first dim = page; the host tier's
+    slots are), rows `ids`."""
+    if not len(ids):
         return []
-    index = torch.as_tensor(np.asarray(pages, dtype=np.int64), device=pool.device)
     parts = []                                   # per tensor: uint8 [n, bytes of one page]
-    for t in _tensors(pool):
-        rows = t.index_select(0, index).view(torch.uint8).reshape(len(pages), -1)
+    for t in tensors:
+        index = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=t.device)
+        rows = t.index_select(0, index).view(torch.uint8).reshape(len(ids), -1)
         parts.append(rows.cpu().numpy())
     joined = np.concatenate(parts, axis=1)       # [n, payload bytes]
-    return [joined[i].tobytes() for i in range(len(pages))]
+    return [joined[i].tobytes() for i in range(len(ids))]
 
 
 def bytes_to_pages(pool: KVPool, pages: Sequence[int], payloads: Sequence[bytes]) -> None:

@@ -1,10 +1,12 @@
 """KVPersistence: the prefix cache saved to a DiskPageStore and restored from it at start.
 
-Save (SIGTERM, `POST /cache/save`): every page the tree holds that the store lacks is copied
-out of the KV pool and written (batches of ~32 MiB, each copied while the step loop waits
-at `step_lock`, so no page is evicted and overwritten between the walk that chose it and
-its copy; steps run between batches and while the files are written); then pages the tree
-no longer holds are dropped, and the index of every node whose pages are all on disk is
+Save (SIGTERM, `POST /cache/save`): every page the tree holds in the KV pool (L1) or in
+host memory (L2) that the store lacks is copied out and written, in batches of ~32 MiB.
+Each batch is chosen and copied while the step loop waits at `step_lock` (tier orders
+still pending are run first), so no page is evicted and overwritten between the walk that
+chose it and its copy; steps run between batches and while the files are written. Pages
+only the disk tier holds are not saved. Then the pages the tree no longer holds are
+dropped, and the index of every node whose pages are all on disk is
 written last. Restore (start, before serving): the index's nodes, parents first, are read
 (each page's checksum verified: a failed page ends its node there and skips everything
 below it, so those tokens are recomputed), copied into free pool pages and inserted into
@@ -27,7 +29,8 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from radixserve.attention.page_bytes import bytes_to_pages, page_payload_bytes, pages_to_bytes
+from radixserve.attention.page_bytes import (bytes_to_pages, page_payload_bytes, pages_to_bytes,
+                                             rows_to_bytes)
 from radixserve.attention.kv_pool import KVPool
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.radix_cache import RadixCache
@@ -63,6 +66,7 @@ class RestoreReport:
 
 @dataclass
 class _Node:                    # a tree node as one save pass saw it
+    tier: int                   # 1: pages are pool pages; 2: host slots (tree ids)
     node_id: int
     parent_id: int | None
     namespace: str | None
@@ -89,15 +93,16 @@ def _chain(start: bytes, key: bytes | memoryview, page_size: int) -> list[bytes]
 
 class KVPersistence:
     def __init__(self, store: DiskPageStore, tree: RadixCache, memory: PagedMemory,
-                 pool: KVPool, compute: Compute, step_lock: asyncio.Lock):
+                 runner, compute: Compute, step_lock: asyncio.Lock):
         self.store = store
         self.tree = tree
         self.memory = memory
-        self.pool = pool
+        self.runner = runner                # its KV pool, and its tier mover (host slots)
+        self.pool: KVPool = runner.kv_pool
         self._compute = compute
         self._step_lock = step_lock
         self._disk_key: dict[bytes, int] = {}      # page path hash -> disk page key
-        self._batch_pages = max(1, BATCH_BYTES // page_payload_bytes(pool))
+        self._batch_pages = max(1, BATCH_BYTES // page_payload_bytes(self.pool))
         self._saving = asyncio.Lock()
         self.restored: RestoreReport | None = None
         self.last_save: SaveReport | None = None
@@ -125,21 +130,23 @@ class KVPersistence:
             async with self._step_lock:
                 live = {h for n in self._walk() for h in n.hashes}
             report.pages_dropped = await asyncio.to_thread(self._drop_all_but, live)
+            new_keys: set[int] = set()
             while True:
                 if deadline is not None and time.monotonic() >= deadline:
                     report.complete = False
                     break
                 async with self._step_lock:      # no step evicts between walk and copy
-                    todo = [(h, int(p)) for n in self._walk()
+                    await self._run_pending_moves()
+                    todo = [(h, n.tier, int(p)) for n in self._walk()
                             for h, p in zip(n.hashes, n.pages) if h not in self._disk_key]
                     todo = todo[:self._batch_pages]
                     if not todo:
                         break
-                    payloads = await self._compute(pages_to_bytes, self.pool,
-                                                   [p for _, p in todo])
-                written, full = await asyncio.to_thread(self._write, [h for h, _ in todo],
+                    payloads = await self._compute(self._copy_out, todo)
+                written, full = await asyncio.to_thread(self._write, [t[0] for t in todo],
                                                         payloads)
                 report.pages_written += written
+                new_keys.update(self._disk_key[t[0]] for t in todo[:written])
                 if full:
                     report.complete = False
                     break
@@ -147,8 +154,7 @@ class KVPersistence:
                 nodes = self._walk()
             index_nodes = self._index_nodes(nodes)
             report.nodes = len(index_nodes)
-            report.pages_kept = sum(len(n.page_keys) for n in index_nodes) - \
-                report.pages_written
+            report.pages_kept = sum(k not in new_keys for n in index_nodes for k in n.page_keys)
             await asyncio.to_thread(self.store.write_index, self.store.new_index(index_nodes))
             report.seconds = time.monotonic() - started
             self.last_save = report
@@ -160,7 +166,7 @@ class KVPersistence:
         ends: dict[int, bytes] = {}
         nodes = []
         for node in self.tree.iter_nodes():
-            if node.tier != 1:      # host/disk tier nodes (and all below them): not saved
+            if node.tier not in (1, 2):  # the disk tier (and all below it) is not saved
                 continue
             parent = node.parent
             below_root = parent is None or parent.depth == 0
@@ -168,9 +174,36 @@ class KVPersistence:
             hashes = _chain(start, node.key, self.tree.page_size)
             if hashes:
                 ends[node.id] = hashes[-1]
-            nodes.append(_Node(node.id, None if below_root else parent.id, node.namespace,
+            nodes.append(_Node(node.tier, node.id, None if below_root else parent.id,
+                               node.namespace,
                                node.key, node.pages, hashes, node.last_access))
         return nodes
+
+    async def _run_pending_moves(self) -> None:
+        """Run tier orders issued since the last step (the step lock is held): a host slot
+        or pool page a pending order fills holds its content only afterwards."""
+        tiers = self.tree.tiers
+        moves = tiers.take_moves() if tiers is not None else []
+        if moves:
+            await self._compute(self.runner.mover.run, moves)
+            tiers.moves_done()
+
+    def _copy_out(self, todo: list[tuple[bytes, int, int]]) -> list[bytes]:
+        """Page bytes of (hash, tier, tree id) entries, in order (compute thread)."""
+        out: list[bytes | None] = [None] * len(todo)
+        for tier in (1, 2):
+            rows = [i for i, t in enumerate(todo) if t[1] == tier]
+            if not rows:
+                continue
+            ids = np.array([todo[i][2] for i in rows], dtype=np.int64)
+            if tier == 1:
+                payloads = pages_to_bytes(self.pool, ids)
+            else:
+                local = self.tree.tiers.local(tier, ids)
+                payloads = rows_to_bytes(self.runner.mover.host.tensors, local)
+            for i, payload in zip(rows, payloads):
+                out[i] = payload
+        return out
 
     def _write(self, hashes: list[bytes], payloads: list[bytes]) -> tuple[int, bool]:
         """Write pages (a worker thread); -> (how many, whether the disk budget is full)."""
@@ -275,11 +308,14 @@ def open_persistence(config, runner, tree: RadixCache, memory: PagedMemory, comp
     the store logged why in one line)."""
     if not config.kv_disk_dir:
         return None
+    if config.disable_radix_cache:
+        log.warning("--kv-disk-dir is not used with --disable-radix-cache")
+        return None
     store = DiskPageStore(config.kv_disk_dir, engine_fingerprint(config, runner),
                           config.kv_disk_bytes)
     if not store.usable:
         return None
-    return KVPersistence(store, tree, memory, runner.kv_pool, compute, step_lock)
+    return KVPersistence(store, tree, memory, runner, compute, step_lock)
 
 
 def engine_fingerprint(config, runner):

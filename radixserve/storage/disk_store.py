@@ -144,8 +144,8 @@ class DiskPageStore:
             raise
 
     def read_page(self, page_key: int) -> bytes | None:
-        """The page's bytes; None when it is not stored or fails its check (then it is
-        dropped, counted in `corrupt_pages` and logged)."""
+        """The page's bytes; None when it is not stored, fails its check (then it is
+        dropped, counted in `corrupt_pages` and logged) or is stale (`stale_pages`)."""
         if not self.usable or page_key not in self._sizes:
             return None
         try:
@@ -156,19 +156,18 @@ class DiskPageStore:
                 check_payload(payload, length, crc, trailing=bool(f.read(1)))
             return payload
         except StalePage as e:
-            with self._lock:
-                self.stale_pages += 1
-            log.warning("KV disk store %s: page %#x %s; dropped, its tokens will be "
-                        "recomputed", self.directory, page_key, e)
-            self.drop_page(page_key)
-            return None
+            self._reject(page_key, "stale_pages", str(e))
         except (BadBlob, OSError) as e:
-            with self._lock:
-                self.corrupt_pages += 1
-            log.warning("KV disk store %s: page %#x failed its check (%s); dropped, its "
-                        "tokens will be recomputed", self.directory, page_key, e)
-            self.drop_page(page_key)
-            return None
+            self._reject(page_key, "corrupt_pages", f"failed its check ({e})")
+        return None
+
+    def _reject(self, page_key: int, counter: str, why: str) -> None:
+        """Never serve this page again: count it, log it once, drop it."""
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
+        log.warning("KV disk store %s: page %#x %s; dropped, its tokens will be recomputed",
+                    self.directory, page_key, why)
+        self.drop_page(page_key)
 
     def drop_page(self, page_key: int) -> None:
         """Remove a page (nothing when it is not stored)."""

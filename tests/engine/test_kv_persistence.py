@@ -102,3 +102,24 @@ def test_save_while_requests_run(model_fp32, tmp_path, uncached):
     assert report["pages_written"] > 0 and report["complete"]
     assert again["pages_kept"] >= report["pages_written"]   # nothing written twice
     assert engine.persistence.last_save.pages_written == 0  # shutdown: nothing new
+
+
+def test_host_tier_contents_are_saved_and_restored(model_fp32, tmp_path):
+    """A prefix pushed out of the pool into host memory (L2) is written down at shutdown
+    too: after a restart (with a pool that holds it) it hits on the first request."""
+    from test_engine_tiers import pool_for, run_in_turn, scenario
+
+    probe = make_engine(model_fp32, disable_radix_cache=True)
+    prompts = scenario(probe)[:-1]                  # A, then five others pushing A out
+    expected = run_in_turn(probe, prompts[:1])[0].token_ids[0]
+    small = pool_for(prompts) // PAGE_SIZE * PAGE_SIZE + 2 * PAGE_SIZE + 16
+    first = make_engine(model_fp32, page_size=PAGE_SIZE, kv_cache_tokens=small,
+                        kv_host_tokens=16384, kv_disk_dir=str(tmp_path / "kv"))
+    run_in_turn(first, prompts)
+    assert first.stats().tiers["l2"]["demoted_tokens"] > 0   # A went to host memory
+    report = first.persistence.last_save
+    assert report.complete and report.pages_written * PAGE_SIZE > small  # more than L1 holds
+    second = make_engine(model_fp32, page_size=PAGE_SIZE, kv_disk_dir=str(tmp_path / "kv"))
+    [result] = run_in_turn(second, prompts[:1])
+    assert result.token_ids[0] == expected
+    assert result.final.usage.cached_tokens >= len(prompts[0]) - PAGE_SIZE - 1

@@ -1,0 +1,199 @@
+"""`radixserve serve --kv-disk-dir` as a subprocess: the cache survives a restart (SIGTERM
+saves it, the next start restores it: the system prompt hits on the first request), a
+flipped byte in a page file is recomputed (the reply equals the uncached one in fp32, the
+corrupt-page counter is 1), a directory written with another page size is left untouched
+(one line says why), and a `kill -9` at seeded random moments of a save always leaves a
+directory the next start restores consistently (the last complete save at least) and serves
+correctly from.
+
+Every wait is on an event: a line the server prints, a reply, page files appearing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.server import http
+from tests.server.conftest import DTYPE, MODEL
+from tests.server.test_sigterm import read_until
+
+PAGE_SIZE = 4
+SYSTEM = ("You are the front desk of a mountain hotel. Answer in one short sentence, "
+          "mention the season, and never invent prices or room numbers. ") * 3
+
+
+class Server:
+    def __init__(self, directory: Path, *extra: str):
+        cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0", "--model",
+               MODEL, "--dtype", DTYPE, "--device", "cpu", "--kv-cache-tokens", "4096",
+               "--page-size", str(PAGE_SIZE), "--kv-disk-dir", str(directory),
+               "--debug-invariants", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        _, self.lines = read_until(self.proc, r"KV pool: ")
+        line = self.proc.stdout.readline()              # the disk store's line, if in use
+        self.lines.append(line)
+        m = re.search(r"KV disk store .*: restored (\d+) tokens", line)
+        self.restored = int(m.group(1)) if m else None
+        self.url = next(re.search(r"on (http://127\.0\.0\.1:\d+)", x).group(1)
+                        for x in self.lines if "serving" in x)
+
+    def ask(self, question: str, system: str = SYSTEM) -> tuple[list[int], int]:
+        """Greedy reply token ids and cached prompt tokens of a chat request."""
+        body = {"model": MODEL, "max_tokens": 8, "temperature": 0, "logprobs": True,
+                "messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": question}]}
+        reply = http.post(self.url + "/v1/chat/completions", json=body, timeout=300)
+        assert reply.status == 200, reply.text
+        data = reply.json()
+        text = data["choices"][0]["message"]["content"]
+        cached = data["usage"]["prompt_tokens_details"]["cached_tokens"]
+        return text, cached
+
+    def stats(self) -> dict:
+        return http.get(self.url + "/cache/stats").json()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=300) == 0
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.timeout(1200)          # three server starts on a loaded 2-core machine
+def test_restart_restores_the_system_prompt_and_a_flipped_byte_is_recomputed(tmp_path):
+    kv = tmp_path / "kv"
+    first = Server(kv)
+    try:
+        fresh_b, cached = first.ask("Is the pool open in winter?")   # nothing cached yet
+        assert cached == 0
+        _, system_hit = first.ask("When does the ski season start?")
+        assert system_hit > len(SYSTEM) // 8       # the system prompt, from memory
+        first.stop()
+    finally:
+        first.kill()
+    second = Server(kv)
+    try:
+        assert second.restored > 0
+        _, cached = second.ask("Do you have rooms with a view?")   # the first request
+        assert cached == system_hit                # the system prompt, from disk
+        assert second.stats()["kv_disk"]["corrupt_pages"] == 0
+        second.stop()
+    finally:
+        second.kill()
+    pages = sorted((kv / "pages").glob("*.page"))
+    victim = pages[len(pages) // 4]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    victim.write_bytes(bytes(data))
+    third = Server(kv)
+    try:
+        reply, cached = third.ask("Is the pool open in winter?")
+        assert reply == fresh_b                    # as computed without any cache (fp32)
+        stats = third.stats()["kv_disk"]
+        assert stats["corrupt_pages"] == 1
+        metrics = http.get(third.url + "/metrics").text
+        assert re.search(r"^radixserve_kv_disk_corrupt_pages_total 1\.0$", metrics, re.M)
+        third.stop()
+    finally:
+        third.kill()
+
+
+def test_another_page_size_leaves_the_directory_untouched(tmp_path):
+    kv = tmp_path / "kv"
+    first = Server(kv)
+    try:
+        first.ask("Is breakfast included?")
+        first.stop()
+    finally:
+        first.kill()
+    before = snapshot(kv)
+    other = Server(kv, "--page-size", "8")
+    try:
+        said = [line for line in other.lines if "not used" in line]
+        assert len(said) == 1 and "page size 4 there, 8 here" in said[0], other.lines
+        assert other.restored is None             # no disk store line: the tier is off
+        other.ask("Is breakfast included?")
+        assert other.stats()["kv_disk"] is None
+        other.stop()
+    finally:
+        other.kill()
+    assert snapshot(kv) == before
+
+
+def kill_mid_save(server: Server, kv: Path, new_pages: int) -> None:
+    """POST /cache/save and SIGKILL the server once `new_pages` more page files exist (or
+    once the save answered, when it wrote fewer)."""
+    pages_dir = kv / "pages"
+    before = {p.name for p in pages_dir.glob("*.page")}
+    answered = threading.Event()
+
+    def save():
+        try:
+            http.post(server.url + "/cache/save", json={}, timeout=300)
+        except OSError:
+            pass                                   # killed mid-request
+        answered.set()
+
+    thread = threading.Thread(target=save)
+    thread.start()
+    while not answered.is_set():
+        now = {p.name for p in pages_dir.glob("*.page")}
+        if len(now - before) >= new_pages:
+            break
+        time.sleep(0.002)                          # poll interval, not a guessed duration
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    thread.join(300)
+
+
+@pytest.mark.timeout(1800)          # four server starts on a loaded 2-core machine
+def test_kill_9_mid_save_then_serve_correctly(tmp_path):
+    kv = tmp_path / "kv"
+    rng = random.Random(12)
+    questions = ["Is the pool open in winter?", "Can I bring a dog?"]
+    expected: dict[str, str] = {}
+    for attempt in range(3):
+        server = Server(kv)
+        try:
+            for q in questions:
+                reply, _ = server.ask(q)
+                expected.setdefault(q, reply)      # the first server's: nothing restored
+                assert reply == expected[q]        # correct after every earlier kill
+            if attempt:                            # a complete save came before the kill
+                assert server.restored > 0
+            saved = http.post(server.url + "/cache/save", json={}, timeout=300).json()
+            assert saved["saved"] and saved["complete"] and saved["nodes"] > 0
+            server.ask(questions[0], system=SYSTEM + f" Shift {attempt}.")  # pages to save
+            assert server.stats()["kv_disk"]["corrupt_pages"] == 0
+            kill_mid_save(server, kv, rng.randint(1, 30))
+        finally:
+            server.kill()
+    last = Server(kv)
+    try:
+        assert last.restored > 0
+        for q in questions:
+            assert last.ask(q)[0] == expected[q]
+        assert last.stats()["kv_disk"]["corrupt_pages"] == 0
+        last.stop()
+    finally:
+        last.kill()
