@@ -41,6 +41,10 @@ class EngineConfig:
     warmup_tokens: int | None = 32
     weights_cache_dir: str | None = None  # dequantized GGUF weights; None: default directory
     no_weights_cache: bool = False       # dequantize at every start instead
+    # A request's tokens depend only on the request (not on its batch, chunking, the cache,
+    # preemption or page size): row-invariant linears, fixed-split attention, no cascade
+    # (docs/deterministic.md).
+    deterministic: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -85,5 +89,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--weights-cache-dir", default=None,
                    help="where a GGUF's dequantized weights are kept between starts (default: "
                         "$RADIXSERVE_CACHE_DIR, else ~/.cache/radixserve)")
+    g.add_argument("--deterministic", action="store_true",
+                   help="the same request gives the same tokens whatever else runs, cache "
+                        "on or off (greedy, or sampled with a seed); slower: see "
+                        "docs/deterministic.md")
     g.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize GGUF weights at every start; write no cache")
