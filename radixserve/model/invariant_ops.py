@@ -117,31 +117,31 @@ def check_row_invariance(weight: torch.Tensor, row_blocks: RowBlocks, seed: int 
     return True
 
 
-def row_invariant_model(model: nn.Module, row_blocks: RowBlocks | None = None) -> nn.Module:
+def choose_row_blocks(weight: torch.Tensor) -> RowBlocks:
+    """The measured blocks for the weight's dtype when ``check_row_invariance`` confirms them
+    on this machine at this thread count, else ``RowBlocks.safe()`` (e.g. 3 threads made
+    oneDNN split the 1024-row tile of a 576-wide output differently)."""
+    blocks = RowBlocks.for_dtype(weight.dtype)
+    if check_row_invariance(weight.detach(), blocks):
+        return blocks
+    log.warning("linear %s in %s: row blocks %s are not row-invariant here; using fixed "
+                "32-row tiles", tuple(weight.shape), weight.dtype, blocks)
+    return RowBlocks.safe()
+
+
+def row_invariant_model(model: nn.Module) -> nn.Module:
     """A copy of ``model``'s module tree whose nn.Linear layers are RowInvariantLinear; the
     parameters and buffers are shared with ``model`` (no memory), which is left unchanged.
-
-    The row blocks are checked once per weight shape on this machine; a shape that fails
-    falls back to ``RowBlocks.safe()`` with a warning.
-    """
-    dtype = next(model.parameters()).dtype
-    blocks = row_blocks or RowBlocks.for_dtype(dtype)
-    checked: dict[tuple, RowBlocks] = {}
-
-    def blocks_for(weight: torch.Tensor) -> RowBlocks:
-        key = (tuple(weight.shape), weight.dtype, weight.device)
-        if key not in checked:
-            ok = check_row_invariance(weight.detach(), blocks)
-            if not ok:
-                log.warning("linear %s in %s: row blocks %s are not row-invariant here; "
-                            "using fixed 32-row tiles", tuple(weight.shape), weight.dtype,
-                            blocks)
-            checked[key] = blocks if ok else RowBlocks.safe()
-        return checked[key]
+    Row blocks are chosen once per weight shape (``choose_row_blocks``)."""
+    chosen: dict[tuple, RowBlocks] = {}
 
     def convert(module: nn.Module) -> nn.Module:
         if isinstance(module, nn.Linear):
-            return RowInvariantLinear(module, blocks_for(module.weight))
+            w = module.weight
+            key = (tuple(w.shape), w.dtype, w.device)
+            if key not in chosen:
+                chosen[key] = choose_row_blocks(w)
+            return RowInvariantLinear(module, chosen[key])
         clone = copy.copy(module)
         clone._modules = {name: (convert(child) if child is not None else None)
                           for name, child in module._modules.items()}
