@@ -30,6 +30,7 @@ import torch
 from radixserve.attention import torch_plans as plans
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.metadata import AttentionMetadata
+from radixserve.attention.partial_attention import softmax_with_lse
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.attention.torch_plans import StepTables, head_major_rows
 
@@ -38,23 +39,58 @@ DEFAULT_QUERY_BLOCK = 128   # prefill queries per block (bounds the score buffer
 
 
 def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                    split: int, scale: float) -> torch.Tensor:
+                    masked_from: int, split: int, scale: float) -> torch.Tensor:
     """q [b, H, R, D]; k, v [b, H, L, D] with L a multiple of ``split``, finite everywhere;
-    mask: additive fp32 (0 / -inf) broadcastable to [b, H, R, L], every row seeing key 0.
-    Returns [b, H, R, D] in q's dtype (see module doc for the order of operations)."""
+    mask: additive (0 / the dtype's lowest finite value) in q's dtype, broadcastable to [b, H, C - masked_from, R,
+    split] for chunks ``masked_from`` .. C - 1 (the earlier ones are entirely visible to every
+    row); every row sees key 0. Returns [b, H, R, D] in q's dtype (order: module doc)."""
     b, h, r, d = q.shape
     chunks = k.shape[2] // split
-    scores = torch.matmul(q, k.transpose(-1, -2))                     # [b, h, r, L]
-    s = torch.add(mask, scores, alpha=scale).view(b, h, r, chunks, split)
-    m = s.amax(-1)                                                    # [b, h, r, C]
-    p = torch.exp(s - m.clamp(min=torch.finfo(torch.float32).min)[..., None])
-    l = p.sum(-1)
-    pv = torch.matmul(p.to(q.dtype).transpose(2, 3),                  # [b, h, C, r, S]
-                      v.view(b, h, chunks, split, v.shape[-1]))       # -> [b, h, C, r, D]
-    w = torch.exp(m - m.amax(-1, keepdim=True))                       # [b, h, r, C]
-    num = (pv.float() * w.transpose(2, 3)[..., None]).cumsum(2)[:, :, -1]
-    den = (l * w).cumsum(-1)[..., -1:]
-    return (num / den).to(q.dtype)
+    kc = k.view(b, h, chunks, split, d)
+    # Scores in q's dtype with the scale applied to q first (as causal_blocks does; exact
+    # for power-of-two scales such as head_dim 64's).
+    scores = torch.matmul((q * scale).unsqueeze(2), kc.transpose(-1, -2))  # [b, h, C, R, S]
+    scores[:, :, masked_from:].add_(mask)
+    # Per chunk: softmax (fp32 inside, rounded to q's dtype, as the default path) and its
+    # log-sum-exp, lse = max - log(max probability). A fully masked chunk sees only the
+    # (finite) mask value: a uniform softmax over finite keys, weighted exactly 0 below.
+    probs = torch.softmax(scores, -1)
+    lse = scores.amax(-1).float() - probs.amax(-1).float().log()     # [b, h, C, R]
+    o = torch.matmul(probs, v.view(b, h, chunks, split, d))          # [b, h, C, R, D]
+    w = torch.exp(lse - lse.amax(2, keepdim=True))
+    num = (o.float() * w[..., None]).cumsum(2)[:, :, -1]             # sequential over C
+    den = w.cumsum(2)[:, :, -1]
+    return (num / den[..., None]).to(q.dtype)
+
+
+class ChunkMask:
+    """An additive mask over chunks ``first`` .. C - 1 in split_attention's layout
+    [b, 1, C - first, R, split]; chunks before ``first`` are visible to every row. Cast once
+    per dtype (the plan is built before the layers say which)."""
+
+    __slots__ = ("first", "_allowed", "_by_dtype")
+
+    def __init__(self, allowed: np.ndarray, split: int, t: StepTables) -> None:
+        b, r, width = allowed.shape                          # allowed [b, R, L]
+        folded = allowed.reshape(b, r, width // split, split).transpose(0, 2, 1, 3)
+        whole = folded.all(axis=(0, 2, 3))                   # [C]
+        self.first = len(whole) if whole.all() else int(np.argmin(whole))
+        self._allowed = t.tensor(folded[:, self.first:][:, None])
+        self._by_dtype: dict[torch.dtype, torch.Tensor] = {}
+
+    def values(self, dtype: torch.dtype) -> torch.Tensor:
+        """0 where allowed, else the dtype's most negative finite value (no -inf: a chunk
+        with no visible key must not give NaN; its weight is exactly 0 anyway)."""
+        m = self._by_dtype.get(dtype)
+        if m is None:
+            m = torch.zeros(self._allowed.shape, dtype=dtype, device=self._allowed.device)
+            m.masked_fill_(~self._allowed, torch.finfo(dtype).min)
+            self._by_dtype[dtype] = m
+        return m
+
+
+def _padded(n: int, split: int) -> int:
+    return -(-n // split) * split
 
 
 @dataclass(slots=True)
@@ -62,7 +98,7 @@ class PrefillBlock:
     start: int                 # the step's tokens [start, end) of one span
     end: int
     keys: int                  # keys this block reads: a multiple of split
-    mask: torch.Tensor         # fp32 additive [1, 1, group * (end - start), keys]
+    mask: ChunkMask            # rows: group * (end - start)
 
 
 @dataclass(slots=True)
@@ -77,7 +113,7 @@ class SplitDecodes:
     tokens: torch.Tensor       # int64 [b]
     rows: torch.Tensor         # int64 [b * Hkv * keys]
     keys: int
-    mask: torch.Tensor         # fp32 additive [b, 1, 1, keys]
+    mask: ChunkMask            # rows: 1 (broadcast over the group)
 
 
 @dataclass
@@ -85,15 +121,6 @@ class FixedSplitPlan:
     meta: AttentionMetadata
     prefills: list[SplitPrefill] = field(default_factory=list)
     decodes: list[SplitDecodes] = field(default_factory=list)
-
-
-def _padded(n: int, split: int) -> int:
-    return -(-n // split) * split
-
-
-def _additive(allowed: np.ndarray, t: StepTables) -> torch.Tensor:
-    m = np.where(allowed, np.float32(0), np.float32(-np.inf))
-    return t.tensor(m)
 
 
 class FixedSplitBackend(TorchAttentionBackend):
@@ -126,11 +153,11 @@ class FixedSplitBackend(TorchAttentionBackend):
             for chunk in plans.chunk_by_budget(order, keys * self.num_kv_heads,
                                                self.max_gather_rows):
                 width = int(keys[chunk].max())
-                allowed = np.arange(width)[None, :] < t.kv_lens[chunk][:, None]
+                allowed = np.arange(width)[None, None, :] < t.kv_lens[chunk][:, None, None]
                 plan.decodes.append(SplitDecodes(
                     tokens=t.tensor(t.qo_indptr[chunk]),
                     rows=t.tensor(self._slot_rows(t, chunk, width).reshape(-1)), keys=width,
-                    mask=_additive(allowed[:, None, None, :], t)))
+                    mask=ChunkMask(allowed, self.split, t)))
         return plan
 
     def _prefill_plan(self, t: StepTables, b: int) -> SplitPrefill:
@@ -145,7 +172,7 @@ class FixedSplitBackend(TorchAttentionBackend):
             width = _padded(int(pos[-1]) + 1, self.split)
             allowed = np.arange(width)[None, :] <= pos[:, None]          # [r, width]
             folded = np.tile(allowed, (self.group, 1))                  # rows (g, i)
-            blocks.append(PrefillBlock(s, e, width, _additive(folded[None, None], t)))
+            blocks.append(PrefillBlock(s, e, width, ChunkMask(folded[None], self.split, t)))
         rows = self._slot_rows(t, np.array([b]), keys).reshape(-1)
         return SplitPrefill(t.tensor(rows), keys, blocks)
 
@@ -161,7 +188,8 @@ class FixedSplitBackend(TorchAttentionBackend):
                 n = blk.end - blk.start
                 qh = q[blk.start:blk.end].view(n, hkv, g, d).permute(1, 2, 0, 3)
                 o = split_attention(qh.reshape(1, hkv, g * n, d), ks[:, :, :blk.keys],
-                                    vs[:, :, :blk.keys], blk.mask, self.split, self.sm_scale)
+                                    vs[:, :, :blk.keys], blk.mask.values(dt), blk.mask.first,
+                                    self.split, self.sm_scale)
                 out[blk.start:blk.end].view(n, hkv, g, d).copy_(
                     o.view(hkv, g, n, d).permute(2, 0, 1, 3))
         for c in plan.decodes:
@@ -169,7 +197,8 @@ class FixedSplitBackend(TorchAttentionBackend):
             qd = q.index_select(0, c.tokens).view(batch, hkv, g, d)
             kb, vb = self._gather(kv_pool, layer, c.rows, dt)
             o = split_attention(qd, kb.view(batch, hkv, c.keys, d).to(dt),
-                                vb.view(batch, hkv, c.keys, d).to(dt), c.mask, self.split,
+                                vb.view(batch, hkv, c.keys, d).to(dt), c.mask.values(dt),
+                                c.mask.first, self.split,
                                 self.sm_scale)
             out.index_copy_(0, c.tokens, o.reshape(batch, self.num_qo_heads, d))
         return out
