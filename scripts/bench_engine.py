@@ -46,8 +46,7 @@ def make_prompts(args) -> list[list[int]]:
 
 
 async def run_engine(loaded, prompts, args, disable_cache: bool,
-                     deterministic: bool | None = None) -> dict:
-    deterministic = args.deterministic if deterministic is None else deterministic
+                     deterministic: bool = False) -> dict:
     config = EngineConfig(model=args.model, dtype=args.dtype, disable_radix_cache=disable_cache,
                           deterministic=deterministic,
                           chunked_prefill_size=args.chunked_prefill_size,
@@ -137,11 +136,15 @@ def main() -> None:
     if args.deterministic:
         runs["default on"] = asyncio.run(run_engine(loaded, prompts, args, disable_cache=False,
                                                     deterministic=False))
-    runs["cache on"] = asyncio.run(run_engine(loaded, prompts, args, disable_cache=False))
-    runs["cache off"] = asyncio.run(run_engine(loaded, prompts, args, disable_cache=True))
+    det = args.deterministic
+    runs["cache on"] = asyncio.run(run_engine(loaded, prompts, args, disable_cache=False,
+                                              deterministic=det))
+    runs["cache off"] = asyncio.run(run_engine(loaded, prompts, args, disable_cache=True,
+                                               deterministic=det))
     if not args.single_on:
         runs["cache on again"] = asyncio.run(run_engine(loaded, prompts, args,
-                                                        disable_cache=False))
+                                                        disable_cache=False,
+                                                        deterministic=det))
     if args.deterministic:
         runs["default again"] = asyncio.run(run_engine(loaded, prompts, args,
                                                        disable_cache=False,
