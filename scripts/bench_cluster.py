@@ -13,6 +13,7 @@ prompt) and routing cost per decision.
   python scripts/bench_cluster.py                 # 4 replicas, every router, all workloads
   python scripts/bench_cluster.py --quick         # tiny workloads: a smoke run
   python scripts/bench_cluster.py --routers cache-aware,round-robin --workloads few-shot
+  python scripts/bench_cluster.py --routers cache-aware --load-bounds 1.25+2,1+1,inf
 
 Needs the ray extra (pip install -e '.[ray]'). Replicas are CPU processes of one thread
 each (--replica-cpus); on a 2-core machine 4 replicas share the cores, so latencies are
@@ -38,6 +39,7 @@ from radixserve.cluster.options import ROUTER_CHOICES, ClusterOptions, import_la
 from radixserve.cluster.prefix_hashes import matched_blocks, prompt_hashes  # noqa: E402
 from radixserve.engine.config import EngineConfig                    # noqa: E402
 from radixserve.engine.sampling_params import SamplingParams         # noqa: E402
+from radixserve.routing import LoadBound                             # noqa: E402
 from radixserve.server.app import (ServerConfig, ServerState, bound_address,  # noqa: E402
                                    drain_and_stop, start_server)
 
@@ -86,8 +88,8 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
     client = launch.deploy(engine_config, options)
     await client.start()
     state = ServerState.create(client, ServerConfig(port=0))
-    runner = await start_server(state, "127.0.0.1", 0)
-    host, port = bound_address(runner)
+    server = await start_server(state, "127.0.0.1", 0)
+    host, port = bound_address(server)
     url = f"http://{host}:{port}"
     print(f"[{name}] {options.replicas} replica(s) up in {time.perf_counter() - t0:.0f} s",
           file=sys.stderr)
@@ -124,7 +126,7 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
         if options.router == "cache-aware":
             out["view_lag"] = await measure_view_lag(client)
     finally:
-        await drain_and_stop(runner, state, 1.0)
+        await drain_and_stop(server, 1.0)
         await client.shutdown()
     return out
 
@@ -162,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--routers", default=",".join(ROUTER_CHOICES),
                    help="comma-separated --router policies to compare")
+    p.add_argument("--load-bounds", default=str(LoadBound()), metavar="C[+S],...",
+                   help="cache-aware: one configuration per --router-load-bound value")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--no-single", action="store_true",
                    help="skip the one-replica baseline (same total KV)")
@@ -189,10 +193,12 @@ async def main_async(args) -> list[dict]:
         return EngineConfig(model=args.model, dtype="float32", device="cpu",
                             kv_cache_tokens=kv_tokens, warmup_tokens=64)
 
-    def options(replicas: int, router: str, name: str) -> ClusterOptions:
+    def options(replicas: int, router: str, name: str,
+                load_bound: LoadBound = LoadBound()) -> ClusterOptions:
         return ClusterOptions(replicas=replicas, router=router, num_cpus=ray_cpus,
                               replica_cpus=args.replica_cpus, app_name=f"bench-{name}",
-                              routing_stats_period_s=args.routing_stats_period_s)
+                              routing_stats_period_s=args.routing_stats_period_s,
+                              load_bound=load_bound)
 
     results = []
     if not args.no_single:
@@ -200,9 +206,13 @@ async def main_async(args) -> list[dict]:
         results.append(await run_config(name, options(1, "round-robin", "single"),
                                          engine(args.kv_tokens * args.replicas), workloads, args))
     for router in args.routers.split(","):
-        results.append(await run_config(f"{args.replicas} x {router}",
-                                         options(args.replicas, router, router),
-                                         engine(args.kv_tokens), workloads, args))
+        bounds = [LoadBound.parse(c) for c in args.load_bounds.split(",")] \
+            if router == "cache-aware" else [LoadBound()]
+        for c in bounds:
+            name = f"{args.replicas} x {router}" + (f" {c}" if router == "cache-aware" else "")
+            app = f"{router}-{c}".replace(".", "_").replace("+", "-")
+            results.append(await run_config(name, options(args.replicas, router, app, c),
+                                             engine(args.kv_tokens), workloads, args))
     print(report(results, names))
     return results
 

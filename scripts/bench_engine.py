@@ -31,6 +31,8 @@ from radixserve.engine.engine import Engine
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.model import load_model
 from radixserve.model.hf_reference import hf_model_for
+from radixserve.perf.probe import measure_peaks
+from radixserve.perf.roofline import ModelShape, cache_on_and_off
 
 
 def make_prompts(args) -> list[list[int]]:
@@ -93,6 +95,25 @@ def run_hf(loaded, prompts, args) -> dict:
     return {"wall": time.perf_counter() - t0, "outputs": outputs}
 
 
+def workload_floors(loaded, args) -> dict[str, float]:
+    """This machine's floor for the workload, cache on and off (radixserve/perf/roofline.py):
+    prefill FLOPs at the measured GEMM rate + decode steps at max(FLOPs, bytes / bandwidth)."""
+    shape = ModelShape.of(loaded.config)
+    peaks, _ = measure_peaks(shape, loaded.dtype, decode_batch=args.groups * args.per_group,
+                             prefill_batch=args.chunked_prefill_size)
+    floors = cache_on_and_off(shape, peaks, args.groups, args.per_group, args.system,
+                              args.question, args.output, dtype_bytes=loaded.dtype.itemsize)
+    for cache, f in floors.items():
+        print(f"floor, cache {cache}: prefill {f.prefill_s:.2f} s + decode {f.decode_s:.2f} s = "
+              f"{f.total_s:.2f} s (GEMM {peaks.prefill_gflops:.0f} / {peaks.decode_gflops:.0f} "
+              f"GFLOP/s at {args.chunked_prefill_size} / {args.groups * args.per_group} rows, "
+              f"{peaks.bandwidth_gbs:.1f} GB/s)")
+    return {cache: f.total_s for cache, f in floors.items()}
+
+
+_FLOOR_OF_RUN = {"cache on": "on", "cache on again": "on", "cache off": "off"}
+
+
 def pct(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -117,6 +138,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="2x2 prompts of 64+8 tokens")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic mode, with default-mode cache-on runs for its cost")
+    p.add_argument("--skip-floor", action="store_true",
+                   help="do not measure this machine's roofline (scripts/roofline.py)")
     args = p.parse_args()
     if args.quick:
         args.groups, args.per_group, args.system, args.question, args.output = 2, 2, 64, 8, 4
@@ -152,16 +175,19 @@ def main() -> None:
     if not args.skip_hf:
         runs["transformers"] = on_compute_thread(run_hf, loaded, prompts, args)
 
+    floors = {} if args.skip_floor else on_compute_thread(workload_floors, loaded, args)
     total_out = len(prompts) * args.output
     print(f"\n{'run':<14}{'wall s':>9}{'out tok/s':>11}{'TTFT p50 s':>12}{'TTFT p90 s':>12}"
-          f"{'cached':>9}{'sched ms/step':>15}")
+          f"{'cached':>9}{'sched ms/step':>15}{'floor s':>9}{'floor/wall':>11}")
     for name, r in runs.items():
         ttft = r.get("ttft")
+        floor = floors.get(_FLOOR_OF_RUN.get(name, ""), float("nan"))
         print(f"{name:<14}{r['wall']:>9.2f}{total_out / r['wall']:>11.1f}"
               f"{(statistics.median(ttft) if ttft else float('nan')):>12.2f}"
               f"{(pct(ttft, 0.9) if ttft else float('nan')):>12.2f}"
               f"{r.get('cached', 0) / n_prompt:>9.1%}"
-              f"{r.get('sched_ms', float('nan')):>15.2f}")
+              f"{r.get('sched_ms', float('nan')):>15.2f}"
+              f"{floor:>9.2f}{floor / r['wall']:>11.1%}")
     on, off = runs["cache on"], runs["cache off"]
     ons = [r for name, r in runs.items() if name.startswith("cache on")]
     on_wall = statistics.mean(r["wall"] for r in ons)

@@ -133,9 +133,11 @@ def run_stream(stream, page_size: int, capacity_tokens: int, policy: str,
             n_whole = len(full) // ps
             whole_pages = pages[:n_whole]
             r = tree.insert(prefix(full, n_whole * ps), whole_pages, start=m.node)
-            dup = r.duplicates(whole_pages)
-            if len(dup) or n_whole != n_pages:
-                memory.free(np.concatenate((dup, pages[n_whole:])))
+            dup = r.duplicates(whole_pages)         # as PrefixLease: duplicates, then the
+            if len(dup):                            # private tail (a partial last page)
+                memory.free(dup)
+            if n_whole != n_pages:
+                memory.free(pages[n_whole:])
             tree.unlock(m.node)
             ops += 5                                # match, lock, alloc(+evict), insert, unlock
     elapsed = (clock() - t0) / 1e9

@@ -190,7 +190,7 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
 
     def forward(self, plan: FlashInferPlan, layer: int, q: torch.Tensor,
                 k: torch.Tensor, v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
-        kv_pool.write(layer, plan.meta.write_slots, k, v)
+        kv_pool.write(layer, plan.meta.write_slots, k, v, decoded=False)
         cache = (kv_pool.k[layer], kv_pool.v[layer])
         q = q.contiguous()   # the model's q may be a view of a fused qkv projection
         n = plan.num_prefill_tokens

@@ -138,24 +138,29 @@ class KVPool:
                                                          dtype),
                           page_size=page_size, kv_cache_tokens=None, budget=budget_bytes)
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor,
-              v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              decoded: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Store new tokens' K/V: slots int64 [T], k/v [T, Hkv, D].
 
         Returns the K/V attention must use for these tokens: k/v themselves, or for an
         8-bit side what the stored codes decode to, so a token reads the same values in
-        the step that computes it as in every later step (cache on equals cache off)."""
+        the step that computes it as in every later step (cache on equals cache off).
+        ``decoded=False``: returns None, for callers that read the new tokens back from
+        the pool (decoding an 8-bit side costs ~25 us per layer and side on CPU)."""
         k_dst, v_dst = self.k_flat[layer], self.v_flat[layer]
         if k.shape != v.shape or k.shape[1:] != k_dst.shape[1:] or k.shape[0] != slots.shape[0]:
             raise ValueError(f"KVPool.write: k {tuple(k.shape)}, v {tuple(v.shape)} and slots "
                              f"{tuple(slots.shape)} do not match [T, {self.num_kv_heads}, "
                              f"{self.head_dim}]")
-        return (self._write_side(self.k_codec, k_dst, self.k_scale_flat, layer, slots, k),
-                self._write_side(self.v_codec, v_dst, self.v_scale_flat, layer, slots, v))
+        used = (self._write_side(self.k_codec, k_dst, self.k_scale_flat, layer, slots, k,
+                                 decoded),
+                self._write_side(self.v_codec, v_dst, self.v_scale_flat, layer, slots, v,
+                                 decoded))
+        return used if decoded else None
 
     def _write_side(self, codec: KVCodec, dst: torch.Tensor,
                     scales: list[torch.Tensor] | None, layer: int, slots: torch.Tensor,
-                    x: torch.Tensor) -> torch.Tensor:
+                    x: torch.Tensor, decoded: bool) -> torch.Tensor | None:
         if not codec.quantized:
             stored = x.to(dst.dtype)
             dst.index_copy_(0, slots, stored)
@@ -164,7 +169,7 @@ class KVPool:
         # index_copy_ has no fp8 kernel on every device: move the same bytes as uint8.
         dst.view(torch.uint8).index_copy_(0, slots, codes.view(torch.uint8))
         scales[layer].index_copy_(0, slots, scale)
-        return codec.decode(codes, scale, x.dtype)
+        return codec.decode(codes, scale, x.dtype) if decoded else None
 
     def copy_prefix(self, src_page: int, dst_page: int, num_tokens: int) -> None:
         """Copy the first ``num_tokens`` tokens of a page into another, in every layer.

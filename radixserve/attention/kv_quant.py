@@ -17,6 +17,7 @@ FP8 KV does): codes are K/V themselves in fp8 and the scale tensor holds 1.0.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +93,11 @@ class KVCodec:
         y = (xf / scale.unsqueeze(-1)).clamp_(-self.max_code, self.max_code)
         if self.storage == torch.int8:
             y = y.round_()
+        elif self.fixed_scale is None:
+            # No subnormal codes: gather_folded hands codes to the GEMMs unscaled, where a
+            # subnormal code would be a denormal float, which CPU kernels may treat as 0.
+            # With the head's amax at the top code this drops |x| < amax * 3.5e-5 (e4m3).
+            y.masked_fill_(y.abs() < torch.finfo(self.storage).smallest_normal, 0.0)
         return y.to(self.storage), scale
 
     def decode(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
@@ -103,14 +109,20 @@ class KVCodec:
         """
         if out is None:
             out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
-        scales = scales.to(SCALE_DTYPE)
-        if self.storage in _FP8_BITS and dtype in _FLOAT_BITS and codes.device.type == "cpu":
+        scales = scales.to(SCALE_DTYPE) * self.magnitudes(codes, out)
+        return out.mul_(scales.to(dtype).unsqueeze(-1))
+
+    def magnitudes(self, codes: torch.Tensor, out: torch.Tensor) -> float:
+        """Write the codes, unscaled, into ``out`` (a float tensor of their shape) and return
+        the power of two ``p`` with code value = out * p, exactly (fp8 codes move by bits on
+        CPU and come out as value / p; int8 codes and GPU casts give p = 1)."""
+        if self.storage in _FP8_BITS and out.dtype in _FLOAT_BITS \
+                and codes.device.type == "cpu":
             # torch's CPU fp8 -> float casts run ~16 ns an element (int8: 0.1 ns), which
             # would make decode with FP8 KV several times slower than with bf16 KV.
-            scales = scales * _fp8_magnitude_bits(codes, self.storage, out)
-        else:
-            out.copy_(codes)
-        return out.mul_(scales.to(dtype).unsqueeze(-1))
+            return _fp8_magnitude_bits(codes, self.storage, out)
+        out.copy_(codes)
+        return 1.0
 
     def round_trip(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         codes, scales = self.encode(x)
@@ -125,32 +137,78 @@ class KVCodec:
             return amax / self.max_code * 0.5 + fp32_slack
         mantissa_bits = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}[self.storage]
         scale = amax / self.max_code if self.fixed_scale is None else self.fixed_scale
-        # relative rounding error 2^-(m+1) of the largest magnitude; subnormals are finer
-        return amax * 2.0 ** -(mantissa_bits + 1) + scale * 2.0 ** -9 + fp32_slack
+        # relative rounding error 2^-(m+1) of the largest magnitude; below the smallest
+        # normal code, values round to subnormals (fixed scale) or flush to zero (per-token
+        # scales, see encode): at most that smallest normal
+        tiny = torch.finfo(self.storage).smallest_normal
+        return amax * 2.0 ** -(mantissa_bits + 1) + scale * tiny + fp32_slack
 
 
 def gather_decoded(codec: KVCodec, flat: torch.Tensor, scales_flat: torch.Tensor | None,
                    rows: torch.Tensor, dtype: torch.dtype, ws, name: str) -> torch.Tensor:
     """Rows (one head of one token each, index ``slot * Hkv + head``) of one side of a
-    layer, decoded to ``dtype``: [len(rows), D], a workspace tensor under ``name``.
-
-    The codes move as int64 words where the row allows (index_select's int64 path is the
-    fast one on CPU) and are decoded in the same scratch the float path gathers into."""
-    d = flat.shape[-1]
-    src = flat.view(-1, d)
-    n = rows.shape[0]
+    layer, decoded to ``dtype``: [len(rows), D], a workspace tensor under ``name``."""
     if not codec.quantized:
-        return torch.index_select(src, 0, rows, out=ws.take(name, (n, d), src.dtype,
-                                                               src.device))
-    words = src.view(torch.uint8)
-    if d % 8 == 0:
-        words = words.view(torch.int64)
-    codes = ws.take(f"{name}.codes", (n, words.shape[1]), words.dtype, src.device)
+        words = _as_words(flat)
+        out = ws.take(name, (rows.shape[0], words.shape[1]), words.dtype, flat.device)
+        return torch.index_select(words, 0, rows, out=out).view(flat.dtype)
+    codes, scales = _gather_codes(flat, scales_flat, rows, ws, name)
+    out = ws.take(name, codes.shape, dtype, flat.device)
+    return codec.decode(codes.view(codec.storage), scales, dtype, out=out)
+
+
+def _as_words(flat: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> the same bytes as rows of int64 words where the row allows:
+    index_select's int64 path is ~1.5x faster on CPU than its bf16 or uint8 ones."""
+    rows = flat.view(-1, flat.shape[-1])
+    return rows.view(torch.int64) if rows.shape[1] * rows.element_size() % 8 == 0 else rows
+
+
+@dataclass(frozen=True)
+class FoldedRows:
+    """Gathered rows of one side with their scales left for the attention to apply.
+
+    Row i decodes to ``values[i] * scales[i] * lift`` (in real arithmetic). Decode attention
+    multiplies a key's scale into its score and a value's into its probability, one
+    multiply per token instead of one per element. ``lift`` is a power of two kept apart so
+    that products stay normal floats: fp8 codes moved by bits are tiny (value * 2^-120 in
+    bf16/fp32), so q is multiplied by ``lift`` before q @ K^T, and p @ V's result after.
+    Unquantized sides come with ``scales`` None and ``lift`` 1.
+    """
+    values: torch.Tensor            # [n, D] in the compute dtype
+    scales: torch.Tensor | None     # [n] float32
+    lift: float = 1.0
+
+
+def can_fold(dtype: torch.dtype) -> bool:
+    """Whether decode attention in ``dtype`` may read FoldedRows: unscaled codes reach
+    57344 (e5m2) or 2^-111 (e4m3 moved by bits into bf16), which bf16 and fp32 hold with
+    room for q . k sums, and fp16 (max 65504, min normal 2^-14) does not."""
+    return dtype in (torch.bfloat16, torch.float32)
+
+
+def gather_folded(codec: KVCodec, flat: torch.Tensor, scales_flat: torch.Tensor | None,
+                  rows: torch.Tensor, dtype: torch.dtype, ws, name: str) -> FoldedRows:
+    """Like gather_decoded, but leaves each row's scale out of the values (FoldedRows)."""
+    if not codec.quantized:
+        return FoldedRows(gather_decoded(codec, flat, None, rows, dtype, ws, name), None)
+    codes, scales = _gather_codes(flat, scales_flat, rows, ws, name)
+    out = ws.take(name, codes.shape, dtype, codes.device)
+    power = codec.magnitudes(codes.view(codec.storage), out)
+    lift = 2.0 ** (int(math.log2(power)) // 2) if power > 2.0 ** 32 else 1.0
+    return FoldedRows(out, scales.mul_(power / lift), lift)
+
+
+def _gather_codes(flat: torch.Tensor, scales_flat: torch.Tensor, rows: torch.Tensor, ws,
+                  name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a quantized side: codes [n, D] as uint8 and scales [n] float32 (workspace)."""
+    words = _as_words(flat.view(torch.uint8))
+    n = rows.shape[0]
+    codes = ws.take(f"{name}.codes", (n, words.shape[1]), words.dtype, flat.device)
     torch.index_select(words, 0, rows, out=codes)
-    scales = ws.take(f"{name}.scales", (n,), SCALE_DTYPE, src.device)
+    scales = ws.take(f"{name}.scales", (n,), SCALE_DTYPE, flat.device)
     torch.index_select(scales_flat.view(-1), 0, rows, out=scales)
-    out = ws.take(name, (n, d), dtype, src.device)
-    return codec.decode(codes.view(torch.uint8).view(codec.storage), scales, dtype, out=out)
+    return codes.view(torch.uint8), scales
 
 
 def flashinfer_kv_reason(kv_format: KVFormat | None, dtype: torch.dtype) -> str | None:

@@ -40,7 +40,8 @@ from radixserve.attention.partial_attention import (DEFAULT_MAX_SCORE_ELEMS, att
 from radixserve.attention.torch_plans import StepTables, TorchPlan, Window
 from radixserve.attention.workspace import Workspace
 from radixserve.attention.kv_pool import KVPool
-from radixserve.attention.kv_quant import gather_decoded
+from radixserve.attention.kv_quant import can_fold, gather_decoded, gather_folded
+from radixserve.attention.quant_decode import folded_decode_attention
 
 # Upper bound on one decode chunk's gathered K (and again V), in elements: 1M elements is
 # 2 MiB per tensor in bf16, so a chunk's K and V stay cache-resident between the gather and
@@ -168,7 +169,11 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
     def forward(self, plan: TorchPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
         # Quantized sides come back as their stored codes decode: what later steps read.
-        k, v = kv_pool.write(layer, plan.meta.write_slots, k, v)
+        # Only prefills without a cached prefix use them; all other paths read the pool.
+        own_kv = any(p.rows is None for p in plan.prefills)
+        used = kv_pool.write(layer, plan.meta.write_slots, k, v, decoded=own_kv)
+        if used is not None:
+            k, v = used
         out = torch.empty_like(q)
         # Cascade members' log-sum-exps over their own windows, for the merge.
         lse = q.new_empty(q.shape[:2], dtype=torch.float32) if plan.shared else None
@@ -208,23 +213,49 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         hkv, d, dt = self.num_kv_heads, self.head_dim, q.dtype
         # Fold the GQA group into the query dim: q head h = kv_head * group + g.
         qd = q.index_select(0, c.tokens).view(c.batch, hkv, self.group, d)
+        if kv_pool.quantized and can_fold(dt):
+            self._decode_quantized(c, layer, qd, kv_pool, out, lse)
+            return
         kb, vb = self._gather(kv_pool, layer, c.rows, dt)
         kd = kb.view(c.batch, hkv, c.max_kv, d).to(dt)
         vd = vb.view(c.batch, hkv, c.max_kv, d).to(dt)
-        # Two batched matmuls with the softmax in fp32 (the numerics of transformers'
-        # eager attention): ~2.5x faster than CPU SDPA for these 1-row queries.
-        scores = torch.matmul(qd, kd.transpose(-1, -2)).float()
-        if c.mask is None:
-            scores.mul_(self.sm_scale)
-        else:
-            scores = torch.add(c.mask.additive(torch.float32), scores, alpha=self.sm_scale)
+        # Two batched matmuls around a softmax computed in fp32 inside (the numerics of
+        # transformers' eager attention): ~2.5x faster than CPU SDPA for 1-row queries.
+        scores = torch.matmul(qd, kd.transpose(-1, -2))
         if c.with_lse:
+            # fp32 scores (the scale applied in the same pass): the lse must be exact.
+            scores = (torch.mul(scores, self.sm_scale, out=self._ws.take(
+                "decode.scores32", scores.shape, torch.float32, scores.device))
+                if c.mask is None else
+                torch.add(c.mask.additive(torch.float32), scores, alpha=self.sm_scale))
             probs, o_lse = softmax_with_lse(scores)
             lse.index_copy_(0, c.tokens, o_lse.view(c.batch, self.num_qo_heads))
+            probs = probs.to(dt)
         else:
-            probs = scores.softmax(-1)
-        o = torch.matmul(probs.to(dt), vd)
+            probs = self._softmax_low_precision(scores, c.mask)
+        o = torch.matmul(probs, vd)
         out.index_copy_(0, c.tokens, o.reshape(c.batch, self.num_qo_heads, d))
+
+    def _softmax_low_precision(self, scores: torch.Tensor, mask: plans.Mask | None,
+                               ) -> torch.Tensor:
+        """softmax(scores * scale + mask) in the scores' dtype. CPU softmax computes in
+        fp32 inside and rounds its output once, so this equals the fp32 softmax cast back
+        (transformers' eager numerics) without two fp32 copies of the scores. In bf16 the
+        scale is exact for power-of-two head dims (64: 1/8), as transformers rounds it."""
+        if mask is None:
+            return scores.mul_(self.sm_scale).softmax(-1)
+        return torch.add(mask.additive(scores.dtype), scores, alpha=self.sm_scale).softmax(-1)
+
+    def _decode_quantized(self, c: plans.DecodeChunk, layer: int, qd: torch.Tensor,
+                          kv_pool: KVPool, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+        """_decode over 8-bit KV: scales folded into scores and probabilities (quant_decode)."""
+        k, v = (gather_folded(*kv_pool.side(name, layer), c.rows, qd.dtype, self._ws,
+                              f"gather.{name}") for name in "kv")
+        o, o_lse = folded_decode_attention(qd, k, v, self.sm_scale,
+                                           plans.additive(c.mask, torch.float32), c.with_lse)
+        if c.with_lse:
+            lse.index_copy_(0, c.tokens, o_lse.view(c.batch, self.num_qo_heads))
+        out.index_copy_(0, c.tokens, o.reshape(c.batch, self.num_qo_heads, self.head_dim))
 
     # ------------------------------------------------------- cascade, per layer
     def _fold_heads(self, x: torch.Tensor) -> torch.Tensor:

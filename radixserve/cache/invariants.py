@@ -42,6 +42,7 @@ def check_tree(cache: RadixCache) -> None:
                 assert len(child.key) % ITEM_BYTES == 0, f"{child}: key of {len(child.key)} bytes"
                 assert k > 0 and k == len(child.pages) * ps, f"{child}: {len(child.pages)} pages"
                 assert ck == cache.child_key(child.key), f"{child} filed under {ck!r}"
+                assert child.filed_as == ck, f"{child} says it is filed as {child.filed_as!r}"
                 assert child.depth == node.depth + k, f"{child} depth vs parent {node.depth}"
                 assert child.pages.dtype == np.int32, f"{child} pages {child.pages.dtype}"
                 assert child.lock_ref >= 0, f"{child} negative lock_ref"

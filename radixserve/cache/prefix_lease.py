@@ -71,7 +71,7 @@ class PrefixLease:
         self.node: TreeNode | None = None   # the lock we hold, or None
         self.matched_tokens = 0             # tokens the acquire served from the cache
         self._cow: tuple[int, int] | None = None    # (source page, tokens) until grow
-        self._orders: list[CopyOrder] = []
+        self.copy_orders: list[CopyOrder] = []     # issued, not yet taken (read-only)
 
     # ------------------------------------------------------------------ state
     @property
@@ -121,7 +121,7 @@ class PrefixLease:
         new = self.memory.alloc(num_pages)
         if self._cow is not None:
             src, n = self._cow
-            self._orders.append(CopyOrder(src, int(new[0]), n))
+            self.copy_orders.append(CopyOrder(src, int(new[0]), n))
             self._cow = None
         pages = np.concatenate((self.pages, new)) if len(self.pages) else new
         pages.flags.writeable = False       # never written in place: the tree may keep views
@@ -129,9 +129,9 @@ class PrefixLease:
 
     def take_copy_orders(self) -> Sequence[CopyOrder]:
         """The copy-on-write orders issued since the last call (the caller executes them)."""
-        if not self._orders:        # the usual case: no list made per call
+        if not self.copy_orders:    # the usual case: no list made per call
             return ()
-        orders, self._orders = self._orders, []
+        orders, self.copy_orders = self.copy_orders, []
         return orders
 
     def extend(self, tokens: TokenIds, num_tokens: int) -> None:
@@ -167,7 +167,7 @@ class PrefixLease:
         self.num_tree_pages = 0
         self.matched_tokens = 0
         self._cow = None
-        self._orders = []
+        self.copy_orders = []
 
     def _insert(self, tokens: TokenIds, num_tokens: int) -> TreeNode | None:
         """The insert of `extend`; the node ending it, or None when there was nothing new."""

@@ -33,9 +33,10 @@ forward), then compute from `m.matched_tokens` on. The copy is private and is ad
 like any other new page (or freed as a duplicate if an equal page got there first).
 vLLM and SGLang drop such a partial hit (up to page_size - 1 tokens per request).
 
-Keys are token ids packed as int64 bytes (token_keys.py): an edge is tested against a
-request's tokens with `key.startswith(edge, offset)` (memcmp, no slicing), and a mismatch
-inside an edge is located by bisection on the same test. Positions inside the loops are
+Keys are token ids packed as int64 bytes (token_keys.py): an edge (bytes) is tested against
+a request's tokens with `edge.startswith(view[a:b])` (memcmp; the request's ids are read in
+place through a memoryview when they are an `array('q')` or int64 numpy array, packed
+lazily otherwise), and a mismatch inside an edge is located by bisection on the same test. Positions inside the loops are
 byte offsets. Insert skips the token comparison of an edge when the caller passes exactly
 the tree's page ids for it: a page holds the KV of one token sequence, so equal page ids at
 the same position prove equal tokens (the caller got them from match_prefix on the same
@@ -108,31 +109,34 @@ def _common_tokens(key: LazyKey, pos: int, edge: TreeNode, end_b: int, edge_b: i
     """Tokens shared by the key from byte `pos` (up to byte `end_b`) and the start of the
     node's edge (`edge_b` bytes long).
 
-    Compares windows growing 4x from _FIRST_WINDOW tokens, so neither the key nor an edge
-    still held as the caller's ids is packed much beyond the first difference, then
-    bisects inside the window that differs.
+    Compares windows growing 4x from _FIRST_WINDOW tokens, so neither a key that must be
+    packed nor an edge still held as the caller's ids is packed much beyond the first
+    difference, then bisects inside the window that differs. The edge side is bytes and
+    the key side a memoryview slice: `edge.startswith(key[a:b], offset)` is one memcmp.
     """
     n = min(edge_b, end_b - pos) // _ITEM
     buf, packed = key.buf, edge._key
-    if packed is not None and len(buf) >= pos + n * _ITEM:
-        # Both sides packed that far already (the usual case on short prompts): one memcmp.
-        whole = packed if n * _ITEM == len(packed) else memoryview(packed)[:n * _ITEM]
-        if buf.startswith(whole, pos):
-            return n
+    stop = pos + n * _ITEM
+    if packed is not None and len(buf) >= stop and packed.startswith(buf[pos:stop]):
+        return n        # both sides readable that far (the usual case): one memcmp
     lo = 0
-    # What is packed costs nothing to compare; an edge up to _WHOLE_EDGE tokens is compared
-    # in one go (if it differs early, at most that much was packed in vain).
-    width = max(_FIRST_WINDOW, (len(buf) - pos) // _ITEM, n if n <= _WHOLE_EDGE else 0)
+    # An edge up to _WHOLE_EDGE tokens is compared in one go (if it differs early, at most
+    # that much was packed in vain). What is readable on both sides costs nothing to
+    # compare: the key as far as it is packed (all of it when read in place) against a
+    # packed edge; a pending edge is packed window by window.
+    width = max(_FIRST_WINDOW, n if n <= _WHOLE_EDGE else 0)
+    if packed is not None:
+        width = max(width, (len(buf) - pos) // _ITEM)
     while lo < n:
         hi = min(n, lo + width)
         buf = key.upto(pos + hi * _ITEM)
         at = pos + lo * _ITEM
-        view = memoryview(edge.window(lo, hi))
-        if not buf.startswith(view, at):
+        edge_bytes, offset = edge.window(lo, hi)
+        if not edge_bytes.startswith(buf[at:pos + hi * _ITEM], offset):
             a, b = lo, hi - 1               # the answer lies in [a, b]
             while a < b:
                 mid = (a + b + 1) >> 1
-                if buf.startswith(view[:(mid - lo) * _ITEM], at):
+                if edge_bytes.startswith(buf[at:pos + mid * _ITEM], offset):
                     a = mid
                 else:
                     b = mid - 1
@@ -309,7 +313,7 @@ class RadixCache:
             buf = key.buf
             if len(buf) < pos + pb:
                 buf = key.upto(pos + pb)
-            child = node.children.get(buf[pos:pos + pb])
+            child = node.children.get(buf[pos:pos + pb].tobytes())
             if child is None:
                 break
             cp = child.pages
@@ -322,7 +326,7 @@ class RadixCache:
                     continue
             edge = child._key
             if not (end <= full_b and edge is not None and len(buf) >= end
-                    and buf.startswith(edge, pos)):     # the usual hit: one memcmp
+                    and edge.startswith(buf[pos:end])):     # the usual hit: one memcmp
                 m = _common_tokens(key, pos, child, end_b, end - pos)
                 if end > full_b or pos + m * _ITEM < end:
                     return node, pos, parts, child, m, same
@@ -338,7 +342,7 @@ class RadixCache:
         """The child whose first page shares the most tokens with key[pos:limit_b]."""
         best, best_len = None, 0
         end_b = min(limit_b, pos + self._page_bytes)       # within the first page only
-        for child in node.cow_index.get(key.upto(pos + _ITEM)[pos:pos + _ITEM], ()):
+        for child in node.cow_index.get(key.upto(pos + _ITEM)[pos:pos + _ITEM].tobytes(), ()):
             n = _common_tokens(key, pos, child, end_b, len(child.pages) * self._page_bytes)
             if n > best_len or (n == best_len and best is not None and child.id < best.id):
                 best, best_len = child, n
@@ -418,7 +422,8 @@ class RadixCache:
         leaf = self._new_node(packed, pages, parent, parent.depth + n, parent.namespace)
         leaf._pending = pending
         leaf.last_access = self._clock
-        self._add_child(parent, leaf)
+        pb = self._page_bytes
+        self._add_child(parent, leaf, key.upto(pos + pb)[pos:pos + pb].tobytes())
         self._num_nodes += 1
         self._total += n
         self._evictable_tokens += n
@@ -616,8 +621,11 @@ class RadixCache:
         self._next_id += 1
         return node
 
-    def _add_child(self, parent: TreeNode, child: TreeNode) -> None:
-        first = child.head(self.page_size)
+    def _add_child(self, parent: TreeNode, child: TreeNode, first: bytes | None = None) -> None:
+        """File `child` under `parent` by its first page (`first`, when the caller has it)."""
+        if first is None:
+            first = child.head(self.page_size)
+        child.filed_as = first
         parent.children[first] = child
         if self.page_size > 1:
             if parent.cow_index is None:
@@ -627,7 +635,7 @@ class RadixCache:
     def _remove_leaf(self, leaf: TreeNode) -> None:
         """Detach an evicted leaf; its parent may become an evictable leaf (or an empty root)."""
         parent = leaf.parent
-        head = leaf.head(self.page_size)
+        head = leaf.filed_as
         del parent.children[head]
         if self.page_size > 1:
             first = head[:_ITEM]
@@ -651,13 +659,13 @@ class RadixCache:
         """Cut `child`'s edge after m tokens (a page multiple); return the new upper node."""
         ps = self.page_size
         parent = child.parent
-        first = child.head(ps)
+        first = child.filed_as
         depth = child.depth - child.num_tokens + m
         head_key, head_pending = child.cut(m)
         upper = TreeNode(self._next_id, head_key, child.pages[:m // ps], parent, depth,
                          child.namespace, lock_ref=child.lock_ref,
                          last_access=child.last_access, hit_count=child.hit_count,
-                         _pending=head_pending)
+                         _pending=head_pending, filed_as=first)
         self._next_id += 1
         parent.children[first] = upper
         if ps > 1:

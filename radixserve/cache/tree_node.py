@@ -45,6 +45,7 @@ class TreeNode:
     evict_key: Any = None          # (policy key, id) while in the evictable set, else None
     cow_index: dict[int, list[TreeNode]] | None = None  # page_size > 1: children by 1st token
     _pending: tuple | None = None  # (list, start, stop) of the ids until `key` is read
+    filed_as: bytes = b""           # its key in parent.children (its first page, packed)
 
     @property
     def key(self) -> bytes:
@@ -73,8 +74,9 @@ class TreeNode:
         ids, start, stop = self._pending
         return pack_range(ids, start, min(start + num_tokens, stop))
 
-    def window(self, lo: int, hi: int):
-        """Tokens lo..hi of the edge, packed (bytes-like; no copy when packed already).
+    def window(self, lo: int, hi: int) -> tuple[bytes, int]:
+        """Tokens lo..hi of the edge, packed: (bytes, byte offset of token lo in them), for
+        `bytes.startswith(query, offset)` (no copy when the edge is packed already).
 
         A short edge is packed whole on its first comparison: it will likely be compared
         again, and one pack costs less than a few windows.
@@ -82,9 +84,9 @@ class TreeNode:
         if self._pending is not None:
             ids, start, stop = self._pending
             if stop - start > (_PACK_WHOLE_LIST if type(ids) is list else _PACK_WHOLE):
-                return pack_range(ids, start + lo, min(start + hi, stop))
+                return pack_range(ids, start + lo, min(start + hi, stop)), 0
             self.pack()
-        return memoryview(self._key)[lo * ITEM_BYTES:hi * ITEM_BYTES]
+        return self._key, lo * ITEM_BYTES
 
     def cut(self, num_tokens: int) -> tuple[bytes | None, tuple | None]:
         """Drop the first `num_tokens` tokens from the edge; return them as (key, pending)

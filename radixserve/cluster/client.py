@@ -12,7 +12,8 @@ nothing hangs. Ray Serve restarts the replica; the router drops its view at once
 
 Stats: `stats()` (synchronous, as /metrics scrapes it) sums the latest snapshot of every
 replica: from routing stats, refreshed by `refresh_stats()` (one control call per replica,
-each bounded by a timeout so a slow replica cannot stall the endpoint).
+each bounded by a timeout so a slow replica cannot stall the endpoint). A tenant's
+`namespace_stats` and `flush_namespace` fan out to every replica the same way and sum.
 """
 
 from __future__ import annotations
@@ -26,18 +27,20 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
-from radixserve.engine.errors import CacheBusy
+from radixserve.engine.errors import CacheBusy, PinConflict, UnknownPin
 from radixserve.engine.outputs import EngineStats, RequestOutput
 from radixserve.engine.sampling_params import SamplingParams
 
 from .prefix_hashes import prompt_hashes
-from .replica import ReplicaInfo, ReplicaSnapshot
+from .replica import NamespaceReply, ReplicaInfo, ReplicaSnapshot
 from .route_info import RouteInfo
 from .view import ClusterState
 
 log = logging.getLogger("radixserve.cluster")
 
 REPLICA_LOST = (RayActorError, ActorUnavailableError)
+# Shared, not added up: the page size; the pin budget (the cluster pins nothing: 0).
+NOT_SUMMED = frozenset({"page_size", "pinned_tokens_limit"})
 
 
 def unwrap(exc: BaseException) -> BaseException:
@@ -61,7 +64,7 @@ def sum_stats(snapshots: Sequence[EngineStats]) -> EngineStats:
         for f in fields(EngineStats):
             value = getattr(s, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                    and f.name != "page_size":
+                    and f.name not in NOT_SUMMED:
                 setattr(total, f.name, getattr(total, f.name) + value)
         for reason, n in s.requests_finished.items():
             total.requests_finished[reason] = total.requests_finished.get(reason, 0) + n
@@ -191,12 +194,52 @@ class RayEngineClient:
     def error(self) -> str | None:
         return None                 # a dead replica is Ray Serve's to restart, not fatal
 
-    def flush_namespace(self, namespace: str | None) -> int:
-        raise CacheBusy("flushing one namespace is not supported with --replicas yet; "
-                        "an admin key flushes every replica")
+    async def flush_namespace(self, namespace: str | None) -> int:
+        """Flush one namespace on every replica; the pages freed in all. A replica where a
+        request holds one of its pages refuses (CacheBusy, 409) and keeps it; the others
+        are flushed all the same (a tenant retries once its requests are done)."""
+        replies = await self._namespace_call("flush_namespace", namespace)
+        busy = [rid for rid, r in replies.items() if isinstance(r, CacheBusy)]
+        if busy:
+            raise CacheBusy(f"requests hold this namespace's pages on {len(busy)} of "
+                            f"{len(replies)} replicas; those kept them")
+        return sum(r.value for r in replies.values())
 
-    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
-        raise CacheBusy("per-namespace stats are not supported with --replicas yet")
+    async def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        """One namespace's counters (`cached_tokens`, `nodes`), summed over the replicas."""
+        total: dict[str, int] = {}
+        for reply in (await self._namespace_call("namespace_stats", namespace)).values():
+            for key, n in reply.value.items():
+                total[key] = total.get(key, 0) + n
+        return total
+
+    async def _namespace_call(self, op: str, namespace: str | None
+                              ) -> dict[str, NamespaceReply | CacheBusy]:
+        """`op` for one namespace on every replica; each reply's snapshot refreshes the view.
+        CacheBusy is returned per replica; any other failure is raised."""
+        ids = self.replica_ids()
+        results = await asyncio.gather(*(self.control(r, op, namespace) for r in ids),
+                                       return_exceptions=True)
+        for res in results:
+            if isinstance(res, NamespaceReply):
+                self._publish(res.snapshot)
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, CacheBusy):
+                raise res
+        return dict(zip(ids, results))
+
+    # ---- pins: not across replicas (a pin would have to hold on every one) ------------
+
+    async def pin(self, prompt_ids: Sequence[int], namespace: str | None = None):
+        raise PinConflict("pinning prefixes is not supported with --replicas: serve without "
+                          "--replicas to pin", code="pinning_unsupported")
+
+    def unpin(self, pin_id: str):
+        raise UnknownPin(f"no pinned prefix has the id {pin_id[:100]!r} (pinning is not "
+                         f"supported with --replicas)")
+
+    def pinned(self) -> list:
+        return []
 
     # ---- control: stats and flush ------------------------------------------------------
 
@@ -204,7 +247,7 @@ class RayEngineClient:
         with self.state.lock:
             return sorted(self.state.replicas)
 
-    async def control(self, replica_id: str, op: str, arg: float = 0.0) -> ReplicaSnapshot:
+    async def control(self, replica_id: str, op: str, arg: Any = 0.0) -> Any:
         try:
             return await asyncio.wait_for(
                 self.handle.control.remote(RouteInfo(target=replica_id), op, arg),

@@ -33,7 +33,8 @@ def router_config(options: ClusterOptions, view_key: str, block_tokens: int
         kwargs.update(policy=options.router,
                       prefill_seconds_per_token=options.prefill_seconds_per_token,
                       decode_seconds_per_request=options.decode_seconds_per_request,
-                      cache_weight=options.cache_weight)
+                      cache_weight=options.cache_weight,
+                      load_bound=str(options.load_bound))   # kwargs: plain values
     return RequestRouterConfig(request_router_class=cls, request_router_kwargs=kwargs,
                                request_routing_stats_period_s=options.routing_stats_period_s,
                                request_routing_stats_timeout_s=options.routing_stats_timeout_s)

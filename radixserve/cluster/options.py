@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from radixserve.routing import LoadBound, load_bound_arg
+
 from . import RAY_EXTRA_HINT
 
 ROUTER_CHOICES = ("cache-aware", "prefix-affinity", "pow2", "round-robin")
@@ -23,6 +25,7 @@ class ClusterOptions:
     prefill_seconds_per_token: float = 2e-4    # cache-aware score: see docs/scale-out.md
     decode_seconds_per_request: float = 0.1
     cache_weight: float = 4.0
+    load_bound: LoadBound = LoadBound()    # cache-aware: requests in flight <= C x mean + S
     app_name: str = "radixserve"
     num_cpus: int | None = None            # a new local Ray only: CPUs it may use
     routing_stats_delay_s: float = 0.0     # tests: replicas slow to publish
@@ -49,6 +52,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--replica-gpus", type=float, default=d.replica_gpus, help="GPUs per replica")
     g.add_argument("--router", default=d.router, choices=ROUTER_CHOICES,
                    help="how requests are spread over the replicas (docs/scale-out.md)")
+    g.add_argument("--router-load-bound", type=load_bound_arg, default=d.load_bound,
+                   metavar="C[+S]",
+                   help="cache-aware router: a replica is a candidate while its requests in "
+                        "flight stay within C x the mean + S; higher keeps prefixes on fewer "
+                        "replicas, lower spreads load (default %(default)s; inf: no bound)")
     g.add_argument("--routing-stats-period-s", type=float, default=d.routing_stats_period_s,
                    help="how often each replica publishes its cache digest and load")
 
@@ -60,7 +68,8 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions | None:
     return ClusterOptions(replicas=args.replicas, router=args.router,
                           ray_address=args.ray_address, replica_cpus=args.replica_cpus,
                           replica_gpus=args.replica_gpus,
-                          routing_stats_period_s=args.routing_stats_period_s)
+                          routing_stats_period_s=args.routing_stats_period_s,
+                          load_bound=args.router_load_bound)
 
 
 def import_launch():

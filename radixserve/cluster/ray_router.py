@@ -6,10 +6,11 @@ actor deaths (the replica's view is dropped at once), and each request's routing
 completion. It also pins control calls (`RouteInfo.target`) to their replica. The policy
 decides everything else:
 
-- `cache-aware` (`RadixRequestRouter`): `radixserve.routing.CacheAwareRouter`'s score,
-  queued work in seconds + prefill of the prompt tokens the replica lacks; when no replica
-  holds any block of the prompt, power of two choices between the prompt's rendezvous
-  replica and a random other one (sticky for a new prefix, load-aware all the same);
+- `cache-aware` (`RadixRequestRouter`): `radixserve.routing.CacheAwareRouter`, the same
+  code as the replay simulation's: among the replicas within the load bound (requests in
+  flight, counted here from the moment of each choice), the least queued work in seconds
+  + prefill of the prompt tokens the replica lacks; ties (nothing cached, equal load) go
+  to the prompt's rendezvous replica, so a new prefix's followers find it;
 - `pow2`, `round-robin`: the shared policies on the router's in-flight counts;
 - `prefix-affinity`: Ray Serve LLM's PrefixCacheAffinityRouter (see `affinity_router`).
 
@@ -20,15 +21,13 @@ background (with a timeout), and a decision reads whatever the view holds.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from radixserve.routing import (CacheAwareRouter, PowerOfTwoRouter, RoundRobinRouter,
-                                RouteRequest)
-from radixserve.routing.routers import rendezvous
+from radixserve.routing import (CacheAwareRouter, LoadBound, PowerOfTwoRouter,
+                                RoundRobinRouter, RouteRequest)
 
 from .route_info import RouteInfo
 from .view import CandidateView, ClusterState
@@ -110,16 +109,17 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
     def initialize_state(self, view_key: str = "", policy: str = "cache-aware",
                          block_tokens: int = 16, prefill_seconds_per_token: float = 2e-4,
                          decode_seconds_per_request: float = 0.1, cache_weight: float = 4.0,
-                         seed: int = 0, **_: Any) -> None:
+                         load_bound: str = str(LoadBound()), seed: int = 0,
+                         **_: Any) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; choose from {POLICIES}")
         self.init_view(view_key, block_tokens)
         self.policy = policy
         self.prefill_seconds_per_token = prefill_seconds_per_token
         self.decode_seconds_per_request = decode_seconds_per_request
-        self._rng = random.Random(seed)
         self._pow2 = PowerOfTwoRouter(1, seed)
-        self._cache_aware = CacheAwareRouter(1, prefill_seconds_per_token, cache_weight)
+        self._cache_aware = CacheAwareRouter(1, prefill_seconds_per_token, cache_weight,
+                                             LoadBound.parse(load_bound))
         self._round_robin = RoundRobinRouter(1)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
@@ -155,13 +155,5 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
         queued = view.queued_requests()
         if self.policy == "pow2" or info is None or not info.hashes:
             return self._pow2.pick(range(n), queued)
-        request = RouteRequest(info.hashes, info.prompt_tokens)
-        cached = view.cached_tokens(request)
-        if not any(cached):
-            home = rendezvous(info.hashes[0], range(n))
-            if n == 1:
-                return home
-            other = self._rng.choice([r for r in range(n) if r != home])
-            return other if queued[other] < queued[home] else home
         self._cache_aware.num_replicas = n
-        return self._cache_aware.choose(request, view)
+        return self._cache_aware.choose(RouteRequest(info.hashes, info.prompt_tokens), view)

@@ -2,9 +2,10 @@
 
 Each replica loads the model and runs its own `Engine` on the replica actor's event loop.
 Calls come from the front end through a DeploymentHandle: `generate` streams the engine's
-`RequestOutput`s; `control` answers stats / flush / describe for the one replica a call is
-pinned to; `record_routing_stats` (called by Ray Serve every routing-stats period) returns
-the cache digest and engine stats the router reads. All three run on the replica's event
+`RequestOutput`s; `control` answers stats / flush / describe (and a tenant's namespace
+stats and flush) for the one replica a call is pinned to; `record_routing_stats` (called
+by Ray Serve every routing-stats period) returns the cache digest and engine stats the
+router reads. All three run on the replica's event
 loop, the thread that owns the tree, so the digest walk sees a consistent tree.
 """
 
@@ -44,6 +45,15 @@ class ReplicaSnapshot:
     digest: CacheDigest
 
 
+@dataclass(frozen=True)
+class NamespaceReply:
+    """One replica's answer for one namespace: its counters (`namespace_stats`) or the
+    pages it freed (`flush_namespace`), with the replica's snapshot after it."""
+
+    snapshot: ReplicaSnapshot
+    value: Any
+
+
 class EngineReplica:
     def __init__(self, engine_config: EngineConfig, block_tokens: int,
                  torch_threads: int | None = None, routing_stats_delay_s: float = 0.0):
@@ -81,8 +91,14 @@ class EngineReplica:
             async for out in stream:
                 yield out
 
-    async def control(self, route: RouteInfo, op: str, arg: float = 0.0) -> Any:
+    async def control(self, route: RouteInfo, op: str, arg: Any = 0.0) -> Any:
         await self._ready()
+        if op == "namespace_stats":            # arg: the namespace
+            counts = self.engine.namespace_stats(arg)
+            return NamespaceReply(self.snapshot(), counts)
+        if op == "flush_namespace":            # CacheBusy while one of its pages is locked
+            freed = self.engine.flush_namespace(arg)
+            return NamespaceReply(self.snapshot(), freed)
         if op == "describe":
             e = self.engine
             return ReplicaInfo(self._replica_id(), e.tokenizer, e.config.model, e.max_model_len,

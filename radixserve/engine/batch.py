@@ -50,17 +50,14 @@ class SampleResult:
 
 
 @dataclass(slots=True)
-class SampledToken:
-    """A token the scheduler appended to a sequence this step."""
-
-    seq: SeqState
-    token: int
-    logprob: TokenLogprob | None
-
-
-@dataclass(slots=True)
 class StepUpdate:
-    """What a completed step changed, for the output processor."""
+    """What a completed step changed, for the output processor.
 
-    sampled: list[SampledToken] = field(default_factory=list)
+    The sampled tokens are three parallel lists, not one object per token: a step of 256
+    decodes would spend ~0.1 ms just constructing them (issue 11's step-time regression).
+    """
+
+    seqs: list[SeqState] = field(default_factory=list)      # each got one new token
+    tokens: list[int] = field(default_factory=list)         # the token appended to seqs[i]
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)
     aborted: list[SeqState] = field(default_factory=list)   # retired: request aborted

@@ -35,6 +35,8 @@ class EngineConfig:
     max_queue_len: int = 4096            # waiting requests beyond this are refused
     seed: int = 0
     debug_invariants: bool = False       # check page conservation whenever idle
+    max_pinned_tokens: int | None = None  # POST /cache/pin budget; None: a quarter of the
+                                          # pool; 0: pinning off (engine/pins.py)
     # Start-up prefill; None: chunked_prefill_size; 0: off. Small by default: it proves the
     # forward pass runs before /health says ready (~0.05 s); a full-size one cost ~1.8 CPU-s
     # and saved under 0.1 s on the first request (docs/benchmarks.md, "Startup").
@@ -82,6 +84,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queue-len", type=int, default=d.max_queue_len)
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--debug-invariants", action="store_true")
+    g.add_argument("--max-pinned-tokens", type=int, default=None,
+                   help="tokens that POST /cache/pin may keep in the KV pool, never evicted "
+                        "(default: a quarter of the pool; 0: pinning off). Lowered so that "
+                        "a request of the full context still fits beside them")
     g.add_argument("--warmup-tokens", type=int, default=None,
                    help=f"tokens of a throw-away prefill run at start-up, before /health says "
                         f"ready (default: {d.warmup_tokens}; 0: off; --chunked-prefill-size "

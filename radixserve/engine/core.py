@@ -43,7 +43,7 @@ class EngineCore:
         update = self.scheduler.complete(plan, result)
         now = time.monotonic()
         self.outputs.finish(update.aborted, "abort", now)
-        self.scheduler.finish(self.outputs.on_tokens(update.sampled, now))
+        self.scheduler.finish(self.outputs.on_tokens(update, now))
         self.bookkeeping_seconds += time.perf_counter() - started
 
     def fail_step(self, plan: StepPlan, error: BaseException) -> None:

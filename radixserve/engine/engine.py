@@ -8,6 +8,7 @@ through `generate` and leave through per-request asyncio queues.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -22,9 +23,10 @@ from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
-                                      QueueFull)
+                                      PinConflict, QueueFull)
 from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.outputs import EngineStats, OneProcessStats, RequestOutput
+from radixserve.engine.pins import PinBook, PinInfo, in_namespace
 from radixserve.engine.request import Request, new_request
 from radixserve.engine.runner import ModelRunner
 from radixserve.engine.sampling_params import SamplingParams
@@ -49,6 +51,7 @@ class Engine(OneProcessStats):
         self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache)
         self.pool_tokens = self.runner.num_pages * config.page_size
         self.max_model_len = self._max_model_len()
+        self.pins = PinBook(self.memory, self._pin_limit())
         self._stats = EngineStats(pages_total=self.runner.num_pages, page_size=config.page_size)
         self.scheduler = Scheduler(
             SchedulerConfig(page_size=config.page_size,
@@ -78,6 +81,20 @@ class Engine(OneProcessStats):
                         wanted, limit, self.pool_tokens)
             wanted = limit
         return wanted
+
+    def _pin_limit(self) -> int:
+        """--max-pinned-tokens (default: a quarter of the pool), lowered so that a request
+        of the full context still fits beside the pins: pinned pages are never evicted."""
+        wanted = self.config.max_pinned_tokens
+        if wanted is None:
+            wanted = self.pool_tokens // 4
+        room = self.pool_tokens - self.max_model_len - DECODE_RESERVE_TOKENS - self.page_size
+        limit = max(0, min(wanted, room))
+        if wanted > limit and self.config.max_pinned_tokens is not None:
+            log.warning("max pinned tokens lowered from %d to %d: the KV pool holds %d tokens "
+                        "and one request may need %d", wanted, limit, self.pool_tokens,
+                        self.max_model_len)
+        return limit
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -129,6 +146,8 @@ class Engine(OneProcessStats):
         except asyncio.CancelledError:
             pass
         self._task = None
+        self.pins.fail_pending(EngineStopped("the engine stopped before the prefix was pinned"))
+        self.pins.drop_all()
 
     # ---- requests -----------------------------------------------------------------
 
@@ -139,11 +158,21 @@ class Engine(OneProcessStats):
 
         Raises InvalidRequest / QueueFull / EngineStopped here, before anything is queued.
         """
+        self._check_running()
+        request, queue = self._submit(self._validate(prompt_ids, params), params, namespace,
+                                      request_id)
+        return self._stream(request, queue)
+
+    def _check_running(self) -> None:
         if self._failure is not None:
             raise EngineUnhealthy(f"the engine stopped after an internal error: {self._failure}")
         if self._stopping or self._task is None:
             raise EngineStopped("the engine is not running")
-        prompt = self._validate(prompt_ids, params)
+
+    def _submit(self, prompt: list[int], params: SamplingParams, namespace: str | None,
+                request_id: str | None) -> tuple[Request, asyncio.Queue]:
+        """Queue a validated request; QueueFull / EngineStopped before anything is queued."""
+        self._check_running()
         waiting = self.scheduler.num_waiting_requests
         if waiting >= self.config.max_queue_len:
             raise QueueFull(f"{waiting} requests are waiting "
@@ -156,7 +185,7 @@ class Engine(OneProcessStats):
                               self.page_size, self._generators(params))
         self.core.add(request)
         self._wake.set()
-        return self._stream(request, queue)
+        return request, queue
 
     def _validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         prompt = [int(t) for t in prompt_ids]
@@ -182,6 +211,54 @@ class Engine(OneProcessStats):
         if self.scheduler.abort(request_id) and self._wake is not None:
             self._wake.set()
 
+    # ---- pinned prefixes (engine/pins.py) -----------------------------------------
+
+    async def pin(self, prompt_ids: Sequence[int], namespace: str | None = None) -> PinInfo:
+        """Keep the prompt's whole pages in the pool until `unpin`: computed first (one
+        prefill through the scheduler) when not all cached. The same prefix pinned again
+        keeps its pin (same id, `created=False`). Raises InvalidRequest (bad ids, too long
+        for the context, shorter than a page), PinConflict / PinLimitExceeded (409),
+        QueueFull / EngineStopped as `generate` does."""
+        self._check_running()
+        if self.config.disable_radix_cache:
+            raise PinConflict("pinning needs the prefix cache, and this server runs with "
+                              "--disable-radix-cache", code="cache_disabled")
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        prompt = self._validate(prompt_ids, params)
+        size = len(prompt) - len(prompt) % self.page_size
+        if size == 0:
+            raise InvalidRequest("prompt", f"the prompt has {len(prompt)} tokens, less than one "
+                                           f"KV page ({self.page_size} tokens): nothing to pin")
+        tokens = prompt[:size]
+        if (known := self.pins.find(tokens, namespace)) is not None:
+            return self.pins.hold(tokens, namespace, known.cached_tokens)
+        pending = self.pins.pending_for(tokens, namespace)     # asked twice at once
+        first = pending is None
+        if first:
+            self.pins.check_room(size)
+            cached = self.tree.peek_prefix(tokens, namespace)
+            cached -= cached % self.page_size
+            if cached == size:
+                return self.pins.hold(tokens, namespace, cached)
+            request, _ = self._submit(prompt, params, namespace, None)
+            pending = self.pins.expect(request, tokens, namespace, cached)
+        try:
+            info = await asyncio.shield(pending.done)
+        except asyncio.CancelledError:
+            if self.pins.cancel(pending):
+                self.abort(pending.request.request_id)
+            raise
+        return info if first else dataclasses.replace(info, created=False)
+
+    def unpin(self, pin_id: str) -> PinInfo:
+        """Release a pin (UnknownPin when no pin has this id): its pages stay cached and
+        become evictable."""
+        return self.pins.unpin(pin_id)
+
+    def pinned(self) -> list[PinInfo]:
+        """The pins, oldest first."""
+        return self.pins.infos()
+
     # ---- the loop -----------------------------------------------------------------
 
     async def _run_loop(self) -> None:
@@ -198,6 +275,7 @@ class Engine(OneProcessStats):
         """Log, mark the engine unhealthy, and end every live request with an error."""
         log.critical("engine stopped: %s: %s", type(error).__name__, error, exc_info=error)
         self._failure = f"{type(error).__name__}: {error}"
+        self.pins.fail_pending(EngineUnhealthy(self._failure))
         try:
             self.core.fail_all(error)
         except Exception:
@@ -223,6 +301,7 @@ class Engine(OneProcessStats):
     async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            self.pins.settle()      # before any step can evict what a pin request inserted
             if not self.scheduler.has_work():
                 if self.config.debug_invariants:
                     self.check_invariants()
@@ -263,6 +342,9 @@ class Engine(OneProcessStats):
         s.pages_private = s.pages_total - s.pages_free - s.pages_cached
         s.kv_pool_bytes = self.runner.kv_pool.total_bytes
         s.evicted_tokens = self.memory.evicted_tokens
+        s.pinned_tokens = self.pins.pinned_tokens
+        s.pinned_prefixes = self.pins.count
+        s.pinned_tokens_limit = self.pins.limit
         s.cache = {
             "cached_tokens": self.tree.total_tokens,
             "evictable_tokens": self.tree.evictable_tokens,
@@ -285,8 +367,12 @@ class Engine(OneProcessStats):
         return build_tree(self.tree, limit, namespace, label_key=label_key, reveal=reveal)
 
     def flush_cache(self) -> None:
+        """Empty the tree; pinned prefixes (and their paths) stay."""
         if self.scheduler.has_work():
             raise CacheBusy(f"{self.scheduler.num_live} requests are running")
+        if self.pins.count:
+            self.memory.free(self.tree.evict(self.tree.evictable_tokens))
+            return
         try:
             self.memory.flush_cache()
         except CacheLockedError as exc:
@@ -294,7 +380,12 @@ class Engine(OneProcessStats):
 
     def flush_namespace(self, namespace: str | None) -> int:
         """Drop one namespace's cached prefixes (and those nested under it); the pages
-        freed. Requests of other namespaces may keep running."""
+        freed. Requests of other namespaces may keep running; refused (CacheBusy) while a
+        pin or a request holds prefixes in it."""
+        held = [p for p in self.pins.infos() if in_namespace(p.namespace, namespace)]
+        if held:
+            raise CacheBusy(f"{len(held)} pinned prefix(es) are in this namespace; unpin them "
+                            f"first (DELETE /cache/pin/{{id}})")
         try:
             return self.memory.flush_namespace(namespace)
         except CacheLockedError as exc:
@@ -308,4 +399,6 @@ class Engine(OneProcessStats):
         live = self.scheduler.running + self.scheduler.waiting
         self.seq_memory.check(live)
         if not live:
-            assert self.tree.locked_tokens == 0, "locks held with no live request"
+            pinned = self.pins.locked_tokens()
+            assert self.tree.locked_tokens == pinned, \
+                f"{self.tree.locked_tokens} tokens locked with no live request, {pinned} pinned"

@@ -33,3 +33,33 @@ class EngineStopped(EngineError):
 class EngineUnhealthy(EngineStopped):
     """The engine stopped itself after an internal failure (HTTP 503); `Engine.error` says
     why, and `Engine.healthy` is False until the process restarts."""
+
+
+class PinConflict(EngineError):
+    """A pin the engine cannot take now (HTTP 409): over `--max-pinned-tokens`, pinning
+    off, or not available here. `code` is the OpenAI-style error code."""
+
+    def __init__(self, message: str, code: str = "pin_conflict"):
+        super().__init__(message)
+        self.code = code
+
+
+class PinLimitExceeded(PinConflict):
+    """Pinning `requested` more tokens would pass `--max-pinned-tokens` (`limit`)."""
+
+    def __init__(self, requested: int, pinned: int, limit: int):
+        if limit == 0:
+            why = "pinning is off (--max-pinned-tokens 0)"
+        elif requested > limit:
+            why = f"the prefix alone is longer than --max-pinned-tokens ({limit} tokens)"
+        else:
+            why = (f"{pinned} tokens are pinned (or being pinned) of at most {limit} "
+                   f"(--max-pinned-tokens); unpin a prefix first (DELETE /cache/pin/{{id}})")
+        super().__init__(f"cannot pin {requested} tokens: {why}", code="pin_limit_exceeded")
+        self.requested = requested
+        self.pinned = pinned
+        self.limit = limit
+
+
+class UnknownPin(EngineError, LookupError):
+    """No pinned prefix has this id (HTTP 404)."""

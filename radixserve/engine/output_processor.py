@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from radixserve.engine.batch import SampledToken
+from radixserve.engine.batch import StepUpdate
 from radixserve.engine.outputs import EngineStats, RequestOutput, Usage
 from radixserve.engine.request import Request, SeqState
 from radixserve.engine.text_stream import Detokenizer, TextStream
@@ -55,23 +55,25 @@ class OutputProcessor:
         """Samples whose final event has not been sent yet."""
         return len(self._samples)
 
-    def on_tokens(self, sampled: Iterable[SampledToken], now: float) -> list[SeqState]:
+    def on_tokens(self, update: StepUpdate, now: float) -> list[SeqState]:
         """Stream each new token's text; return the samples that just finished (stop token,
         stop string, max_tokens or a full context), whose final event has been sent."""
         finished: list[SeqState] = []
-        for item in sampled:
-            seq = item.seq
-            state = self._samples[seq]
-            self.stats.generation_tokens += 1
+        samples = self._samples
+        max_model_len = self.max_model_len
+        self.stats.generation_tokens += len(update.tokens)
+        for seq, token, logprob in zip(update.seqs, update.tokens, update.logprobs):
+            state = samples[seq]
             if state.first_token_time is None:
                 state.first_token_time = now
-            delta = state.stream.push(item.token, seq.num_generated)
+            delta = state.stream.push(token, seq.num_generated)
             text = delta.text
-            if not delta.finished and len(seq.token_ids) >= self.max_model_len:
+            if not delta.finished and len(seq.token_ids) >= max_model_len:
                 delta = state.stream.finish("length")       # the context is full
                 text += delta.text
-            out = self._output(seq, state, [item.token], text, now)
-            out.logprobs = [item.logprob] if item.logprob is not None else None
+            out = self._output(seq, state, [token], text, now)
+            if logprob is not None:
+                out.logprobs = [logprob]
             if delta.finished:
                 self._mark_final(out, seq, delta.finish_reason, delta.stop_reason)
                 finished.append(seq)

@@ -58,6 +58,9 @@ class EngineStats:
     pages_private: int = 0         # held by live requests, not in the tree
     page_size: int = 1
     kv_pool_bytes: int = 0
+    pinned_tokens: int = 0         # tokens of the pinned prefixes (engine/pins.py), summed
+    pinned_prefixes: int = 0
+    pinned_tokens_limit: int = 0   # --max-pinned-tokens in effect
     cache: dict = field(default_factory=dict)   # RadixCache counters (cached/evictable/locked tokens, nodes)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from radixserve.attention.spans import SeqSpan
 from radixserve.cache.page_allocator import OutOfPages
-from radixserve.engine.batch import SampledToken, SampleResult, StepBatch, StepUpdate
+from radixserve.engine.batch import SampleResult, StepBatch, StepUpdate
 from radixserve.engine.outputs import EngineStats
 from radixserve.engine.request import Request, SeqState, SeqStatus
 from radixserve.engine.seq_memory import SequenceMemory
@@ -235,10 +235,10 @@ class Scheduler:
         else:
             batch.input_ids.extend(seq.token_ids[start: start + n])
             batch.positions.extend(range(start, start + n))
-        batch.spans.append(SeqSpan(seq.pages, start, n))
-        orders = self.memory.take_copy_orders(seq)
-        if orders:
-            batch.copies.extend(orders)
+        lease = seq.lease           # read directly: this runs for every span of every step
+        batch.spans.append(SeqSpan(lease.pages, start, n))
+        if lease.copy_orders:
+            batch.copies.extend(lease.take_copy_orders())
         if samples:
             batch.sample_rows.append(len(batch.spans) - 1)
             batch.sample_params.append(seq.request.params)
@@ -253,15 +253,17 @@ class Scheduler:
         """Advance every sequence of the step: count its computed tokens, insert computed
         pages into the tree, append sampled tokens. Aborted sequences are retired."""
         update = StepUpdate()
+        sampled_seqs, sampled_tokens, sampled_logprobs = update.seqs, update.tokens, update.logprobs
+        token_ids, logprobs = result.token_ids, result.logprobs
+        running = SeqStatus.RUNNING
         row = 0
         for seq, n, samples in zip(plan.seqs, plan.new_lens, plan.samples):
-            token = result.token_ids[row] if samples else None
-            logprob = result.logprobs[row] if samples else None
-            row += samples
-            if seq.status is not SeqStatus.RUNNING:
+            if seq.status is not running:
+                row += samples
                 continue        # preempted or retired meanwhile
             seq.num_computed += n
             if seq.request.aborted:
+                row += samples
                 self._retire(seq, keep=True)
                 update.aborted.append(seq)
                 continue
@@ -270,9 +272,13 @@ class Scheduler:
                 continue
             if n > 1:
                 self.memory.commit(seq)
+            token = token_ids[row]
             seq.token_ids.append(token)
             seq.num_generated += 1
-            update.sampled.append(SampledToken(seq, token, logprob))
+            sampled_seqs.append(seq)
+            sampled_tokens.append(token)
+            sampled_logprobs.append(logprobs[row])
+            row += 1
         self.stats.steps += 1
         return update
 

@@ -9,10 +9,10 @@ errors all go through it, so a page is returned exactly once whatever path a req
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.prefix_lease import CopyOrder, PrefixLease
+from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.engine.request import SeqState
 
 LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
@@ -59,16 +59,13 @@ class SequenceMemory:
         While a quarter of the pool is free, small pages are taken a few tokens ahead, so a
         decoding sequence grows its page table every 8th step rather than every step.
         """
-        missing = self.pages_for(seq.num_computed + new_tokens) - len(seq.pages)
+        lease = seq.lease           # (inlined pages_for: this runs for every span of every step)
+        missing = -(-(seq.num_computed + new_tokens) // self.page_size) - len(lease.pages)
         if missing <= 0:
             return
         if self.memory.num_free > self.lookahead_floor:
             missing += self.lookahead_pages
-        seq.lease.grow(missing)
-
-    def take_copy_orders(self, seq: SeqState) -> Sequence[CopyOrder]:
-        """Copy-on-write orders the next step must execute before computing `seq`."""
-        return seq.lease.take_copy_orders()
+        lease.grow(missing)
 
     def commit(self, seq: SeqState) -> None:
         """Insert the computed whole pages into the tree (the lease adopts the tree's)."""

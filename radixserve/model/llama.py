@@ -18,6 +18,7 @@ from torch import nn
 from radixserve.attention.context import ForwardContext
 
 from .config import ModelConfig
+from .packed_linear import Linear
 from .rope import RotaryEmbedding, apply_rotary
 from .weights import check_weights
 
@@ -42,11 +43,11 @@ class DecoderLayer(nn.Module):
         self.head_dim = cfg.head_dim
         self.split = (cfg.q_size, cfg.kv_size, cfg.kv_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:
@@ -72,12 +73,20 @@ class LlamaForCausalLM(nn.Module):
                                              _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
             self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.to(dtype)                 # still on meta: free
         self.to_empty(device=device)   # one uninitialised allocation in the final dtype
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg, dtype, device)
+
+    def pack_weights(self) -> None:
+        """Give every linear its oneDNN-packed weight (CPU bf16/fp16; else a no-op): call
+        once the weights are in place (load_weights does; so does the loader after the
+        weights cache hands its tensors over)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.repack()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -133,3 +142,4 @@ class LlamaForCausalLM(nn.Module):
                 layer.gate_up_proj.bias.copy_(
                     torch.cat([w("mlp.gate_proj.bias"), w("mlp.up_proj.bias")]))
                 layer.down_proj.bias.copy_(w("mlp.down_proj.bias"))
+        self.pack_weights()

@@ -63,6 +63,7 @@ def _load_gguf_file(name: str, path: Path, dtype: torch.dtype, device: torch.dev
     model = LlamaForCausalLM(contents.config, dtype=dtype, device=device)
     entry = weights_cache.entry(path, dtype) if weights_cache is not None else None
     if entry is not None and entry.restore(model):
+        model.pack_weights()                # the restored parameters are new tensors
         timer.note("weights cache: hit")
     else:
         model.load_weights(contents.weights, str(path))     # dequantizes, tensor by tensor

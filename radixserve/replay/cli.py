@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 
+from radixserve.routing import LoadBound, load_bound_arg
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -82,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--cache-weight", type=float, default=4.0, metavar="W",
                          help="cache-aware router: weight of the prefill a cached prefix "
                          "saves against queued seconds (default 4; 1 = least estimated TTFT)")
+    cluster.add_argument("--load-bound", type=load_bound_arg, default=LoadBound(),
+                         metavar="C[+S]",
+                         help="cache-aware router: only replicas that stay within C x the "
+                         "mean requests in flight + S are candidates (default %(default)s; "
+                         "inf: no bound)")
     cluster.add_argument("--seed", type=int, default=0, help="seed of the random routers")
     tiers = parser.add_argument_group(
         "tier simulation", "host memory and disk below the cache: evicted pages are demoted, "
@@ -151,7 +158,8 @@ def _simulate(args: argparse.Namespace, options):
             service=ServiceModel(args.prefill_seconds_per_token,
                                  args.decode_seconds_per_token),
             seconds_per_time_unit=1e-3 if args.time_unit == "ms" else 1.0,
-            cache_weight=args.cache_weight, seed=args.seed)
+            cache_weight=args.cache_weight, seed=args.seed,
+            load_bound=args.load_bound)
         return (run_cluster_sweep(options, cluster, warn), format_cluster_table,
                 lambda r, path: plot.plot_cluster(r, path))
     if args.host_capacity_tokens is not None or args.disk_capacity_tokens is not None:

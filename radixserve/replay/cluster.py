@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from radixserve.routing import RouteRequest, make_router
+from radixserve.routing import LoadBound, RouteRequest, make_router
 
 from .replayer import HitCounts, ReplayConfig, _Run
 from .workload import Workload
@@ -53,6 +53,7 @@ class ClusterConfig:
     cache_weight: float = 4.0             # cache-aware router: see routing/routers.py
     seed: int = 0
     check_every: int = 0                  # check each replica's cache every N requests
+    load_bound: LoadBound = LoadBound()   # cache-aware router: see routing/routers.py
 
     def __post_init__(self):
         if self.replicas < 1:
@@ -194,7 +195,8 @@ def simulate_cluster(workload: Workload, config: ClusterConfig,
     router = make_router(config.router, config.replicas,
                          capacity_pages=cluster.runs[0].mem.num_pages,
                          prefill_seconds_per_token=service.prefill_seconds_per_token,
-                         cache_weight=config.cache_weight, seed=config.seed)
+                         cache_weight=config.cache_weight,
+                         load_bound=config.load_bound, seed=config.seed)
     arrivals = arrival_seconds(workload, config.seconds_per_time_unit).tolist()
     outputs = output_tokens(workload)
     stats = ClusterStats(config.replicas, config.router, config.capacity_tokens, config.policy)

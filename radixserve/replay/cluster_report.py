@@ -21,6 +21,7 @@ class ClusterReport:
     service: ServiceModel
     seconds_per_time_unit: float
     cache_weight: float
+    load_bound: str = ""                    # cache-aware router's LoadBound, as C+S
     points: list[ClusterStats] = field(default_factory=list)
     # One replica holding the cluster's total capacity: (total tokens, policy) -> stats.
     single: dict[tuple[int, str], ReplayStats] = field(default_factory=dict)
@@ -47,7 +48,8 @@ class ClusterReport:
             "page_size": self.page_size, "concurrency": self.concurrency,
             "warmup_fraction": self.warmup_fraction, "service": asdict(self.service),
             "seconds_per_time_unit": self.seconds_per_time_unit,
-            "cache_weight": self.cache_weight, "points": points,
+            "cache_weight": self.cache_weight, "load_bound": self.load_bound,
+            "points": points,
             "single_replica": [s.to_dict() for s in self.single.values()],
         }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radixserve.routing import ROUTERS
+from radixserve.routing import ROUTERS, LoadBound
 
 from .cluster import ClusterConfig, ServiceModel, route_requests, simulate_cluster
 from .cluster_report import ClusterReport
@@ -22,6 +22,7 @@ class ClusterOptions:
     seconds_per_time_unit: float = 1e-3
     cache_weight: float = 4.0
     seed: int = 0
+    load_bound: LoadBound = LoadBound()
 
 
 def parse_routers(text: str) -> list[str]:
@@ -78,7 +79,7 @@ def run_cluster_sweep(opts: SweepOptions, cluster: ClusterOptions,
         page_size=prep.page_size, concurrency=opts.concurrency,
         warmup_fraction=opts.warmup_fraction, service=cluster.service,
         seconds_per_time_unit=cluster.seconds_per_time_unit,
-        cache_weight=cluster.cache_weight)
+        cache_weight=cluster.cache_weight, load_bound=str(cluster.load_bound))
     try:
         for total, pol in singles:
             if bar is not None:
@@ -92,7 +93,7 @@ def run_cluster_sweep(opts: SweepOptions, cluster: ClusterOptions,
             config = ClusterConfig(n, router, cap, pol, opts.concurrency,
                                    opts.warmup_fraction, cluster.service,
                                    cluster.seconds_per_time_unit, cluster.cache_weight,
-                                   cluster.seed, opts.check_every)
+                                   cluster.seed, opts.check_every, cluster.load_bound)
             report.points.append(simulate_cluster(workload, config, requests, update))
     finally:
         if bar is not None:

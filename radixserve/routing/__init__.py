@@ -7,9 +7,9 @@ these same objects; a serving router (Ray Serve) supplies its own view of the re
 """
 
 from .routers import (ROUTERS, CacheAwareRouter, ClusterView, ConsistentHashRouter,
-                      PowerOfTwoRouter, PrefixAffinityRouter, RoundRobinRouter, RouteRequest,
-                      Router, make_router)
+                      LoadBound, PowerOfTwoRouter, PrefixAffinityRouter, RoundRobinRouter,
+                      RouteRequest, Router, load_bound_arg, make_router)
 
-__all__ = ["ROUTERS", "CacheAwareRouter", "ClusterView", "ConsistentHashRouter",
+__all__ = ["ROUTERS", "CacheAwareRouter", "ClusterView", "ConsistentHashRouter", "LoadBound",
            "PowerOfTwoRouter", "PrefixAffinityRouter", "RoundRobinRouter", "RouteRequest",
-           "Router", "make_router"]
+           "Router", "load_bound_arg", "make_router"]

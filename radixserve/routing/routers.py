@@ -191,25 +191,77 @@ class PrefixAffinityRouter(Router):
                 del self._holders[key]
 
 
-class CacheAwareRouter(Router):
-    """Least estimated time to first token, from what each replica really holds.
+@dataclass(frozen=True)
+class LoadBound:
+    """Bounded loads (consistent hashing with bounded loads, Mirrokni et al.; SGLang's
+    router balances the same way, with an absolute and a relative threshold): after this
+    request, a replica may hold at most `factor` x the mean requests in flight + `slack`.
 
-    Score of a replica = its queued work (seconds) + the prefill of the prompt tokens it
-    does not hold (seconds per token from the service model). The cached tokens come from
-    the replicas themselves, so a hit is only counted where the prefix still is. Equal
-    scores (idle replicas holding nothing of the prompt) are broken by a rendezvous hash of
-    the first page key, so new prefixes spread out and their follow-ups find them.
+    The slack keeps the bound from binding on a lightly loaded cluster, where the mean is
+    below one and a replica with two requests would otherwise count as overloaded. The
+    least loaded replica always qualifies (slack >= 1); `factor` = inf is no bound at all.
+    """
+
+    factor: float = 2.0
+    slack: float = 2.0
+
+    def __post_init__(self):
+        if not (self.factor >= 1 and self.slack >= 1):
+            raise ValueError(f"a load bound needs factor >= 1 and slack >= 1, got {self}")
+
+    def candidates(self, queued: Sequence[int]) -> list[int]:
+        """The replicas that may take one more request."""
+        n = len(queued)
+        limit = self.factor * (sum(queued) + 1) / n + self.slack
+        return [r for r, q in enumerate(queued) if q + 1 <= limit]
+
+    @classmethod
+    def parse(cls, text: str) -> "LoadBound":
+        """'C' (default slack) or 'C+S', e.g. '1.25+2'; 'inf' for no bound."""
+        factor, _, slack = str(text).partition("+")
+        try:
+            return cls(float(factor), float(slack) if slack else cls.slack)
+        except ValueError:
+            raise ValueError(f"bad load bound {text!r}: want C or C+S with C >= 1, S >= 1 "
+                             f"(e.g. 1.25+2), or inf") from None
+
+    def __str__(self) -> str:
+        return f"{self.factor:g}+{self.slack:g}"
+
+
+def load_bound_arg(text: str) -> LoadBound:
+    """`LoadBound.parse` for argparse, whose error line names the type by `__name__`."""
+    return LoadBound.parse(text)
+
+
+load_bound_arg.__name__ = "load bound"      # "invalid load bound value: '0.5'"
+
+
+class CacheAwareRouter(Router):
+    """Bounded load first, then least estimated time to first token from what each replica
+    really holds.
+
+    Only replicas within the load bound (`LoadBound` on the requests in flight, counted by
+    the router itself from the moment it routes one) are candidates: this caps
+    how far one popular prefix can pile work onto its holder, at the price of computing
+    that prefix again on a second replica. Among the candidates, the score of a replica is
+    its queued work (seconds) + `cache_weight` x the prefill of the prompt tokens it does
+    not hold; the cached tokens come from the replicas themselves, so a hit is only counted
+    where the prefix still is. Equal scores (idle replicas holding nothing of the prompt)
+    are broken by a rendezvous hash of the first page key, so new prefixes spread out and
+    their follow-ups find them.
     """
 
     name = "cache-aware"
 
     def __init__(self, num_replicas: int, prefill_seconds_per_token: float,
-                 cache_weight: float = 4.0):
+                 cache_weight: float = 4.0, load_bound: LoadBound = LoadBound()):
         super().__init__(num_replicas)
         if prefill_seconds_per_token < 0 or cache_weight < 0:
             raise ValueError("prefill cost and cache weight must be >= 0")
         self.prefill_seconds_per_token = prefill_seconds_per_token
         self.cache_weight = cache_weight
+        self.load_bound = load_bound
 
     def scores(self, request: RouteRequest, view: ClusterView) -> list[float]:
         cached = view.cached_tokens(request)
@@ -218,9 +270,10 @@ class CacheAwareRouter(Router):
         return [q + cost * (L - c) for q, c in zip(view.queued_seconds(), cached)]
 
     def choose(self, request, view):
+        candidates = self.load_bound.candidates(view.queued_requests())
         scores = self.scores(request, view)
-        best = min(scores)
-        tied = [r for r, s in enumerate(scores) if s == best]
+        best = min(scores[r] for r in candidates)
+        tied = [r for r in candidates if scores[r] == best]
         if len(tied) == 1:
             return tied[0]
         key = request.page_keys[0] if len(request.page_keys) else 0
@@ -232,7 +285,7 @@ ROUTERS = ("cache-aware", "prefix-affinity", "pow2", "round-robin", "consistent-
 
 def make_router(name: str, num_replicas: int, *, capacity_pages: int,
                 prefill_seconds_per_token: float, cache_weight: float = 4.0,
-                seed: int = 0) -> Router:
+                load_bound: LoadBound = LoadBound(), seed: int = 0) -> Router:
     """A fresh router by name."""
     if name == "round-robin":
         return RoundRobinRouter(num_replicas)
@@ -243,5 +296,5 @@ def make_router(name: str, num_replicas: int, *, capacity_pages: int,
     if name == "prefix-affinity":
         return PrefixAffinityRouter(num_replicas, capacity_pages, seed=seed)
     if name == "cache-aware":
-        return CacheAwareRouter(num_replicas, prefill_seconds_per_token, cache_weight)
+        return CacheAwareRouter(num_replicas, prefill_seconds_per_token, cache_weight, load_bound)
     raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")

@@ -6,10 +6,11 @@ the server tests; the server never reaches past it (no `getattr` probing, no `en
 
 from __future__ import annotations
 
-from typing import AsyncGenerator, Callable, Protocol, Sequence, runtime_checkable
+from typing import AsyncGenerator, Awaitable, Callable, Protocol, Sequence, runtime_checkable
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.outputs import EngineStats, RequestOutput
+from radixserve.engine.pins import PinInfo
 from radixserve.engine.sampling_params import SamplingParams
 
 
@@ -65,13 +66,29 @@ class EngineClient(Protocol):
         """Drop every namespace's cached prefixes (CacheBusy while requests run)."""
         ...
 
-    def flush_namespace(self, namespace: str | None) -> int:
+    def flush_namespace(self, namespace: str | None) -> int | Awaitable[int]:
         """Drop the cached prefixes of one namespace and the namespaces under it
-        (`namespace/...`); returns the pages freed (CacheBusy if any of them is locked)."""
+        (`namespace/...`); returns the pages freed (CacheBusy if any of them is locked).
+        Awaitable where the cache lives elsewhere (Ray replicas)."""
         ...
 
-    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
-        """Counters of one namespace and those under it: `cached_tokens`, `nodes`."""
+    def namespace_stats(self, namespace: str | None
+                        ) -> dict[str, int] | Awaitable[dict[str, int]]:
+        """Counters of one namespace and those under it: `cached_tokens`, `nodes`.
+        Awaitable where the cache lives elsewhere (Ray replicas)."""
+        ...
+
+    async def pin(self, prompt_ids: Sequence[int], namespace: str | None = None) -> PinInfo:
+        """Keep the prompt's whole pages in the pool until `unpin` (computed first when not
+        cached); InvalidRequest, PinConflict / PinLimitExceeded (409), QueueFull."""
+        ...
+
+    def unpin(self, pin_id: str) -> PinInfo:
+        """Release a pin; UnknownPin (404) when no pin has this id."""
+        ...
+
+    def pinned(self) -> list[PinInfo]:
+        """Every pin, oldest first (ids, sizes, namespaces; no tokens)."""
         ...
 
     def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,

@@ -11,7 +11,7 @@ import re
 import msgspec
 
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
-                                      QueueFull)
+                                      PinConflict, PinLimitExceeded, QueueFull, UnknownPin)
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
@@ -33,7 +33,7 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, extra: dict[str, int] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -41,9 +41,13 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.extra = extra or {}        # figures beside OpenAI's four fields (409 pin limit)
 
-    def body(self) -> ErrorBody:
-        return ErrorBody(ErrorInfo(self.message, self.type, self.param, self.code))
+    def body(self) -> ErrorBody | dict:
+        info = ErrorInfo(self.message, self.type, self.param, self.code)
+        if not self.extra:
+            return ErrorBody(info)
+        return {"error": {**msgspec.structs.asdict(info), **self.extra}}
 
 
 def bad_request(param: str | None, message: str, code: str | None = None) -> ApiError:
@@ -90,8 +94,16 @@ def api_error_from(exc: BaseException) -> ApiError:
         return ApiError(503, "the server is shutting down and accepts no new requests",
                         type="service_unavailable", code="engine_stopped")
     if isinstance(exc, CacheBusy):
-        return ApiError(409, f"cannot flush the cache while requests are running ({exc})",
+        return ApiError(409, f"cannot flush the cache now: {exc}",
                         type="conflict_error", code="cache_busy")
+    if isinstance(exc, PinLimitExceeded):
+        return ApiError(409, str(exc), type="conflict_error", code=exc.code,
+                        extra={"requested_tokens": exc.requested, "pinned_tokens": exc.pinned,
+                               "max_pinned_tokens": exc.limit})
+    if isinstance(exc, PinConflict):
+        return ApiError(409, str(exc), type="conflict_error", code=exc.code)
+    if isinstance(exc, UnknownPin):
+        return ApiError(404, str(exc), type="not_found_error", param="pin_id", code="pin_not_found")
     if isinstance(exc, msgspec.DecodeError):
         return from_decode_error(exc)
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}",

@@ -47,6 +47,11 @@ class EngineCollector(Collector):
         for reason, count in sorted(s.requests_finished.items()):
             finished.add_metric([reason], count)
         yield finished
+        yield GaugeMetricFamily("radixserve_pinned_tokens",
+                                "Tokens of the pinned prefixes (POST /cache/pin), summed",
+                                value=s.pinned_tokens)
+        yield GaugeMetricFamily("radixserve_pinned_prefixes", "Pinned prefixes",
+                                value=s.pinned_prefixes)
         yield GaugeMetricFamily("radixserve_running_requests", "Requests being computed",
                                 value=s.running)
         yield GaugeMetricFamily("radixserve_waiting_requests", "Requests waiting for admission",

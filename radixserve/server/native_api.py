@@ -14,7 +14,9 @@ from typing import Any
 
 from aiohttp import web
 
+from radixserve.cache.summary import namespace_id
 from radixserve.engine.outputs import RequestOutput
+from radixserve.engine.pins import PinInfo, in_namespace
 from radixserve.server import protocol as P
 from radixserve.server.body import read_json
 from radixserve.server.errors import ApiError
@@ -115,6 +117,7 @@ async def health(request: web.Request) -> web.Response:
 def cache_stats_body(state: ServerState) -> dict:
     """The whole cache's counters (admins; servers without keys)."""
     body = stats_body(state.engine.stats())
+    body["pins"]["prefixes"] = pin_entries(state.engine.pinned())
     per_replica = state.engine.replica_stats()      # --replicas N
     if per_replica:
         body["replicas"] = {rid: stats_body(s) for rid, s in per_replica.items()}
@@ -143,7 +146,22 @@ def stats_body(s) -> dict:
             "usage": 1.0 - (s.pages_free / s.pages_total) if s.pages_total else 0.0,
         },
         "requests": {"running": s.running, "waiting": s.waiting, "preemptions": s.preemptions},
+        "pins": {"pinned_tokens": s.pinned_tokens, "pinned_prefixes": s.pinned_prefixes,
+                 "max_pinned_tokens": s.pinned_tokens_limit},
     }
+
+
+def pin_entries(pins: list[PinInfo]) -> list[P.PinEntry]:
+    """Pins as /cache/stats lists them: id, size, namespace; never their tokens."""
+    return [P.PinEntry(p.pin_id, p.tokens, namespace_id(p.namespace)) for p in pins]
+
+
+def visible_pins(who: Caller, pins: list[PinInfo]) -> list[PinInfo]:
+    """The pins a caller may see and unpin: all for admins, its own namespace's for a tenant."""
+    if who.admin:
+        return pins
+    scope = tenant_namespace(who, "Reading the pins of")
+    return [p for p in pins if in_namespace(p.namespace, scope)]
 
 
 def tenant_namespace(who: Caller, action: str) -> str | None:
@@ -162,8 +180,12 @@ async def cache_stats(request: web.Request) -> web.Response:
     if who.admin:
         await state.engine.refresh_stats()
         return json_response(cache_stats_body(state))
-    namespace = tenant_namespace(who, "Reading the stats of")
-    return json_response({"namespace": state.engine.namespace_stats(namespace)})
+    counts = state.engine.namespace_stats(tenant_namespace(who, "Reading the stats of"))
+    if inspect.isawaitable(counts):          # Ray replicas: summed over every one
+        counts = await counts
+    counts = dict(counts)
+    counts["pins"] = pin_entries(visible_pins(who, state.engine.pinned()))
+    return json_response({"namespace": counts})
 
 
 async def cache_flush(request: web.Request) -> web.Response:
@@ -171,6 +193,8 @@ async def cache_flush(request: web.Request) -> web.Response:
     who = caller(request)
     if not who.admin:
         freed = state.engine.flush_namespace(tenant_namespace(who, "Flushing"))   # CacheBusy: 409
+        if inspect.isawaitable(freed):       # Ray replicas: every one is flushed
+            freed = await freed
         return json_response({"flushed": True, "scope": "namespace", "freed_pages": freed,
                               "pages_free": state.engine.stats().pages_free})
     await state.engine.refresh_stats()

@@ -100,10 +100,12 @@ class PromptBuilder:
         self.check_chars(len(text), 1, param)
         return await self._off_loop(self.tokenizer.encode, text)
 
-    async def chat(self, messages: list[dict[str, str]]) -> list[int]:
+    async def chat(self, messages: list[dict[str, str]],
+                   add_generation_prompt: bool = True) -> list[int]:
         self.check_chars(sum(len(m["content"]) for m in messages), len(messages), "messages")
         try:
-            return await self._off_loop(self.tokenizer.apply_chat_template, messages)
+            return await self._off_loop(self.tokenizer.apply_chat_template, messages,
+                                        add_generation_prompt)
         except Exception as exc:    # a template's own raise_exception(...): bad message order
             raise bad_request("messages", f"the chat template refused the messages: "
                                           f"{str(exc)[:200]}") from None
@@ -189,3 +191,22 @@ async def prepare_generate(req: P.GenerateRequest, prompts: PromptBuilder,
     else:
         params.max_tokens = fit_context(len(prompt_ids), requested, info, param)
     return Prepared(prompt_ids, params, cache_namespace(key_namespace, req.cache_salt))
+
+
+async def prepare_pin(req: P.PinRequest, prompts: PromptBuilder,
+                      base_namespace: str | None) -> tuple[list[int], str | None]:
+    """A pin's token ids (checked as a request's prompt would be: vocabulary, and room in
+    the context for the one token its computing request samples) and its namespace:
+    `base_namespace` refined by the body's `cache_salt`, as for requests."""
+    info = prompts.info
+    req.check()
+    if req.token_ids is not None:
+        ids, param = token_ids(list(req.token_ids), info, "token_ids"), "token_ids"
+    elif req.messages is not None:
+        prompts.check_chars(0, len(req.messages), "messages")
+        ids = await prompts.chat(P.message_dicts(req.messages), req.add_generation_prompt)
+        param = "messages"
+    else:
+        ids, param = await prompts.encode(req.prompt, "prompt"), "prompt"
+    fit_context(len(ids), 1, info, param)
+    return ids, cache_namespace(base_namespace, req.cache_salt)

@@ -173,12 +173,16 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def message_dicts(self) -> list[dict[str, str]]:
-        """Messages as the chat template wants them ('developer' is the new 'system')."""
-        out = []
-        for i, m in enumerate(self.messages):
-            role = "system" if m.role == "developer" else m.role
-            out.append({"role": role, "content": m.text(f"messages[{i}]")})
-        return out
+        return message_dicts(self.messages)
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template wants them ('developer' is the new 'system')."""
+    out = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        out.append({"role": role, "content": m.text(f"messages[{i}]")})
+    return out
 
 
 # ---------------------------------------------------------------- completions requests
@@ -260,6 +264,61 @@ class GenerateRequest(Struct, kw_only=True):
     def requested_max_tokens(self) -> int | None:
         s = self.sampling_params
         return s.max_new_tokens if s.max_new_tokens is not None else s.max_tokens
+
+
+# ---------------------------------------------------------------- POST /cache/pin
+
+
+class PinRequest(Struct, kw_only=True):
+    """A prefix to keep in the KV pool: exactly one of `prompt` (text), `messages` (chat,
+    rendered by the chat template; without the generation prompt unless asked, since a
+    pinned prefix is the start of later conversations) and `token_ids`."""
+
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    token_ids: list[int] | None = None
+    add_generation_prompt: bool = False
+    cache_salt: str | None = None
+    namespace: str | None = None        # admin only: a namespace id as /cache/tree names it
+
+    def check(self) -> None:
+        given = [name for name in ("prompt", "messages", "token_ids")
+                 if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise bad_request(given[1] if len(given) > 1 else "prompt",
+                              "give exactly one of 'prompt', 'messages' and 'token_ids'")
+        if self.messages is not None and not self.messages:
+            raise bad_request("messages", "'messages' must contain at least one message")
+        if self.token_ids is not None and not self.token_ids:
+            raise bad_request("token_ids", "'token_ids' must not be empty")
+        if self.cache_salt is not None and not self.cache_salt:
+            raise bad_request("cache_salt", "'cache_salt' must be a non-empty string")
+        if self.namespace is not None and not self.namespace:
+            raise bad_request("namespace", "'namespace' must be a non-empty string")
+
+
+class PinResponse(Struct):
+    id: str
+    object: str                 # "cache.pin"
+    pinned_tokens: int          # the prompt's whole KV pages
+    cached_tokens: int          # of those, already cached before this call
+    prompt_tokens: int
+    namespace: str              # as /cache/tree names it ("default" for no namespace)
+    created: bool               # False: this prefix was pinned already (same id)
+
+
+class PinEntry(Struct):
+    id: str
+    pinned_tokens: int
+    namespace: str
+
+
+class UnpinResponse(Struct):
+    id: str
+    object: str                 # "cache.pin"
+    deleted: bool
+    pinned_tokens: int
+    namespace: str
 
 
 # ---------------------------------------------------------------- responses

@@ -95,3 +95,30 @@ def test_page_ids_are_values_and_one_evicted_edge_is_handed_over_whole():
     with pytest.raises(ValueError):
         got[0] = 1
     mem.check_conservation([got])
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+def test_array_ids_are_read_in_place_and_stay_growable(ps):
+    """An array('q') or int64 numpy prompt is compared through a view of its buffer (nothing
+    packed), and no view outlives a tree call: the engine appends to its arrays after."""
+    ids = array("q", range(1000, 1000 + 4096))
+    c = RadixCache(ps)
+    leaf = c.insert(ids, pages_for(4096, ps)).node
+    assert leaf._pending is not None and leaf._pending[0] is ids      # a reference, no copy
+    query = array("q", [*range(1000, 1000 + 2048), *[7] * 100])
+    m = c.match_prefix(query, max_tokens=len(query) - 1)
+    assert m.matched_tokens == 2048
+    query.append(5)
+    ids.append(6)                                  # would raise BufferError if a view lived on
+    assert c.peek_prefix(np.asarray(query)) == 2048
+    n = len(query) // ps * ps
+    own = np.concatenate((m.pages, pages_for(n - 2048, ps, first=10_000)))
+    c.lock(m.node)
+    r = c.insert(prefix(query, n), own, start=m.node)
+    c.unlock(m.node)
+    assert r.hint_used and r.already_cached == 2048
+    query.append(7)
+    assert c.peek_prefix(query) == n and c.peek_prefix(bytes(query)[:n * 8]) == n
+    with pytest.raises(ValueError):
+        c.peek_prefix(b"1234567")                  # not whole int64 ids
+    c.check_invariants()

@@ -105,3 +105,42 @@ def test_against_a_set_model(ops):
                 free |= set(ids)
         assert a.num_free == len(free)
         assert sorted(a.free_page_ids().tolist()) == sorted(free)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bulk_frees_against_a_set_model(seed):
+    """Frees of hundreds of ids (the sorted path) and single ids, good and bad, mixed with
+    allocations, against a plain set of free ids: a refused free changes nothing."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    a = PageAllocator(n)
+    free = set(range(n))
+    held: list[int] = []
+    for _ in range(60):
+        if rng.random() < 0.5 and len(free) > 0:
+            got = a.alloc(int(rng.integers(0, min(len(free), 900) + 1))).tolist()
+            assert len(set(got)) == len(got) and set(got) <= free
+            free -= set(got)
+            held += got
+            continue
+        k = int(rng.integers(1, len(held) + 1)) if held else 0
+        ids = [held[i] for i in rng.permutation(len(held))[:k]]
+        fault = int(rng.integers(0, 4)) if ids else 0
+        if fault == 1 and not free:
+            fault = 0
+        if fault == 1:                               # one id that is free already
+            ids.insert(int(rng.integers(0, len(ids) + 1)), int(rng.choice(list(free))))
+        elif fault == 2:                             # one id twice
+            ids.append(ids[int(rng.integers(0, len(ids)))])
+        elif fault == 3:                             # out of range
+            ids.append(int(rng.choice([-1, n, n + 7])))
+        arr = np.array(ids, dtype=np.int32)
+        if fault:
+            with pytest.raises(PageAccountingError):
+                a.free(arr)
+        else:
+            a.free(arr)
+            free |= set(ids)
+            held = [i for i in held if i not in set(ids)]
+        assert a.num_free == len(free)
+        assert sorted(a.free_page_ids().tolist()) == sorted(free)

@@ -20,7 +20,9 @@ except ImportError as exc:        # like the model fixtures: fail with the comma
 from radixserve.cluster.launch import deploy                     # noqa: E402
 from radixserve.cluster.options import ClusterOptions            # noqa: E402
 from radixserve.cluster.prefix_hashes import prompt_hashes       # noqa: E402
-from radixserve.server.auth import cache_namespace              # noqa: E402
+from radixserve.server.app import bound_address, drain_and_stop, start_server  # noqa: E402
+from radixserve.server.auth import AuthConfig, cache_namespace  # noqa: E402
+from radixserve.server.state import ServerConfig, ServerState   # noqa: E402
 from tests.server.conftest import engine_config                  # noqa: E402
 from tests.server.http import SSEStream, get, post               # noqa: E402
 from tests.server.live import LiveServer                         # noqa: E402
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.timeout(900)
 HANG = 120.0          # seconds: only a hang (or a dead machine) gets this far
 
 SYSTEM = list(range(1000, 1000 + 96))          # 96 tokens: 6 routing blocks
+K1, K2, ADMIN = "tenant-one", "tenant-two", "the-admin"
 
 
 def prompt(tail: int, n: int = 8) -> list[int]:
@@ -68,6 +71,10 @@ def generate(live, ids, salt=None, max_tokens=4) -> dict:
     reply = post(live.url + "/generate", json=body, timeout=HANG)
     assert reply.status == 200, reply.text
     return reply.json()["meta_info"]
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
 def holders(live, ids, salt=None) -> dict[str, int]:
@@ -135,6 +142,51 @@ def test_flush_empties_every_replica_and_the_router_view(cluster):
     assert stats["pool"]["pages_cached"] == 0
     for rid in views:                                   # page conservation on each replica
         live.run(live.engine.control(rid, "check"))
+
+
+def test_tenant_keys_read_and_flush_their_namespace_on_every_replica(cluster):
+    """Per-key namespaces with --replicas: a tenant's /cache/stats sums every replica and
+    its /cache/flush empties its namespace on every replica, leaving the other tenant's."""
+    live = cluster
+    auth = AuthConfig((K1, K2), namespace_per_api_key=True, admin_keys=(ADMIN,))
+    state = ServerState.create(live.engine, ServerConfig(port=0, auth=auth))
+    front = live.run(start_server(state, "127.0.0.1", 0))       # a second front end, keyed
+    url = "http://%s:%d" % bound_address(front)
+    ns1 = auth.key_namespace(K1)
+
+    def on_replicas(op: str) -> dict:
+        return {rid: live.run(live.engine.control(rid, op, ns1)).value
+                for rid in live.engine.replica_ids()}
+
+    def stats(key: str) -> dict:
+        reply = get(url + "/cache/stats", headers=bearer(key))
+        assert reply.status == 200 and set(reply.json()) == {"namespace"}, reply.text
+        return reply.json()["namespace"]
+
+    try:
+        for i in range(8):        # distinct prefixes, one at a time: each to its home replica
+            ids = list(range(3000 + 100 * i, 3064 + 100 * i))      # no shared first block
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
+            assert post(url + "/generate", json=body, headers=bearer(K1)).status == 200
+        body = {"input_ids": prompt(90), "sampling_params": {"max_new_tokens": 1}}
+        assert post(url + "/generate", json=body, headers=bearer(K2)).status == 200
+        per_replica = on_replicas("namespace_stats")
+        assert len(per_replica) == 2 and all(c["cached_tokens"] > 0
+                                             for c in per_replica.values())
+        k1 = stats(K1)
+        assert k1["cached_tokens"] == sum(c["cached_tokens"] for c in per_replica.values())
+        k2 = stats(K2)
+        assert 0 < k2["cached_tokens"] < k1["cached_tokens"]
+
+        reply = post(url + "/cache/flush", headers=bearer(K1))
+        assert reply.status == 200 and reply.json()["scope"] == "namespace", reply.text
+        assert reply.json()["freed_pages"] > 0
+        assert all(c["cached_tokens"] == 0 for c in on_replicas("namespace_stats").values())
+        assert stats(K1)["cached_tokens"] == 0 and stats(K2) == k2
+        for rid in live.engine.replica_ids():               # page conservation
+            live.run(live.engine.control(rid, "check"))
+    finally:
+        live.run(drain_and_stop(front, 1.0))
 
 
 def test_metrics_have_a_replica_label(cluster):

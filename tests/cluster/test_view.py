@@ -7,6 +7,7 @@ from radixserve.cluster.prefix_hashes import prompt_hashes
 from radixserve.cluster.ray_router import RadixRequestRouter
 from radixserve.cluster.route_info import RouteInfo
 from radixserve.cluster.view import CandidateView, ClusterState
+from radixserve.routing import LoadBound
 
 BLOCK = 16
 SYSTEM = list(range(100, 100 + 64))
@@ -92,3 +93,22 @@ def test_a_choice_counts_at_once_moves_when_rejected_and_expires_if_never_sent()
     state.routed("r2", "a", [], 100, confirmed=False)
     state.replicas["a"].routed["r2"].routed_at -= 60        # never dispatched: expires
     assert state.replicas["a"].in_flight == 0
+
+
+def test_a_burst_counts_choices_not_yet_dispatched_and_stays_within_the_load_bound():
+    """Every request of a burst is decided before any is dispatched or completes: each
+    choice must count (in flight, and its prefix held) for the next one."""
+    state = ClusterState(BLOCK)
+    state.keep_only(["a", "b", "c", "d"])
+    state.published("b", {"digest": digest(SYSTEM)})
+    for i in range(16):
+        ids = SYSTEM + [i] * 16
+        pick = decide(state, ids)
+        if i == 0:
+            assert pick == "b"                          # the holder, while it has room
+        state.routed(f"r{i}", pick, prompt_hashes(ids, BLOCK, None), 16, confirmed=False)
+        loads = [state.replicas[r].in_flight for r in "abcd"]
+        bound = LoadBound()                             # the default, after each choice
+        assert max(loads) <= bound.factor * sum(loads) / 4 + bound.slack
+    assert sum(state.replicas[r].in_flight for r in "abcd") == 16
+    assert state.replicas["b"].in_flight == max(state.replicas[r].in_flight for r in "abcd")

@@ -90,3 +90,27 @@ async def wait_idle(engine: Engine, timeout: float = 30.0) -> None:
         if loop.time() > deadline:
             raise TimeoutError("engine did not go idle")
         await asyncio.sleep(0.01)
+
+
+def check_pages(engine: Engine) -> None:
+    """Conservation (free + tree + private == total, checked id by id), with no request
+    live: free + tree == total."""
+    engine.check_invariants()
+    assert engine.memory.num_free + engine.tree.total_tokens // engine.page_size \
+        == engine.runner.num_pages
+
+
+def run_scenario(engine: Engine, scenario, check=check_pages):
+    """Run `scenario(engine)` on a started engine; once idle, end with `check(engine)`."""
+
+    async def main():
+        await engine.start()
+        try:
+            result = await scenario(engine)
+            await wait_idle(engine)
+            check(engine)
+            return result
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(main())

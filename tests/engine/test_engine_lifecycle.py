@@ -6,27 +6,15 @@ import asyncio
 
 import pytest
 
-from engine_helpers import QUESTIONS, chat_ids, collect, make_engine, run_all, wait_idle
+from engine_helpers import (QUESTIONS, chat_ids, collect, make_engine, run_all,
+                            run_scenario, wait_idle)
 from radixserve.engine.errors import InvalidRequest
 from radixserve.engine.sampling_params import SamplingParams
 
 
 def run(engine, scenario):
     """Run `scenario(engine)` on a started engine; always end with the conservation check."""
-
-    async def main():
-        await engine.start()
-        try:
-            result = await scenario(engine)
-            await wait_idle(engine)
-            engine.check_invariants()
-            assert engine.memory.num_free + engine.tree.total_tokens // engine.page_size \
-                == engine.runner.num_pages
-            return result
-        finally:
-            await engine.shutdown()
-
-    return asyncio.run(main())
+    return run_scenario(engine, scenario)
 
 
 def failing_on_call(real, n: int, error: Exception, after: bool = False):

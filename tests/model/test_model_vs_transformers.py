@@ -91,8 +91,11 @@ def test_answers_the_capital_of_france(model_fp32):
 
 
 def test_bfloat16_tracks_float32(model_fp32, model_bf16):
-    """bf16 (the CPU default here) stays close: same top token, last-position logits
-    within bf16 noise (measured max diff 0.3-0.7)."""
+    """bf16 (the CPU default here) stays close: last-position logits within bf16 noise
+    (measured max diff 0.3-0.8, mean 0.06-0.4), and a top token fp32 rates within that
+    noise of its best. Not "the same top token": PROMPTS[0]'s two best fp32 logits are
+    0.08 apart (25.325 vs 25.243), and which of them bf16 picks turns on the GEMM kernel's
+    rounding (packed oneDNN weights pick the second; their error is no larger)."""
     assert model_bf16.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in model_bf16.model.parameters())
     for text in PROMPTS[:2]:
@@ -101,5 +104,6 @@ def test_bfloat16_tracks_float32(model_fp32, model_bf16):
         r16 = PagedRunner(model_bf16)
         got = r16.step([(r16.new_seq(len(ids)), ids)])
         assert got.dtype == torch.float32
-        assert int(got.argmax()) == int(ref.argmax())
+        assert ref[0, int(got.argmax())] >= ref.max() - 0.25
         assert (got - ref).abs().max().item() < 1.5
+        assert (got - ref).abs().mean().item() < 0.5

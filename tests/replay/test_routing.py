@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass, field
 
 import pytest
 
-from radixserve.routing import (CacheAwareRouter, ConsistentHashRouter, PowerOfTwoRouter,
-                                PrefixAffinityRouter, RoundRobinRouter, RouteRequest,
-                                make_router)
+from radixserve.routing import (CacheAwareRouter, ConsistentHashRouter, LoadBound,
+                                PowerOfTwoRouter, PrefixAffinityRouter, RoundRobinRouter,
+                                RouteRequest, make_router)
 
 
 @dataclass
@@ -92,3 +94,63 @@ def test_cache_aware_spreads_new_prefixes_by_hash():
 def test_unknown_router():
     with pytest.raises(ValueError, match="unknown router"):
         make_router("random", 2, capacity_pages=1, prefill_seconds_per_token=0.0)
+
+
+def test_load_bound_admits_replicas_up_to_factor_times_the_mean_plus_slack():
+    # After this request: at most C x mean + S in flight, i.e. q + 1 <= C x (sum + 1) / n + S.
+    tight = LoadBound(1.1, 1)
+    assert tight.candidates([0, 0, 0, 0]) == [0, 1, 2, 3]
+    assert tight.candidates([1, 0, 0, 0]) == [1, 2, 3]
+    assert tight.candidates([1, 1, 1, 0]) == [0, 1, 2, 3]
+    assert LoadBound(2.0, 1).candidates([5, 0, 0, 0]) == [1, 2, 3]
+    assert LoadBound(1.25, 2).candidates([2, 1, 0, 0]) == [0, 1, 2, 3]   # the slack
+    assert LoadBound(1.25, 1).candidates([2, 1, 0, 0]) == [1, 2, 3]
+    assert LoadBound(1.25, 2).candidates([3, 1, 0, 0]) == [1, 2, 3]
+    assert LoadBound(math.inf).candidates([5, 0, 0, 0]) == [0, 1, 2, 3]
+
+
+def test_load_bound_parses_and_prints_c_plus_s():
+    assert LoadBound.parse("1.5") == LoadBound(1.5, LoadBound().slack)
+    assert LoadBound.parse("1.25+3") == LoadBound(1.25, 3)
+    assert LoadBound.parse(str(LoadBound())) == LoadBound()
+    assert LoadBound.parse("inf").candidates([9, 0]) == [0, 1]
+    for bad in ("0.5", "2+0", "x", "1+y"):
+        with pytest.raises(ValueError):
+            LoadBound.parse(bad)
+
+
+def test_the_least_loaded_replica_is_always_within_the_bound():
+    rng = random.Random(3)
+    for _ in range(500):
+        queued = [rng.randrange(20) for _ in range(rng.randrange(1, 9))]
+        assert queued.index(min(queued)) in LoadBound(1.0, 1.0).candidates(queued)
+
+
+def test_cache_aware_keeps_a_prefix_on_its_holder_only_within_the_load_bound():
+    r = CacheAwareRouter(4, prefill_seconds_per_token=0.001, load_bound=LoadBound(1.1, 1))
+    request = req(1, 2, tokens=1000)
+
+    def view(queued):
+        return View(4, queued=queued, seconds=[0.1 * q for q in queued], cached=[900, 0, 0, 0])
+    assert r.choose(request, view([1, 1, 1, 0])) == 0
+    # One more in flight on the holder: it is over the bound, the request goes elsewhere
+    # (to the least loaded) however much the holder would save.
+    assert r.choose(request, view([2, 1, 1, 0])) == 3
+    # Without a bound, the saved prefill outweighs the queue.
+    free = CacheAwareRouter(4, prefill_seconds_per_token=0.001,
+                            load_bound=LoadBound(math.inf))
+    assert free.choose(request, view([2, 1, 1, 0])) == 0
+
+
+def test_a_burst_on_one_prefix_spreads_evenly_and_follows_the_copies():
+    """All requests arrive before any completes (counted in flight at once): the prefix
+    is copied to replica after replica as the bound forces, and the counts stay level."""
+    r = CacheAwareRouter(4, prefill_seconds_per_token=0.001, load_bound=LoadBound(1.1, 1))
+    queued, holders = [0, 0, 0, 0], set()
+    for _ in range(16):
+        cached = [900 if i in holders else 0 for i in range(4)]
+        pick = r.choose(req(1, 2, tokens=1000),
+                        View(4, list(queued), [0.1 * q for q in queued], cached))
+        queued[pick] += 1
+        holders.add(pick)
+    assert queued == [4, 4, 4, 4]

@@ -13,9 +13,11 @@ import uuid
 from dataclasses import dataclass
 
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.errors import CacheBusy, EngineStopped, QueueFull
+from radixserve.engine.errors import (CacheBusy, EngineStopped, PinLimitExceeded, QueueFull,
+                                      UnknownPin)
 from radixserve.engine.outputs import (EngineStats, OneProcessStats, RequestOutput,
                                       TokenLogprob, Usage)
+from radixserve.engine.pins import PinInfo
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.validation import check_request
 from radixserve.server.engine_client import EngineClient
@@ -67,6 +69,8 @@ class FakeEngine(OneProcessStats):
         self.gate: asyncio.Event | None = None  # set by a test: no output until it is set
         self._stats = EngineStats(pages_total=1024, page_size=1)
         self._stats.kv_pool_bytes = 1024 * 100
+        self.pin_limit = 256
+        self.pins: dict[str, tuple[PinInfo, tuple]] = {}   # id -> (info, (namespace, ids))
 
     @property
     def ready(self) -> bool:
@@ -178,6 +182,9 @@ class FakeEngine(OneProcessStats):
         s.pages_cached = min(s.pages_total, sum(len(p) for ps in self.seen.values() for p in ps))
         s.pages_private = 0
         s.pages_free = s.pages_total - s.pages_cached
+        s.pinned_tokens = sum(info.tokens for info, _ in self.pins.values())
+        s.pinned_prefixes = len(self.pins)
+        s.pinned_tokens_limit = self.pin_limit
         return s
 
     def flush_cache(self) -> None:
@@ -200,6 +207,32 @@ class FakeEngine(OneProcessStats):
                    for p in ps]
         return {"cached_tokens": sum(map(len, prompts)), "locked_tokens": 0,
                 "nodes": len(prompts)}
+
+    async def pin(self, prompt_ids, namespace=None) -> PinInfo:
+        """The engine's pin rules over the fake's 'cache': idempotent per (namespace, ids),
+        bounded by `pin_limit`, cached tokens as a request would count them (+ the last)."""
+        check_request(prompt_ids, SamplingParams(max_tokens=1, temperature=0),
+                      self.tokenizer.vocab_size, self.max_model_len)
+        key = (namespace, tuple(prompt_ids))
+        for info, k in self.pins.values():
+            if k == key:
+                return PinInfo(info.pin_id, info.tokens, namespace, info.cached_tokens, False)
+        pinned = sum(info.tokens for info, _ in self.pins.values())
+        if pinned + len(prompt_ids) > self.pin_limit:
+            raise PinLimitExceeded(len(prompt_ids), pinned, self.pin_limit)
+        cached = self._cached(list(prompt_ids) + [0], namespace)
+        self.seen.setdefault(namespace, []).append(list(prompt_ids))
+        info = PinInfo(f"pin-{uuid.uuid4().hex[:16]}", len(prompt_ids), namespace, cached)
+        self.pins[info.pin_id] = (info, key)
+        return info
+
+    def unpin(self, pin_id: str) -> PinInfo:
+        if pin_id not in self.pins:
+            raise UnknownPin(f"no pinned prefix has the id {pin_id!r}")
+        return self.pins.pop(pin_id)[0]
+
+    def pinned(self) -> list[PinInfo]:
+        return [info for info, _ in self.pins.values()]
 
     def check_invariants(self) -> None:
         assert not self.live, f"live requests remain: {list(self.live)}"

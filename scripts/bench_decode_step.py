@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""One engine step, this checkout against a baseline commit, interleaved in one process.
+
+The issue-18 workload's decode step: 64 sequences in 8 groups, each group sharing a
+1,024-token system prompt (the same pages, as the radix cache hands them out) followed by
+~64-95 private tokens, one new token each (contexts ~1,090-1,120). Optionally a prefill
+step of ``--prefill-tokens`` (8 prompts of 64 tokens behind a cached system prompt, or one
+fresh prompt) is timed the same way.
+
+Both implementations run ``ModelRunner.execute`` (page table, plan, forward, greedy sample)
+on the same weights and the same K/V contents. The baseline is the ``radixserve`` package of
+a git commit, extracted with ``git archive`` and renamed to ``radixserve_base`` so both
+import side by side. Rounds alternate which one goes first; the ratio of medians per round
+cancels the load other processes put on the machine.
+
+    python scripts/bench_decode_step.py --baseline e33df27 --rounds 6 --steps 5 --threads 2
+    python scripts/bench_decode_step.py --baseline e33df27 --threads 1 --clock cpu   # shared
+    python scripts/bench_decode_step.py --profile            # top operators, this checkout
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def import_baseline(commit: str, workdir: Path):
+    """The ``radixserve`` package of ``commit`` as a top-level package ``radixserve_base``."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "radixserve"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive, check=True)
+    src = workdir / "radixserve"
+    dst = workdir / "radixserve_base"
+    src.rename(dst)
+    pattern = re.compile(r"\bradixserve(?=[. ])")
+    for path in dst.rglob("*.py"):
+        text = path.read_text()
+        path.write_text(pattern.sub("radixserve_base", text))
+    sys.path.insert(0, str(workdir))
+    return "radixserve_base"
+
+
+class Impl:
+    """A runner of one implementation (package ``pkg``) with the workload's steps."""
+
+    def __init__(self, pkg: str, args, fill_seed: int = 0):
+        self.name = pkg
+        mod = lambda m: importlib.import_module(f"{pkg}.{m}")   # noqa: E731
+        config = mod("engine.config").EngineConfig(
+            model=args.model, dtype=args.dtype, kv_cache_tokens=args.kv_tokens)
+        loaded = mod("model").load_model(args.model, dtype=args.dtype)
+        self.runner = mod("engine.runner").ModelRunner(config, loaded)
+        self.StepBatch = mod("engine.batch").StepBatch
+        self.SeqSpan = mod("attention.spans").SeqSpan
+        self.Params = mod("engine.sampling_params").SamplingParams
+        pool = self.runner.kv_pool
+        gen = torch.Generator().manual_seed(fill_seed)
+        used = args.kv_tokens
+        for side in (pool.k_flat, pool.v_flat):
+            for layer in side:
+                layer[:used].copy_(torch.randn(layer[:used].shape, generator=gen) * 0.5)
+
+    def decode_batch(self, args):
+        spans, ids, pos = [], [], []
+        shared = args.system
+        private_base = args.groups * shared
+        private = args.question + 32
+        for i in range(args.batch):
+            g = i % args.groups
+            own = args.question + (i * 7) % 32          # 64..95 private tokens
+            pages = np.concatenate([
+                np.arange(g * shared, (g + 1) * shared),
+                private_base + i * private + np.arange(own + 1)]).astype(np.int32)
+            spans.append(self.SeqSpan(pages, shared + own, 1))
+            ids.append(1000 + i)
+            pos.append(shared + own)
+        return self._batch(spans, ids, pos)
+
+    def prefill_batch(self, args):
+        """8 questions of 64 tokens behind one cached system prompt each (cache on)."""
+        spans, ids, pos = [], [], []
+        shared = args.system
+        private_base = args.groups * shared
+        private = args.question + 32
+        n = args.prefill_tokens // args.question
+        for i in range(n):
+            g = i % args.groups
+            pages = np.concatenate([np.arange(g * shared, (g + 1) * shared),
+                                    private_base + i * private + np.arange(args.question)])
+            spans.append(self.SeqSpan(pages.astype(np.int32), shared, args.question))
+            ids += [2000 + i + j for j in range(args.question)]
+            pos += list(range(shared, shared + args.question))
+        return self._batch(spans, ids, pos)
+
+    def _batch(self, spans, ids, pos):
+        n = len(spans)
+        return self.StepBatch(input_ids=ids, positions=pos, spans=spans,
+                              sample_rows=list(range(n)),
+                              sample_params=[self.Params(max_tokens=1, temperature=0.0)] * n,
+                              generators=[None] * n)
+
+    def time_steps(self, batch, steps: int, clock) -> float:
+        """Median seconds of ``steps`` executions of ``batch``."""
+        times = []
+        for _ in range(steps):
+            t0 = clock()
+            self.runner.execute(batch)
+            times.append(clock() - t0)
+        return statistics.median(times)
+
+
+def profile(impl: Impl, batch, steps: int, top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    impl.runner.execute(batch)
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            impl.runner.execute(batch)
+    print(f"--- {impl.name}: top operators by self CPU time, {steps} steps ---")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--baseline", default=None, help="git commit to compare with")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--groups", type=int, default=8)
+    p.add_argument("--system", type=int, default=1024)
+    p.add_argument("--question", type=int, default=64)
+    p.add_argument("--prefill-tokens", type=int, default=0,
+                   help="also time a prefill step of this many question tokens")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--steps", type=int, default=5, help="steps per round (median)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="cpu: the process's CPU time (use with --threads 1 on a shared "
+                        "machine: other processes then barely move the figures)")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--top", type=int, default=18)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        p.error("--clock cpu needs --threads 1 (idle OpenMP workers would count as work)")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    args.kv_tokens = args.groups * args.system + args.batch * (args.question + 32) + 64
+
+    sys.path.insert(0, str(REPO))
+    impls = [Impl("radixserve", args)]
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.baseline:
+            impls.insert(0, Impl(import_baseline(args.baseline, Path(tmp)), args))
+        kinds = [("decode", "decode_batch")]
+        if args.prefill_tokens:
+            kinds.append(("prefill", "prefill_batch"))
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} "
+              f"clock, {args.dtype}, "
+              f"decode batch {args.batch} in {args.groups} groups of {args.system} shared "
+              f"tokens")
+        for kind, method in kinds:
+            batches = [getattr(i, method)(args) for i in impls]
+            for impl, batch in zip(impls, batches):
+                impl.runner.execute(batch)                         # warm-up
+            if args.profile:
+                for impl, batch in zip(impls, batches):
+                    profile(impl, batch, args.steps, args.top)
+                continue
+            times = {i.name: [] for i in impls}
+            for r in range(args.rounds):
+                order = list(zip(impls, batches))
+                if r % 2:
+                    order.reverse()
+                for impl, batch in order:
+                    times[impl.name].append(impl.time_steps(batch, args.steps, clock))
+            for name, ts in times.items():
+                print(f"{kind:<8} {name:<16} ms per step by round: "
+                      + " ".join(f"{t * 1e3:7.1f}" for t in ts))
+            if len(impls) == 2:
+                base, new = (times[i.name] for i in impls)
+                ratios = [b / n for b, n in zip(base, new)]
+                print(f"{kind:<8} speedup (baseline / this) by round: "
+                      + " ".join(f"{x:.2f}" for x in ratios)
+                      + f"; median {statistics.median(ratios):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
