@@ -67,62 +67,74 @@ class RowBlocks:
         return out
 
 
-def blocked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def blocked_linear(x: torch.Tensor, linear: nn.Linear,
                    row_blocks: RowBlocks) -> torch.Tensor:
-    """F.linear over the rows of a 2-D ``x``, one call per block of ``row_blocks``."""
+    """``linear`` over the rows of a 2-D ``x``, one call per block of ``row_blocks``.
+
+    Small chunks run the layer's own forward (a pre-packed oneDNN weight where
+    packed_linear keeps one: packing's decode speed, the same bits as F.linear up to 32
+    rows); big tiles run F.linear, whose 1024-row kernel agrees with the small chunks where
+    the packed one may not. ``check_row_invariance`` checks exactly these calls."""
     rows = x.shape[0]
-    blocks = row_blocks.blocks(rows)
-    if len(blocks) == 1 and blocks[0][1] == blocks[0][2]:
-        return F.linear(x, weight, bias)
-    out = x.new_empty(rows, weight.shape[0])
-    for start, real, call_rows in blocks:
+    out = x.new_empty(rows, linear.weight.shape[0])
+    for start, real, call_rows in row_blocks.blocks(rows):
         part = x[start:start + real]
         if call_rows > real:
             part = torch.cat([part, part.new_zeros(call_rows - real, part.shape[1])])
-        out[start:start + real] = F.linear(part, weight, bias)[:real]
+        call = (linear if call_rows <= row_blocks.small_rows
+                else lambda t: F.linear(t, linear.weight, linear.bias))
+        if call_rows == real == rows:
+            return call(part)
+        out[start:start + real] = call(part)[:real]
     return out
 
 
 class RowInvariantLinear(nn.Module):
-    """An nn.Linear's weight and bias (shared, not copied) applied by ``blocked_linear``."""
+    """An nn.Linear (shared, not copied: same parameters, same packed weight) applied by
+    ``blocked_linear``."""
 
     def __init__(self, linear: nn.Linear, row_blocks: RowBlocks) -> None:
         super().__init__()
-        self.weight = linear.weight
-        self.bias = linear.bias
+        self.linear = linear
         self.row_blocks = row_blocks
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        y = blocked_linear(flat, self.weight, self.bias, self.row_blocks)
+        y = blocked_linear(flat, self.linear, self.row_blocks)
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def check_row_invariance(weight: torch.Tensor, row_blocks: RowBlocks, seed: int = 0) -> bool:
+def check_row_invariance(linear: nn.Linear, row_blocks: RowBlocks, seed: int = 0) -> bool:
     """Whether every call shape ``row_blocks`` uses gives, on random rows, exactly what the
     small chunks give (the kernel choice depends on the shape, not the data)."""
     g = torch.Generator().manual_seed(seed)
+    weight = linear.weight
     big = row_blocks.big_rows or 0
     rows = big + 3 * row_blocks.small_rows + 5
     x = torch.randn(rows, weight.shape[1], generator=g).to(weight.dtype).to(weight.device)
-    reference = blocked_linear(x, weight, None, RowBlocks(row_blocks.small_rows,
-                                                          row_blocks.min_rows, None))
+    reference = blocked_linear(x, linear, RowBlocks(row_blocks.small_rows,
+                                                    row_blocks.min_rows, None))
     sizes = [1, 2, 3, 5, 8, 13, 17, row_blocks.small_rows - 1, row_blocks.small_rows,
              row_blocks.small_rows + 1, rows]
     for n in sizes:
         for start in (0, rows - n):
-            got = blocked_linear(x[start:start + n], weight, None, row_blocks)
+            got = blocked_linear(x[start:start + n], linear, row_blocks)
             if not torch.equal(got, reference[start:start + n]):
                 return False
     return True
 
 
-def choose_row_blocks(weight: torch.Tensor) -> RowBlocks:
+def choose_row_blocks(linear: nn.Linear) -> RowBlocks:
     """The measured blocks for the weight's dtype when ``check_row_invariance`` confirms them
     on this machine at this thread count, else ``RowBlocks.safe()`` (e.g. 3 threads made
     oneDNN split the 1024-row tile of a 576-wide output differently)."""
+    weight = linear.weight
     blocks = RowBlocks.for_dtype(weight.dtype)
-    if check_row_invariance(weight.detach(), blocks):
+    if check_row_invariance(linear, blocks):
         return blocks
     log.warning("linear %s in %s: row blocks %s are not row-invariant here; using fixed "
                 "32-row tiles", tuple(weight.shape), weight.dtype, blocks)
@@ -140,7 +152,7 @@ def row_invariant_model(model: nn.Module) -> nn.Module:
             w = module.weight
             key = (tuple(w.shape), w.dtype, w.device)
             if key not in chosen:
-                chosen[key] = choose_row_blocks(w)
+                chosen[key] = choose_row_blocks(module)
             return RowInvariantLinear(module, chosen[key])
         clone = copy.copy(module)
         clone._modules = {name: (convert(child) if child is not None else None)

@@ -14,6 +14,7 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.model.invariant_ops import (RowBlocks, RowInvariantLinear, blocked_linear,
                                             choose_row_blocks, row_invariant_model)
 from radixserve.model.llama import RMSNorm
+from radixserve.model.packed_linear import Linear
 from radixserve.model.rope import apply_rotary
 
 # SmolLM2-135M's linear shapes (out, in): fused qkv, o, fused gate/up, down
@@ -34,19 +35,32 @@ def rows_alone(f, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([f(x[i:i + 1]) for i in range(x.shape[0])])
 
 
+def linear_layer(w: torch.Tensor, packed: bool) -> nn.Linear:
+    """An nn.Linear holding ``w``, or the model's pre-packed Linear (packed_linear)."""
+    layer = (Linear if packed else nn.Linear)(w.shape[1], w.shape[0], bias=False,
+                                              dtype=w.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    if packed:
+        layer.repack()
+    return layer
+
+
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_linear_row_invariant(dtype, shape, threads):
+def test_linear_row_invariant(dtype, shape, packed, threads):
     g = torch.Generator().manual_seed(shape[0])
     w = (torch.randn(*shape, generator=g) * 0.05).to(dtype)
     x = torch.randn(max(ROW_COUNTS), shape[1], generator=g).to(dtype)
-    blocks = choose_row_blocks(w)       # what deterministic mode uses at this thread count
-    first = rows_alone(lambda r: blocked_linear(r, w, None, blocks), x[:40])
+    layer = linear_layer(w, packed)
+    blocks = choose_row_blocks(layer)   # what deterministic mode uses at this thread count
+    first = rows_alone(lambda r: blocked_linear(r, layer, blocks), x[:40])
     for n in ROW_COUNTS:
-        got = blocked_linear(x[:n], w, None, blocks)
+        got = blocked_linear(x[:n], layer, blocks)
         assert torch.equal(got[:40], first[:n]), n
         # the same rows at another offset (other neighbours, other place in a block)
-        shifted = blocked_linear(x[5:5 + n], w, None, blocks)
+        shifted = blocked_linear(x[5:5 + n], layer, blocks)
         assert torch.equal(shifted[:35], first[5:5 + min(n, 35)]), n
 
 
@@ -58,7 +72,8 @@ def test_plain_linear_is_not_row_invariant_in_bf16():
     x = torch.randn(64, 576, generator=g).bfloat16()
     if torch.equal(F.linear(x, w), rows_alone(lambda r: F.linear(r, w), x)):
         pytest.skip("this machine's bf16 matmul is row-invariant at M=64 already")
-    assert torch.equal(blocked_linear(x, w, None, RowBlocks.for_dtype(torch.bfloat16)),
+    assert torch.equal(blocked_linear(x, linear_layer(w, False),
+                                      RowBlocks.for_dtype(torch.bfloat16)),
                        rows_alone(lambda r: F.linear(r, w), x))
 
 
