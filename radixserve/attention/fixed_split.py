@@ -38,29 +38,46 @@ DEFAULT_SPLIT = 256         # keys per chunk: one matmul's reduction length
 DEFAULT_QUERY_BLOCK = 128   # prefill queries per block (bounds the score buffer only)
 
 
-def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                    masked_from: int, split: int, scale: float) -> torch.Tensor:
-    """q [b, H, R, D]; k, v [b, H, L, D] with L a multiple of ``split``, finite everywhere;
-    mask: additive (0 / the dtype's lowest finite value) in q's dtype, broadcastable to [b, H, C - masked_from, R,
-    split] for chunks ``masked_from`` .. C - 1 (the earlier ones are entirely visible to every
-    row); every row sees key 0. Returns [b, H, R, D] in q's dtype (order: module doc)."""
+def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None, masked_from: int, split: int,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each chunk's attention on its own. q [b, H, R, D]; k, v [b, H, L, D] with L a
+    multiple of ``split``, finite everywhere; mask: additive (0 / the dtype's lowest finite
+    value) in q's dtype, broadcastable to [b, H, C - masked_from, R, split] for chunks
+    ``masked_from`` .. C - 1 (the earlier ones are entirely visible to every row; None when
+    all are). Returns o [b, H, C, R, D] in q's dtype and lse [b, H, C, R] in fp32; a row's
+    values depend only on that row and its chunk (tests/attention/test_fixed_split.py)."""
     b, h, r, d = q.shape
     chunks = k.shape[2] // split
     kc = k.view(b, h, chunks, split, d)
     # Scores in q's dtype with the scale applied to q first (as causal_blocks does; exact
     # for power-of-two scales such as head_dim 64's).
     scores = torch.matmul((q * scale).unsqueeze(2), kc.transpose(-1, -2))  # [b, h, C, R, S]
-    scores[:, :, masked_from:].add_(mask)
+    if mask is not None and masked_from < chunks:
+        scores[:, :, masked_from:].add_(mask)
     # Per chunk: softmax (fp32 inside, rounded to q's dtype, as the default path) and its
     # log-sum-exp, lse = max - log(max probability). A fully masked chunk sees only the
     # (finite) mask value: a uniform softmax over finite keys, weighted exactly 0 below.
     probs = torch.softmax(scores, -1)
     lse = scores.amax(-1).float() - probs.amax(-1).float().log()     # [b, h, C, R]
-    o = torch.matmul(probs, v.view(b, h, chunks, split, d))          # [b, h, C, R, D]
+    return torch.matmul(probs, v.view(b, h, chunks, split, d)), lse  # o: [b, h, C, R, D]
+
+
+def merge_chunks(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """chunk_partials' results merged over dim 2 in its order -> [b, H, R, D] in o's dtype.
+    A chunk with lse -inf (and finite o) adds exactly 0, wherever it stands."""
     w = torch.exp(lse - lse.amax(2, keepdim=True))
     num = (o.float() * w[..., None]).cumsum(2)[:, :, -1]             # sequential over C
     den = w.cumsum(2)[:, :, -1]
-    return (num / den[..., None]).to(q.dtype)
+    return (num / den[..., None]).to(o.dtype)
+
+
+def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None, masked_from: int, split: int,
+                    scale: float) -> torch.Tensor:
+    """Attention of q over k/v in chunks (arguments: chunk_partials; every row sees key 0).
+    Returns [b, H, R, D] in q's dtype (order: module doc)."""
+    return merge_chunks(*chunk_partials(q, k, v, mask, masked_from, split, scale))
 
 
 class ChunkMask:
