@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from radixserve.attention import torch_plans as plans
+from radixserve.attention.cascade import CascadeGroup
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.metadata import AttentionMetadata
-from radixserve.attention.partial_attention import softmax_with_lse
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.attention.torch_plans import StepTables, head_major_rows
 
@@ -128,9 +128,22 @@ class SplitPrefill:
 @dataclass(slots=True)
 class SplitDecodes:
     tokens: torch.Tensor       # int64 [b]
-    rows: torch.Tensor         # int64 [b * Hkv * keys]
+    decodes: torch.Tensor      # int64 [b]: their indices among the step's decodes
+    rows: torch.Tensor         # int64 [b * Hkv * keys]: positions [own_start, +keys)
     keys: int
     mask: ChunkMask            # rows: 1 (broadcast over the group)
+
+
+@dataclass(slots=True)
+class SharedChunks:
+    """Chunks [first, first + chunks) of a decode group's shared prefix, read once for all
+    its members (every member's query sees all of them: no mask)."""
+
+    tokens: torch.Tensor       # int64 [m]: the members' tokens
+    decodes: torch.Tensor      # int64 [m]: their indices among the step's decodes
+    rows: torch.Tensor         # int64 [Hkv * chunks * split] gather rows (head-major)
+    first: int
+    chunks: int
 
 
 @dataclass
@@ -138,24 +151,36 @@ class FixedSplitPlan:
     meta: AttentionMetadata
     prefills: list[SplitPrefill] = field(default_factory=list)
     decodes: list[SplitDecodes] = field(default_factory=list)
+    shared: list[SharedChunks] = field(default_factory=list)
+    shared_chunks: int = 0     # the most shared chunks of any decode (0: no groups)
 
 
 class FixedSplitBackend(TorchAttentionBackend):
-    """The torch backend's gathers and KV pool handling, with ``split_attention`` for every
-    sequence (prefills one span at a time in query blocks, decodes batched)."""
+    """The torch backend's gathers and KV pool handling, with ``split_attention``'s chunks for
+    every sequence (prefills one span at a time in query blocks, decodes batched).
+
+    Decodes whose sequences share whole chunks of cached pages (the default backend's cascade
+    groups, ``cascade.find_cascade_groups``, cut down to a multiple of ``split``) compute
+    those chunks once for the group, all members' query rows in one matmul per chunk, and
+    their own chunks as usual; each query then merges its chunks in positional order. The
+    per-chunk results do not depend on which other rows are computed with them, so this
+    gives the same bits as computing every decode alone (``group_decodes=False``)."""
 
     name = "torch-fixed-split"
 
     def __init__(self, *, split: int = DEFAULT_SPLIT, query_block: int = DEFAULT_QUERY_BLOCK,
-                 **kw) -> None:
-        super().__init__(cascade=False, **kw)
+                 group_decodes: bool = True, **kw) -> None:
+        super().__init__(cascade=False, cascade_prefills=False, min_shared_tokens=split, **kw)
         self.split = split
         self.query_block = query_block
+        self.group_decodes = group_decodes
 
-    def _slot_rows(self, t: StepTables, seqs: np.ndarray, keys: int) -> np.ndarray:
-        """Head-major gather rows of positions [0, keys) of ``seqs``; positions past a
-        sequence's end re-read its last one (finite, masked out)."""
-        pos = np.minimum(np.arange(keys)[None, :], t.kv_lens[seqs][:, None] - 1)
+    def _slot_rows(self, t: StepTables, seqs: np.ndarray, keys: int,
+                   start: np.ndarray | int = 0) -> np.ndarray:
+        """Head-major gather rows of positions [start, start + keys) of ``seqs``; positions
+        past a sequence's end re-read its last one (finite, masked out)."""
+        pos = np.minimum(np.arange(keys)[None, :] + np.reshape(start, (-1, 1)),
+                         t.kv_lens[seqs][:, None] - 1)
         return head_major_rows(t.slots(seqs[:, None], pos), self.num_kv_heads)
 
     def prepare(self, meta: AttentionMetadata) -> FixedSplitPlan:
@@ -165,17 +190,39 @@ class FixedSplitBackend(TorchAttentionBackend):
             plan.prefills.append(self._prefill_plan(t, b))
         if meta.num_decodes:
             first = meta.num_prefills
-            keys = np.array([_padded(int(n), self.split) for n in t.kv_lens])
+            own_start = np.zeros(meta.batch_size, dtype=np.int64)
+            if self.group_decodes:
+                for g in self._find_groups(t):     # decodes only (cascade_prefills=False)
+                    own_start[list(g.members)] = g.shared_tokens // self.split * self.split
+                    plan.shared.extend(self._shared_plans(t, g, first))
+                plan.shared_chunks = int(own_start.max()) // self.split
+            keys = np.array([_padded(int(n), self.split) for n in t.kv_lens - own_start])
             order = first + np.argsort(keys[first:], kind="stable")
             for chunk in plans.chunk_by_budget(order, keys * self.num_kv_heads,
                                                self.max_gather_rows):
                 width = int(keys[chunk].max())
-                allowed = np.arange(width)[None, None, :] < t.kv_lens[chunk][:, None, None]
+                pos = own_start[chunk][:, None, None] + np.arange(width)[None, None, :]
+                allowed = pos < t.kv_lens[chunk][:, None, None]
                 plan.decodes.append(SplitDecodes(
-                    tokens=t.tensor(t.qo_indptr[chunk]),
-                    rows=t.tensor(self._slot_rows(t, chunk, width).reshape(-1)), keys=width,
-                    mask=ChunkMask(allowed, self.split, t)))
+                    tokens=t.tensor(t.qo_indptr[chunk]), decodes=t.tensor(chunk - first),
+                    rows=t.tensor(self._slot_rows(t, chunk, width, own_start[chunk])
+                                  .reshape(-1)),
+                    keys=width, mask=ChunkMask(allowed, self.split, t)))
         return plan
+
+    def _shared_plans(self, t: StepTables, g: CascadeGroup,
+                      first_decode: int) -> list[SharedChunks]:
+        """A group's whole shared chunks (read through its first member's pages), in slices
+        whose gather fits the budget. The group's shared tokens precede every member's
+        query, so no chunk needs a mask."""
+        members, chunks = np.array(g.members), g.shared_tokens // self.split
+        per_slice = max(1, self.max_gather_rows // (self.num_kv_heads * self.split))
+        return [SharedChunks(
+            tokens=t.tensor(t.qo_indptr[members]), decodes=t.tensor(members - first_decode),
+            rows=t.tensor(self._slot_rows(t, members[:1], (c1 - c0) * self.split,
+                                          c0 * self.split).reshape(-1)),
+            first=c0, chunks=c1 - c0)
+            for c0 in range(0, chunks, per_slice) for c1 in [min(chunks, c0 + per_slice)]]
 
     def _prefill_plan(self, t: StepTables, b: int) -> SplitPrefill:
         start, end = int(t.qo_indptr[b]), int(t.qo_indptr[b + 1])
@@ -209,13 +256,39 @@ class FixedSplitBackend(TorchAttentionBackend):
                                     self.split, self.sm_scale)
                 out[blk.start:blk.end].view(n, hkv, g, d).copy_(
                     o.view(hkv, g, n, d).permute(2, 0, 1, 3))
+        shared = self._shared_partials(plan, layer, q, kv_pool) if plan.shared else None
         for c in plan.decodes:
             batch = c.tokens.shape[0]
             qd = q.index_select(0, c.tokens).view(batch, hkv, g, d)
             kb, vb = self._gather(kv_pool, layer, c.rows, dt)
-            o = split_attention(qd, kb.view(batch, hkv, c.keys, d).to(dt),
-                                vb.view(batch, hkv, c.keys, d).to(dt), c.mask.values(dt),
-                                c.mask.first, self.split,
-                                self.sm_scale)
-            out.index_copy_(0, c.tokens, o.reshape(batch, self.num_qo_heads, d))
+            o, lse = chunk_partials(qd, kb.view(batch, hkv, c.keys, d).to(dt),
+                                    vb.view(batch, hkv, c.keys, d).to(dt), c.mask.values(dt),
+                                    c.mask.first, self.split, self.sm_scale)
+            if shared is not None:      # the shared chunks come first: positional order
+                o = torch.cat([shared[0].index_select(0, c.decodes), o], 2)
+                lse = torch.cat([shared[1].index_select(0, c.decodes), lse], 2)
+            out.index_copy_(0, c.tokens, merge_chunks(o, lse).reshape(batch, -1, d))
         return out
+
+    def _shared_partials(self, plan: FixedSplitPlan, layer: int, q: torch.Tensor,
+                         kv_pool: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every decode's shared chunks' (o, lse), [decodes, Hkv, shared_chunks, group, D]
+        and [..., group]: computed once per group; a decode in no group (or sharing fewer
+        chunks) gets o 0 and lse -inf there, which the merge weighs exactly 0."""
+        hkv, g, d, dt = self.num_kv_heads, self.group, self.head_dim, q.dtype
+        n, cs = plan.meta.num_decodes, plan.shared_chunks
+        o_all = q.new_zeros(n, hkv, cs, g, d)
+        lse_all = q.new_full((n, hkv, cs, g), float("-inf"), dtype=torch.float32)
+        for s in plan.shared:
+            m, keys = s.tokens.shape[0], s.chunks * self.split
+            # All members' query rows against the chunks at once: row (member, g).
+            qg = q.index_select(0, s.tokens).view(m, hkv, g, d).transpose(0, 1)
+            kb, vb = self._gather(kv_pool, layer, s.rows, dt)
+            o, lse = chunk_partials(qg.reshape(1, hkv, m * g, d),
+                                    kb.view(1, hkv, keys, d).to(dt),
+                                    vb.view(1, hkv, keys, d).to(dt), None, s.chunks,
+                                    self.split, self.sm_scale)
+            span = slice(s.first, s.first + s.chunks)
+            o_all[s.decodes, :, span] = o.view(hkv, s.chunks, m, g, d).permute(2, 0, 1, 3, 4)
+            lse_all[s.decodes, :, span] = lse.view(hkv, s.chunks, m, g).permute(2, 0, 1, 3)
+        return o_all, lse_all
