@@ -13,8 +13,9 @@ query are cut into chunks of ``split`` positions at *absolute* boundaries (0, sp
 - per chunk, in fp32: its max ``m_c``, ``p = exp(s - m_c)``, ``l_c = sum(p)``, and
   ``o_c = p @ V_c`` (a matmul reducing over exactly ``split`` keys, masked keys adding 0);
 - the chunks merged in their positional order: ``M = max_c m_c``,
-  ``o = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c``, the sums taken by a sequential
-  scan (``cumsum``), so chunks past the query's position (weight exactly 0) change nothing.
+  ``o = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c``, the sums taken in fp32 one
+  chunk at a time, in positional order, so chunks past the query's position (weight exactly
+  0) change nothing.
 
 So a query gives the same bits as a decode, in any batch, in any prefill chunk, with its
 prefix from the cache or not, at any page size. Cascade groups are not formed.
@@ -64,11 +65,17 @@ def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def merge_chunks(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """chunk_partials' results merged over dim 2 in its order -> [b, H, R, D] in o's dtype.
-    A chunk with lse -inf (and finite o) adds exactly 0, wherever it stands."""
+    """chunk_partials' results merged over dim 2 in its order -> [b, H, R, D] in o's dtype:
+    fp32 sums taken one chunk at a time, elementwise (so no kernel's reduction order
+    enters; 0.15 ms vs 0.73 ms for ``cumsum`` over dim 2 at 64 decodes x 5 chunks, one
+    thread: CPU cumsum accumulates in double one element at a time). A chunk with lse -inf (and finite o) adds exactly 0, wherever it
+    stands."""
     w = torch.exp(lse - lse.amax(2, keepdim=True))
-    num = (o.float() * w[..., None]).cumsum(2)[:, :, -1]             # sequential over C
-    den = w.cumsum(2)[:, :, -1]
+    weighted = o.float() * w[..., None]
+    num, den = weighted[:, :, 0].clone(), w[:, :, 0].clone()
+    for c in range(1, o.shape[2]):
+        num += weighted[:, :, c]
+        den += w[:, :, c]
     return (num / den[..., None]).to(o.dtype)
 
 
