@@ -91,3 +91,21 @@ def test_grouped_decodes_bit_identical_to_ungrouped(dtype, page_size, split, gat
     alone, _ = attend([spans[member]], pool, q[tok], k[tok], v[tok], page_size, True, split,
                       gather_elems)
     assert torch.equal(alone, got[tok])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunk_results_of_a_big_group_match_each_member_alone(dtype):
+    """The grouped shapes themselves: 64 members' query rows (192 rows) against shared
+    256-key chunks in one matmul give each member's rows what the member gets alone."""
+    from radixserve.attention.fixed_split import chunk_partials
+    gen = torch.Generator().manual_seed(5)
+    m, g, split, chunks = 64, HQ // HKV, 256, 4
+    q = torch.randn(m, HKV, g, D, generator=gen).to(dtype)
+    k, v = (torch.randn(1, HKV, chunks * split, D, generator=gen).to(dtype) for _ in "kv")
+    o, lse = chunk_partials(q.transpose(0, 1).reshape(1, HKV, m * g, D), k, v, None, chunks,
+                            split, D ** -0.5)
+    o = o.view(HKV, chunks, m, g, D).permute(2, 0, 1, 3, 4)
+    lse = lse.view(HKV, chunks, m, g).permute(2, 0, 1, 3)
+    for i in (0, 17, 63):
+        o1, lse1 = chunk_partials(q[i:i + 1], k, v, None, chunks, split, D ** -0.5)
+        assert torch.equal(o1[0], o[i]) and torch.equal(lse1[0], lse[i])
