@@ -105,3 +105,29 @@ def test_greedy_identical_fp16(model_fp16):
     together, _ = run(busy, prompts, lambda i: params, list(range(len(prompts)))[::-1],
                       warm=[2])
     assert alone == together
+
+
+def test_greedy_identical_with_decode_groups_bf16(model_bf16):
+    """A system prompt longer than two 256-key chunks: the batched decodes share its whole
+    chunks (computed once per group) and still match decoding each prompt alone."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    ref_engine = make_engine(model_bf16, deterministic=True, disable_radix_cache=True)
+    long_system = SYSTEM_PROMPT * 8
+    prompts = [chat_ids(ref_engine, q, system=long_system) for q in QUESTIONS]
+    assert len(prompts[0]) > 2 * 256
+    alone, _ = run(ref_engine, prompts, lambda i: params, range(len(prompts)),
+                   one_at_a_time=True)
+    busy = make_engine(model_bf16, deterministic=True, page_size=16)
+    backend = busy.runner.backend
+    shared_chunks, prepare = [], backend.prepare
+
+    def counting_prepare(meta):
+        plan = prepare(meta)
+        shared_chunks.append(plan.shared_chunks)
+        return plan
+
+    backend.prepare = counting_prepare
+    together, _ = run(busy, prompts, lambda i: params, list(range(len(prompts)))[::-1],
+                      warm=[0])
+    assert max(shared_chunks) >= 2             # the grouped path really ran
+    assert alone == together
