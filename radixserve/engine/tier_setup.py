@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from radixserve.attention.kv_tiers import page_nbytes
+from radixserve.attention.page_bytes import page_payload_bytes
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.cache.tiers import DISK, HOST, TIER_NAMES, LowerTiers
 from radixserve.engine.compute_thread import on_compute_thread
@@ -38,7 +38,7 @@ def make_tiers(config: EngineConfig, runner, tree: RadixCache,
     if config.disable_radix_cache:
         return None
     ps = config.page_size
-    page_bytes = page_nbytes(runner.kv_pool)
+    page_bytes = page_payload_bytes(runner.kv_pool)
     host_pages = tier_pages(config.kv_host_tokens, config.kv_host_bytes, ps, page_bytes)
     disk_pages, store = 0, None
     if config.kv_disk_dir and disk_ok:
