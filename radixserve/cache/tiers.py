@@ -31,6 +31,10 @@ reads of a load):
   writes it). The one read out of order is a load's disk read, done when the order is
   made: a node whose disk write has not run yet (`pending_writes`) is neither loaded nor
   dropped until `moves_done()` says the orders ran.
+- Save and restore (engine/kv_persistence.py): the cache saver borrows disk slots for its
+  on-disk copies of pool/host pages (`lend_disk_slots`, held outside the tree and counted
+  by `check`), so saved copies and the disk tier share one budget; a restart rebuilds the
+  saved index as disk nodes (`restore_disk_node`).
 """
 
 from __future__ import annotations
