@@ -8,7 +8,11 @@ VM's drift over the long cache-off run), then transformers.
 
     python scripts/bench_engine.py [--groups 8 --per-group 8 --system 1024 --question 64
                                     --output 32 --dtype bfloat16] [--skip-hf] [--single-on]
-                                   [--quick]
+                                   [--quick] [--deterministic]
+
+--deterministic: the engine runs in deterministic mode (docs/deterministic.md), and a
+default-mode cache-on run before and after the deterministic ones gives the mode's cost,
+side by side; it also reports how many outputs are identical cache on vs off.
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ def make_prompts(args) -> list[list[int]]:
     return prompts
 
 
-async def run_engine(loaded, prompts, args, disable_cache: bool) -> dict:
+async def run_engine(loaded, prompts, args, disable_cache: bool,
+                     deterministic: bool = False) -> dict:
     config = EngineConfig(model=args.model, dtype=args.dtype, disable_radix_cache=disable_cache,
+                          deterministic=deterministic,
                           chunked_prefill_size=args.chunked_prefill_size,
                           kv_cache_tokens=args.kv_cache_tokens,
                           warmup_tokens=args.chunked_prefill_size)   # a full-size step first
@@ -130,6 +136,8 @@ def main() -> None:
                    help="one cache-on run only (default: on, off, on again; ratios use both)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="2x2 prompts of 64+8 tokens")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic mode, with default-mode cache-on runs for its cost")
     p.add_argument("--skip-floor", action="store_true",
                    help="do not measure this machine's roofline (scripts/roofline.py)")
     args = p.parse_args()
@@ -147,11 +155,23 @@ def main() -> None:
     # Cache on, off, on again: this VM's speed drifts within minutes, and the cache-off run is
     # ~5x longer; comparing it with the mean of the runs before and after it cancels a steady
     # drift instead of crediting (or blaming) the cache for it.
-    runs = {"cache on": asyncio.run(run_engine(loaded, prompts, args, disable_cache=False)),
-            "cache off": asyncio.run(run_engine(loaded, prompts, args, disable_cache=True))}
+    runs = {}
+    if args.deterministic:
+        runs["default on"] = asyncio.run(run_engine(loaded, prompts, args, disable_cache=False,
+                                                    deterministic=False))
+    det = args.deterministic
+    runs["cache on"] = asyncio.run(run_engine(loaded, prompts, args, disable_cache=False,
+                                              deterministic=det))
+    runs["cache off"] = asyncio.run(run_engine(loaded, prompts, args, disable_cache=True,
+                                               deterministic=det))
     if not args.single_on:
         runs["cache on again"] = asyncio.run(run_engine(loaded, prompts, args,
-                                                        disable_cache=False))
+                                                        disable_cache=False,
+                                                        deterministic=det))
+    if args.deterministic:
+        runs["default again"] = asyncio.run(run_engine(loaded, prompts, args,
+                                                       disable_cache=False,
+                                                       deterministic=False))
     if not args.skip_hf:
         runs["transformers"] = on_compute_thread(run_hf, loaded, prompts, args)
 
@@ -177,7 +197,17 @@ def main() -> None:
           f"{f' (against each cache-on run: {each})' if len(ons) > 1 else ''}, TTFT p50 "
           f"{statistics.median(off['ttft']) / on_ttft:.2f}x")
     same = sum(a == b for a, b in zip(on["outputs"], off["outputs"]))
-    print(f"greedy outputs identical cache on vs off: {same}/{len(prompts)}")
+    mode = "deterministic mode, " if args.deterministic else ""
+    print(f"greedy outputs identical cache on vs off ({mode}same process): "
+          f"{same}/{len(prompts)}")
+    if args.deterministic:
+        defaults = [runs["default on"], runs["default again"]]
+        default_wall = statistics.mean(r["wall"] for r in defaults)
+        print(f"deterministic vs default mode, cache on: {on_wall / default_wall:.2f}x the "
+              f"wall time (default runs {defaults[0]['wall']:.2f} s / "
+              f"{defaults[1]['wall']:.2f} s)")
+        same = sum(a == b for a, b in zip(*(r["outputs"] for r in defaults)))
+        print(f"default mode, two cache-on runs identical: {same}/{len(prompts)}")
     if "transformers" in runs:
         hf = runs["transformers"]
         print(f"cache on vs transformers generate (batches of {args.hf_batch}): "

@@ -36,10 +36,17 @@ QUESTIONS = ["Name one famous example.", "Where is it?", "Why is it known?",
              "Name another one.", "Which is older?", "Say one more fact."]
 
 
-def system_prompt(i: int) -> str:
+RULES = ["Answer in one short sentence.", "Be precise and never invent facts.",
+         "Prefer metric units.", "Name places by their local names.",
+         "Give dates as years.", "Say so when you are unsure."]
+
+
+def system_prompt(i: int, repeats: int) -> str:
+    """A chat API's system prompt: long enough (~45 tokens a repeat) that recomputing it
+    costs real prefill time, as production prompts of several hundred tokens do."""
     topic = TOPICS[i % len(TOPICS)]
-    return (f"You are guide number {i}, an expert on {topic}. Answer in one short sentence, "
-            f"be precise, never invent facts, prefer metric units, and keep to {topic}. ") * 4
+    rules = " ".join(f"Rule {r + 1} for {topic}: {RULES[r % len(RULES)]}" for r in range(6))
+    return f"You are guide number {i}, an expert on {topic}. " + " ".join([rules] * repeats)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -51,7 +58,7 @@ async def run_mode(loaded, config: EngineConfig, args) -> dict:
     engine = Engine(config, loaded)
     tok = engine.tokenizer
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    histories = [[{"role": "system", "content": system_prompt(i)}]
+    histories = [[{"role": "system", "content": system_prompt(i, args.prompt_repeats)}]
                  for i in range(args.conversations)]
     replies, ttfts, recomputed, cached = [], [], 0, 0
     await engine.start()
@@ -90,7 +97,7 @@ def estimate_kv_tokens(loaded, args) -> int:
     tok = loaded.tokenizer
     total = 0
     for i in range(args.conversations):
-        conv = [{"role": "system", "content": system_prompt(i)}]
+        conv = [{"role": "system", "content": system_prompt(i, args.prompt_repeats)}]
         for turn in range(args.turns):
             conv.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
             conv.append({"role": "assistant", "content": "x " * args.max_tokens})
@@ -105,6 +112,8 @@ def main() -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--prompt-repeats", type=int, default=12,
+                   help="system prompt length, in repeats of its rules (~45 tokens each)")
     p.add_argument("--modes", default="off,l2,l3,l2+l3")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()

@@ -18,6 +18,10 @@ stop the others):
   fp8_kv           flashinfer over an FP8 KV cache (kv_data_type, k_scale/v_scale) vs the
                    torch backend and dense attention on the decoded K/V; greedy replies
                    with FP8 vs bf16 KV (scripts/gpu_check_fp8.py)
+  deterministic    --deterministic: row blocks kept or fallen back per linear shape, and
+                   greedy replies one at a time with the cache off vs all at once with the
+                   cache on (page size 16, small chunks) identical token for token
+                   (scripts/gpu_check_deterministic.py)
   throughput       decode tokens/s at batch 1, 64 and 256 (flashinfer, ModelRunner loop), and
                    scripts/bench_engine.py's shared-system-prompt workload, cache on and off.
 
@@ -257,7 +261,8 @@ GPU_SIZES = Sizes(
     prefill_chunk_tokens=8192,
     shared=dict(groups=8, per_group=8, system=1024, question=64, output=32,
                 chunked_prefill_size=2048, kv_cache_tokens=131072),
-    section_min_s={"kernels": 60.0, "model_greedy": 45.0, "fp8_kv": 45.0, "throughput": 60.0},
+    section_min_s={"kernels": 60.0, "model_greedy": 45.0, "fp8_kv": 45.0,
+                   "deterministic": 45.0, "throughput": 60.0},
     item_min_s=15.0)
 CPU_DRY_SIZES = Sizes(
     model_dtype="float32", greedy_questions=2, greedy_tokens=4, engine_kv_tokens=4096,
@@ -265,7 +270,8 @@ CPU_DRY_SIZES = Sizes(
     prefill_chunk_tokens=256,
     shared=dict(groups=2, per_group=2, system=64, question=8, output=4,
                 chunked_prefill_size=2048, kv_cache_tokens=4096),
-    section_min_s={"kernels": 0.0, "model_greedy": 0.0, "fp8_kv": 0.0, "throughput": 0.0},
+    section_min_s={"kernels": 0.0, "model_greedy": 0.0, "fp8_kv": 0.0, "deterministic": 0.0,
+                   "throughput": 0.0},
     item_min_s=0.0)
 
 
@@ -695,7 +701,7 @@ def check_throughput(report: dict, ctx: CheckContext) -> None:
 
 # ---- driver ------------------------------------------------------------------------------
 
-SECTIONS = ("kernels", "model_greedy", "fp8_kv", "throughput")
+SECTIONS = ("kernels", "model_greedy", "fp8_kv", "deterministic", "throughput")
 
 
 def _run_section(report: dict, name: str, fn: Callable[[], None],
@@ -737,6 +743,11 @@ def _summary(report: dict, sections: list[str]) -> list[str]:
         lines.append(f"fp8_kv: {f.get('status')} ({f.get('num_checks', 0)} checks; greedy "
                      f"tokens until divergence fp8 vs bf16 KV "
                      f"{f.get('greedy', {}).get('tokens_until_divergence_fp8_vs_bf16_kv')})")
+    d = report.get("deterministic", {})
+    if "deterministic" in sections:
+        lines.append(f"deterministic: {d.get('status')} (identical alone/cache off vs "
+                     f"batched/cache on: {d.get('identical_deterministic')}; default mode "
+                     f"{d.get('identical_default_mode')})")
     t = report.get("throughput", {})
     if "throughput" in sections:
         decode = ", ".join(f"b{r['batch']} {r.get('decode_tokens_per_s', r.get('status'))}"
@@ -792,6 +803,8 @@ def main(argv: list[str] | None = None) -> int:
         "model_greedy": lambda: check_model_greedy(report, ctx),
         "fp8_kv": lambda: _import_script("gpu_check_fp8").check_fp8_kv(
             report, sys.modules[__name__], ctx, quick=args.quick),
+        "deterministic": lambda: _import_script("gpu_check_deterministic").check_deterministic(
+            report, sys.modules[__name__], ctx),
         "throughput": lambda: check_throughput(report, ctx),
     }
     _run_section(report, "environment", lambda: check_environment(report))

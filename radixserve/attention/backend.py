@@ -82,14 +82,22 @@ def flashinfer_unsupported_reason(num_qo_heads: int, num_kv_heads: int, head_dim
 def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                    dtype: torch.dtype, device: torch.device | str,
                    sm_scale: float | None = None,
-                   kv_format: KVFormat | None = None) -> AttentionBackend[AttentionPlan]:
+                   kv_format: KVFormat | None = None,
+                   deterministic: bool = False) -> AttentionBackend[AttentionPlan]:
     """Build "torch", "flashinfer" or "auto" (flashinfer when CUDA and the package exist).
+
+    ``deterministic``: the torch backend becomes ``FixedSplitBackend`` (a query's result
+    never depends on the rest of the step) and flashinfer plans with a fixed KV split.
 
     An explicitly requested flashinfer on a machine without CUDA or without the package is an
     error; a shape or dtype flashinfer cannot run falls back to torch with a warning.
     """
     from radixserve.attention.torch_backend import TorchAttentionBackend
 
+    torch_backend = TorchAttentionBackend
+    if deterministic:
+        from radixserve.attention.fixed_split import FixedSplitBackend
+        torch_backend = FixedSplitBackend
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKEND_NAMES}")
     if num_qo_heads < 1 or num_kv_heads < 1 or num_qo_heads % num_kv_heads:
@@ -98,21 +106,22 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     device = torch.device(device)
     common = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                   sm_scale=sm_scale)
-    torch_kw = dict(common, cascade_prefills=dtype == torch.float32)
+    torch_kw = common if deterministic else dict(common,
+                                                 cascade_prefills=dtype == torch.float32)
     if name == "torch":
-        return TorchAttentionBackend(**torch_kw)
+        return torch_backend(**torch_kw)
 
     if device.type != "cuda":
         if name == "flashinfer":
             raise BackendUnavailable(f"the flashinfer backend needs a CUDA device, got "
                                      f"{device}; use --attention-backend torch")
-        return TorchAttentionBackend(**torch_kw)
+        return torch_backend(**torch_kw)
     reason = (flashinfer_unsupported_reason(num_qo_heads, num_kv_heads, head_dim, dtype)
               or flashinfer_kv_reason(kv_format, dtype))
     if reason is not None:
         msg = f"flashinfer cannot run {reason}; falling back to the torch attention backend"
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
-        return TorchAttentionBackend(**torch_kw)
+        return torch_backend(**torch_kw)
 
     import_error = flashinfer_import_error()
     if import_error is not None:
@@ -121,8 +130,9 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
                                      "install it with: pip install flashinfer-python "
                                      "(or pip install 'radixserve[cuda]')")
         log.info("%s; using the torch attention backend", import_error)
-        return TorchAttentionBackend(**torch_kw)
+        return torch_backend(**torch_kw)
 
     from radixserve.attention.flashinfer_backend import FlashInferBackend
     return FlashInferBackend(**common, dtype=dtype, device=device,
-                             kv_dtype=storage_dtype(kv_format.k) if kv_format else None)
+                             kv_dtype=storage_dtype(kv_format.k) if kv_format else None,
+                             deterministic=deterministic)

@@ -20,6 +20,16 @@ Plan once per step in ``prepare`` (prefill wrapper on spans [0, num_prefills), d
 on the rest), run once per layer. indptr / last_page_len arrive on pinned CPU memory and the
 page indices on the GPU, so ``plan`` copies asynchronously and does not synchronize.
 
+Deterministic mode (``deterministic=True``, docs/deterministic.md): every plan gets
+``fixed_split_size`` (FA2 split-KV in pages: each sequence's KV is split at fixed page
+multiples and the partial states merged in a fixed order, so a query's output does not depend
+on the batch; the plan docstrings: "will lead to deterministic softmax score reduction in the
+merge_states kernel, and therefore batch-size invariant outputs"), and every sequence, decodes
+included, goes through the prefill wrapper, so a token's K/V and output come from one kernel
+whether it is computed in a prefill, a decode or a recompute. (The decode wrapper supports
+``fixed_split_size`` only on tensor cores.) Checked only when a GPU is lent
+(scripts/gpu_check.py, section "deterministic").
+
 flashinfer is imported lazily, on the first ``prepare``: CPU machines never import it.
 The pure functions ``prefill_plan_call`` / ``decode_plan_call`` compute exactly what is
 handed to ``plan`` so that it is tested without CUDA.
@@ -38,6 +48,7 @@ from radixserve.attention.kv_pool import KVPool
 
 WORKSPACE_BYTES = 128 * 2**20
 FP8_KV_SCALE = 1.0      # uncalibrated per-tensor scale, as vLLM's and SGLang's default
+DETERMINISTIC_SPLIT_TOKENS = 2048   # deterministic mode: KV split size (in tokens)
 
 
 def use_tensor_cores_for(num_qo_heads: int, num_kv_heads: int) -> bool:
@@ -62,23 +73,34 @@ def _keep_pinned(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.pin_memory() if like.is_pinned() else t
 
 
+def fixed_split_pages(page_size: int) -> int:
+    """flashinfer's ``fixed_split_size`` (in pages) for deterministic mode."""
+    return max(1, DETERMINISTIC_SPLIT_TOKENS // page_size)
+
+
 def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
                       head_dim: int, dtype: torch.dtype, sm_scale: float | None,
-                      kv_dtype: torch.dtype | None = None) -> PlanCall | None:
+                      kv_dtype: torch.dtype | None = None,
+                      deterministic: bool = False) -> PlanCall | None:
     """plan() arguments for the prefill spans [0, num_prefills), or None when there are none.
 
     The prefill spans come first, so their CSR slices start at 0 and need no rebasing.
+    ``deterministic``: every span (decodes too) with a fixed KV split.
     """
-    p = meta.num_prefills
+    p = meta.batch_size if deterministic else meta.num_prefills
     if p == 0:
         return None
     nnz = int(meta.kv_indptr[p])
+    kwargs = dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
+                  kv_data_type=kv_dtype or dtype)
+    if deterministic:
+        kwargs.update(fixed_split_size=fixed_split_pages(meta.page_size),
+                      disable_split_kv=False)
     return PlanCall(
         args=(meta.qo_indptr[:p + 1], meta.kv_indptr[:p + 1], meta.kv_indices[:nnz],
               meta.kv_last_page_len[:p], num_qo_heads, num_kv_heads, head_dim,
               meta.page_size),
-        kwargs=dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
-                    kv_data_type=kv_dtype or dtype))
+        kwargs=kwargs)
 
 
 def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
@@ -113,7 +135,8 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
 
     def __init__(self, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str,
-                 sm_scale: float | None = None, kv_dtype: torch.dtype | None = None) -> None:
+                 sm_scale: float | None = None, kv_dtype: torch.dtype | None = None,
+                 deterministic: bool = False) -> None:
         self.num_qo_heads = num_qo_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -121,6 +144,7 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         self.device = torch.device(device)
         self.sm_scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
         self.use_tensor_cores = use_tensor_cores_for(num_qo_heads, num_kv_heads)
+        self.deterministic = deterministic
         # FP8 KV: flashinfer's kernels take one scalar scale per K and V tensor
         # (run(..., k_scale=, v_scale=)), so the pool stores them with this fixed scale.
         self.kv_dtype = kv_dtype or dtype
@@ -148,6 +172,8 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         kw = dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
                   head_dim=self.head_dim, dtype=self.dtype, sm_scale=self.sm_scale,
                   kv_dtype=self.kv_dtype)
+        if self.deterministic:      # one kernel for every token (see module doc)
+            return prefill_plan_call(meta, **kw, deterministic=True), None
         return prefill_plan_call(meta, **kw), decode_plan_call(meta, **kw)
 
     def prepare(self, meta: AttentionMetadata) -> FlashInferPlan:
@@ -158,7 +184,8 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
             prefill.apply(self._prefill_wrapper)
         if decode is not None:
             decode.apply(self._decode_wrapper)
-        return FlashInferPlan(meta, num_prefill_tokens=int(meta.qo_indptr[meta.num_prefills]),
+        prefill_spans = meta.batch_size if self.deterministic else meta.num_prefills
+        return FlashInferPlan(meta, num_prefill_tokens=int(meta.qo_indptr[prefill_spans]),
                               has_prefill=prefill is not None, has_decode=decode is not None)
 
     def forward(self, plan: FlashInferPlan, layer: int, q: torch.Tensor,

@@ -51,6 +51,10 @@ class EngineConfig:
     kv_disk_dir: str | None = None       # KV pages kept on disk, across restarts (L3)
     kv_disk_bytes: int | None = None     # at most this much there, disk tier and saved
                                          #   cache together; None: DEFAULT_KV_DISK_BYTES
+    # A request's tokens depend only on the request (not on its batch, chunking, the cache,
+    # preemption or page size): row-invariant linears, fixed-split attention, no cascade
+    # (docs/deterministic.md).
+    deterministic: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -105,6 +109,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--weights-cache-dir", default=None,
                    help="where a GGUF's dequantized weights are kept between starts (default: "
                         "$RADIXSERVE_CACHE_DIR, else ~/.cache/radixserve)")
+    g.add_argument("--deterministic", action="store_true",
+                   help="the same request gives the same tokens whatever else runs, cache "
+                        "on or off (greedy, or sampled with a seed); slower: see "
+                        "docs/deterministic.md")
     g.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize GGUF weights at every start; write no cache")
     g.add_argument("--kv-disk-dir", default=None,

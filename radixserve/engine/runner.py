@@ -27,6 +27,7 @@ from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.kv_sizing import KVFormat, budget_bytes, pool_pages, resolve_kv_format
 from radixserve.model import LoadedModel
+from radixserve.model.invariant_ops import row_invariant_model
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,10 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel):
         self.config = config
         self.loaded = loaded
-        self.model = loaded.model
+        # Deterministic mode: the same weights behind row-invariant linears (a copy of the
+        # module tree; `loaded.model` itself is left as it is for other engines).
+        self.model = (row_invariant_model(loaded.model) if config.deterministic
+                      else loaded.model)
         mc = loaded.config
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
@@ -90,7 +94,8 @@ class ModelRunner:
         self.backend = create_backend(config.attention_backend, num_qo_heads=mc.num_heads,
                                       num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
                                       dtype=self.dtype, device=self.device,
-                                      kv_format=self.kv_format)
+                                      kv_format=self.kv_format,
+                                      deterministic=config.deterministic)
         self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
                               mc.head_dim, self.dtype, self.device, kv_format=self.kv_format,
                               fixed_scale=self.backend.fixed_kv_scale)

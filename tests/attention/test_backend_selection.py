@@ -100,3 +100,19 @@ def test_tensor_core_decode_from_group_size(hq, hkv, expect):
     b = FlashInferBackend(num_qo_heads=hq, num_kv_heads=hkv, head_dim=64,
                           dtype=torch.bfloat16, device="cuda")
     assert b.use_tensor_cores is expect
+
+
+def test_deterministic_selects_fixed_split_or_deterministic_flashinfer(flashinfer_present):
+    from radixserve.attention.fixed_split import FixedSplitBackend
+    from radixserve.engine.config import EngineConfig, add_engine_arguments
+
+    cpu = create_backend("auto", **KW, device="cpu", deterministic=True)
+    assert isinstance(cpu, FixedSplitBackend) and not cpu.cascade
+    cuda = create_backend("auto", **KW, device="cuda", deterministic=True)
+    assert isinstance(cuda, FlashInferBackend) and cuda.deterministic
+    assert not create_backend("auto", **KW, device="cuda").deterministic
+    import argparse
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert EngineConfig.from_args(parser.parse_args(["--deterministic"])).deterministic
+    assert not EngineConfig.from_args(parser.parse_args([])).deterministic

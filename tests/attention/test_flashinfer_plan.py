@@ -150,3 +150,30 @@ def test_forward_through_emulated_kernels_equals_dense(page_size, lens):
     meta = build_metadata(sc.spans, page_size, "cpu")
     out = backend.forward(backend.prepare(meta), 0, sc.q, sc.k, sc.v, pool)
     assert (out.double() - dense_attention(sc)).abs().max() < 2e-5
+
+
+def test_deterministic_plans_every_span_on_the_prefill_wrapper_with_a_fixed_split():
+    backend = FlashInferBackend(device="cpu", **KW, deterministic=True)
+    backend._prefill_wrapper, backend._decode_wrapper = RecordingWrapper(), RecordingWrapper()
+    meta = build_metadata(spans_for([(0, 9), (5, 1), (6, 1)], 16), 16, "cpu")
+    prepared = backend.prepare(meta)
+    assert backend._decode_wrapper.plans == []
+    (args, kw), = backend._prefill_wrapper.plans
+    assert args[0].tolist() == [0, 9, 10, 11]            # qo_indptr over all three spans
+    assert kw["fixed_split_size"] == 2048 // 16 and kw["disable_split_kv"] is False
+    assert kw["causal"] is True
+    assert prepared.num_prefill_tokens == 11 and not prepared.has_decode
+
+
+@pytest.mark.parametrize("lens", [[(0, 9), (21, 6), (5, 1), (64, 1)], [(3, 1), (40, 1)]],
+                         ids=["mixed", "decode"])
+def test_deterministic_forward_through_emulated_kernel_equals_dense(lens):
+    kw = dict(KW, dtype=torch.float32, sm_scale=None)
+    pool = KVPool(1, 40, 4, 2, 64, torch.float32, "cpu")
+    sc = make_scenario(pool, lens, 8, seed=3)
+    backend = FlashInferBackend(device="cpu", **kw, deterministic=True)
+    backend._prefill_wrapper = EmulatingWrapper(causal_expected=True)
+    backend._decode_wrapper = RecordingWrapper()
+    meta = build_metadata(sc.spans, 4, "cpu")
+    out = backend.forward(backend.prepare(meta), 0, sc.q, sc.k, sc.v, pool)
+    assert (out.double() - dense_attention(sc)).abs().max() < 2e-5

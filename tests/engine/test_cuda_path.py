@@ -239,12 +239,15 @@ def test_gpu_check_cpu_dry_run_report(tmp_path):
     assert "pip install" in proc.stdout and "Traceback" not in proc.stderr
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu-dry-run" and report["sections"] == [
-        "kernels", "model_greedy", "fp8_kv", "throughput"]
+        "kernels", "model_greedy", "fp8_kv", "deterministic", "throughput"]
     env = report["environment"]
     assert env["torch"] == torch.__version__ and env["cuda_available"] is False
     assert "flashinfer" in env and "python" in env
     assert report["kernels"]["status"] == "ok"
     assert report["fp8_kv"]["status"] == "ok" and report["fp8_kv"]["failed"] == []
+    det = report["deterministic"]
+    assert det["status"] == "ok", det
+    assert det["identical_deterministic"] == f"{det['prompts']}/{det['prompts']}"
 
     greedy = report["model_greedy"]
     assert greedy["status"] == "ok" and greedy["problems"] == []

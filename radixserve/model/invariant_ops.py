@@ -1,0 +1,163 @@
+"""Batch-invariant linear layers for deterministic mode: a row's result never depends on
+how many other rows are multiplied with it.
+
+oneDNN's CPU matmul (brg_matmul, AMX on this machine) picks its blocking from the shape,
+and some blockings sum a row's products in another order. Measured on an AMX Xeon, torch
+2.13 / oneDNN 3.12, SmolLM2-135M's five weight shapes, 1 and 2 threads
+(docs/deterministic.md): in bf16, every call with M <= 32 rows gives each row exactly what a
+1-row call gives, and so does M = 1024 (and 2048), but 33 <= M <= ~700 does not; in fp16 any
+M >= 2 agrees but M = 1 does not; in fp32, calls of exactly 32 rows and of 1024 agree. So rows
+are computed in *blocks*: whole tiles of ``big_rows`` rows, then the rest in chunks of at most
+``small_rows`` (padded up to ``min_rows``), or one padded big tile when the rest is large
+enough that padding is cheaper than many small calls. Every block shape used is one that
+``check_row_invariance`` found equal to the small chunks on this machine; when it does not,
+``RowBlocks.safe()`` (fixed 32-row tiles, always padded: one kernel shape) is used instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# Smallest chunk that computes like a 1-row call, per dtype (measured, see module doc).
+_MIN_ROWS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 32}
+SMALL_ROWS = 32
+BIG_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class RowBlocks:
+    """How a linear layer's rows are cut into calls (see module doc)."""
+
+    small_rows: int = SMALL_ROWS
+    min_rows: int = 1              # chunks shorter than this are padded with zero rows
+    big_rows: int | None = BIG_ROWS  # None: small chunks only
+    pad_big_from: int = BIG_ROWS // 4  # a rest of at least this many rows: one padded big tile
+
+    @classmethod
+    def for_dtype(cls, dtype: torch.dtype) -> RowBlocks:
+        return cls(min_rows=_MIN_ROWS.get(dtype, SMALL_ROWS))
+
+    @classmethod
+    def safe(cls) -> RowBlocks:
+        """One kernel shape only (32 rows, padded): slow for prefills, invariant by design."""
+        return cls(min_rows=SMALL_ROWS, big_rows=None)
+
+    def blocks(self, rows: int) -> list[tuple[int, int, int]]:
+        """(start, real rows, rows in the call) for every call over ``rows`` rows."""
+        out, start = [], 0
+        if self.big_rows:
+            while rows - start >= self.big_rows:
+                out.append((start, self.big_rows, self.big_rows))
+                start += self.big_rows
+            if rows - start >= self.pad_big_from:
+                out.append((start, rows - start, self.big_rows))
+                return out
+        while start < rows:
+            n = min(self.small_rows, rows - start)
+            out.append((start, n, max(n, self.min_rows)))
+            start += n
+        return out
+
+
+def blocked_linear(x: torch.Tensor, linear: nn.Linear,
+                   row_blocks: RowBlocks) -> torch.Tensor:
+    """``linear`` over the rows of a 2-D ``x``, one call per block of ``row_blocks``.
+
+    Small chunks run the layer's own forward (a pre-packed oneDNN weight where
+    packed_linear keeps one: packing's decode speed, the same bits as F.linear up to 32
+    rows); big tiles run F.linear, whose 1024-row kernel agrees with the small chunks where
+    the packed one may not. ``check_row_invariance`` checks exactly these calls."""
+    rows = x.shape[0]
+    out = x.new_empty(rows, linear.weight.shape[0])
+    for start, real, call_rows in row_blocks.blocks(rows):
+        part = x[start:start + real]
+        if call_rows > real:
+            part = torch.cat([part, part.new_zeros(call_rows - real, part.shape[1])])
+        call = (linear if call_rows <= row_blocks.small_rows
+                else lambda t: F.linear(t, linear.weight, linear.bias))
+        if call_rows == real == rows:
+            return call(part)
+        out[start:start + real] = call(part)[:real]
+    return out
+
+
+class RowInvariantLinear(nn.Module):
+    """An nn.Linear (shared, not copied: same parameters, same packed weight) applied by
+    ``blocked_linear``."""
+
+    def __init__(self, linear: nn.Linear, row_blocks: RowBlocks) -> None:
+        super().__init__()
+        self.linear = linear
+        self.row_blocks = row_blocks
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        y = blocked_linear(flat, self.linear, self.row_blocks)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def check_row_invariance(linear: nn.Linear, row_blocks: RowBlocks, seed: int = 0) -> bool:
+    """Whether every call shape ``row_blocks`` uses gives, on random rows, exactly what the
+    small chunks give (the kernel choice depends on the shape, not the data)."""
+    g = torch.Generator().manual_seed(seed)
+    weight = linear.weight
+    big = row_blocks.big_rows or 0
+    rows = big + 3 * row_blocks.small_rows + 5
+    x = torch.randn(rows, weight.shape[1], generator=g).to(weight.dtype).to(weight.device)
+    reference = blocked_linear(x, linear, RowBlocks(row_blocks.small_rows,
+                                                    row_blocks.min_rows, None))
+    sizes = [1, 2, 3, 5, 8, 13, 17, row_blocks.small_rows - 1, row_blocks.small_rows,
+             row_blocks.small_rows + 1, rows]
+    for n in sizes:
+        for start in (0, rows - n):
+            got = blocked_linear(x[start:start + n], linear, row_blocks)
+            if not torch.equal(got, reference[start:start + n]):
+                return False
+    return True
+
+
+def choose_row_blocks(linear: nn.Linear) -> RowBlocks:
+    """The measured blocks for the weight's dtype when ``check_row_invariance`` confirms them
+    on this machine at this thread count, else ``RowBlocks.safe()`` (e.g. 3 threads made
+    oneDNN split the 1024-row tile of a 576-wide output differently)."""
+    weight = linear.weight
+    blocks = RowBlocks.for_dtype(weight.dtype)
+    if check_row_invariance(linear, blocks):
+        return blocks
+    log.warning("linear %s in %s: row blocks %s are not row-invariant here; using fixed "
+                "32-row tiles", tuple(weight.shape), weight.dtype, blocks)
+    return RowBlocks.safe()
+
+
+def row_invariant_model(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s module tree whose nn.Linear layers are RowInvariantLinear; the
+    parameters and buffers are shared with ``model`` (no memory), which is left unchanged.
+    Row blocks are chosen once per weight shape (``choose_row_blocks``)."""
+    chosen: dict[tuple, RowBlocks] = {}
+
+    def convert(module: nn.Module) -> nn.Module:
+        if isinstance(module, nn.Linear):
+            w = module.weight
+            key = (tuple(w.shape), w.dtype, w.device)
+            if key not in chosen:
+                chosen[key] = choose_row_blocks(module)
+            return RowInvariantLinear(module, chosen[key])
+        clone = copy.copy(module)
+        clone._modules = {name: (convert(child) if child is not None else None)
+                          for name, child in module._modules.items()}
+        return clone
+
+    with torch.inference_mode():
+        return convert(model)

@@ -1,0 +1,99 @@
+"""Deterministic mode's attention: a query's output is bit-identical whatever it is computed
+with (batch, prefill chunk, cached or not, page size, padding), and close to exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from radixserve.attention.fixed_split import FixedSplitBackend, split_attention
+from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.metadata import SeqSpan, build_metadata
+from tests.attention.attn_helpers import Scenario, dense_attention
+
+HQ, HKV, D = 9, 3, 64
+
+
+def make_seq(length: int, seed: int, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(length, h, D, generator=g).to(dtype) for h in (HQ, HKV, HKV))
+
+
+def run_step(seqs, page_size: int, dtype: torch.dtype, seed: int = 0, split: int = 64):
+    """seqs: (q, k, v, cached, new) per sequence (full-length tensors); prefills first.
+    Returns each sequence's outputs for its new tokens."""
+    rng = np.random.default_rng(seed)
+    need = [-(-(c + n) // page_size) for _, _, _, c, n in seqs]
+    pool = KVPool(1, sum(need) + 3, page_size, HKV, D, dtype, "cpu")
+    perm = rng.permutation(pool.num_pages).astype(np.int32)
+    spans, qs, ks, vs, off = [], [], [], [], 0
+    for (q, k, v, cached, new), npages in zip(seqs, need):
+        pages = perm[off:off + npages]
+        off += npages
+        for p in range(cached):
+            s = int(pages[p // page_size]) * page_size + p % page_size
+            pool.k_flat[0][s], pool.v_flat[0][s] = k[p], v[p]
+        spans.append(SeqSpan(pages=pages, cached_len=cached, new_len=new))
+        qs.append(q[cached:cached + new])
+        ks.append(k[cached:cached + new])
+        vs.append(v[cached:cached + new])
+    backend = FixedSplitBackend(num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, split=split)
+    plan = backend.prepare(build_metadata(spans, page_size, "cpu"))
+    out = backend.forward(plan, 0, torch.cat(qs), torch.cat(ks), torch.cat(vs), pool)
+    return list(out.split([n for *_, n in seqs]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_query_output_independent_of_how_it_is_computed(dtype):
+    length = 300
+    q, k, v = make_seq(length, 1, dtype)
+    others = [make_seq(n, 10 + n, dtype) for n in (77, 150, 420)]
+    # (a) alone, whole prompt in one prefill, page size 1
+    alone = run_step([(q, k, v, 0, length)], 1, dtype)[0]
+    # (b) in chunks of 37 after a cached prefix, in a batch with other prefills and decodes,
+    #     page size 16
+    for cached in (0, 37, 128, 200, 299):
+        new = length - cached
+        batch = [(*others[0], 10, 67), (q, k, v, cached, new), (*others[1], 0, 150),
+                 (*others[2], 419, 1), (*others[0], 76, 1)]
+        batch = [s for s in batch if s[4] > 1] + [s for s in batch if s[4] == 1]
+        if new == 1:
+            batch = [s for s in batch if s[4] > 1] + [(q, k, v, cached, 1)] + \
+                [s for s in batch if s[4] == 1]
+            got = run_step(batch, 16, dtype, seed=cached)[2]
+        else:
+            got = run_step(batch, 16, dtype, seed=cached)[1]
+        assert torch.equal(got, alone[cached:]), f"cached={cached}"
+    # (c) each of the last 20 positions as a decode, alone and among longer decodes
+    for pos in range(length - 20, length):
+        single = run_step([(q, k, v, pos, 1)], 4, dtype)[0]
+        among = run_step([(*others[2], 400, 1), (q, k, v, pos, 1), (*others[1], 149, 1)],
+                         16, dtype, seed=pos)[1]
+        assert torch.equal(single, alone[pos:pos + 1])
+        assert torch.equal(among, alone[pos:pos + 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_close_to_exact_attention(dtype):
+    q, k, v = make_seq(260, 3, dtype)
+    got = run_step([(q, k, v, 100, 160)], 16, dtype)[0]
+    ref = dense_attention(Scenario([SeqSpan(np.arange(17, dtype=np.int32), 100, 160)],
+                                   [k], [v], q[100:], k[100:], v[100:]), D ** -0.5)
+    err = (got.double() - ref).abs().max().item()
+    assert err < (0.02 if dtype == torch.bfloat16 else 0.003), err
+
+
+def test_split_attention_matmuls_are_row_and_batch_invariant():
+    """The building block on raw tensors: one row's result whatever rows and batch join it."""
+    g = torch.Generator().manual_seed(0)
+    split, keys = 64, 256
+    q = torch.randn(6, HKV, 40, D, generator=g).bfloat16()
+    k = torch.randn(6, HKV, keys, D, generator=g).bfloat16()
+    v = torch.randn(6, HKV, keys, D, generator=g).bfloat16()
+    mask = torch.zeros(1, 1, 1, 1, split).bfloat16()        # last chunk: nothing masked
+    full = split_attention(q, k, v, mask, keys // split - 1, split, 0.125)
+    for b, r in ((1, 1), (2, 7), (6, 33)):
+        part = split_attention(q[:b, :, :r], k[:b], v[:b], mask, keys // split - 1, split,
+                               0.125)
+        assert torch.equal(part, full[:b, :, :r])

@@ -1,0 +1,107 @@
+"""--deterministic: a request's tokens depend only on the request — not on what runs beside
+it, how its prompt is chunked, preemption and recompute, the prefix cache, or page size."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from engine_helpers import QUESTIONS, SYSTEM_PROMPT, chat_ids, collect, make_engine, wait_idle
+from radixserve.engine.sampling_params import SamplingParams
+
+OTHER_SYSTEM = "You are a terse geography tutor. Reply with the answer only, no sentence. " * 4
+
+
+def prompts_for(engine) -> list[list[int]]:
+    """32 prompts: 16 questions behind each of two long shared system prompts."""
+    return [chat_ids(engine, q, system=s) for s in (SYSTEM_PROMPT, OTHER_SYSTEM)
+            for q in QUESTIONS]
+
+
+def run(engine, prompts, params_for, order, one_at_a_time=False, warm=()):
+    """Tokens per prompt index, running ``order`` (all at once unless one_at_a_time) after
+    the ``warm`` prompts have run to completion."""
+
+    async def main():
+        await engine.start()
+        try:
+            for i in warm:
+                await collect(engine.generate(prompts[i], params_for(i)))
+            got = {}
+            if one_at_a_time:
+                for i in order:
+                    got[i] = (await collect(engine.generate(prompts[i], params_for(i))))
+            else:
+                results = await asyncio.gather(*(collect(engine.generate(prompts[i],
+                                                                         params_for(i)))
+                                                 for i in order))
+                got = dict(zip(order, results))
+            await wait_idle(engine)
+            engine.check_invariants()
+            return [got[i].token_ids[0] for i in range(len(prompts))], got
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(main())
+
+
+def three_ways(model, params_for, max_tokens):
+    ref_engine = make_engine(model, deterministic=True, disable_radix_cache=True)
+    prompts = prompts_for(ref_engine)
+    n = len(prompts)
+    # (a) one at a time, cache off
+    alone, _ = run(ref_engine, prompts, params_for, range(n), one_at_a_time=True)
+    # (b) all at once, cache on, page size 16, a pool for ~3 sequences (preemption), small
+    #     chunked-prefill budget
+    longest = max(map(len, prompts)) + max_tokens
+    busy = make_engine(model, deterministic=True, page_size=16,
+                       kv_cache_tokens=3 * longest + 64, chunked_prefill_size=96)
+    together, _ = run(busy, prompts, params_for, list(range(n)))
+    assert busy.stats().preemptions > 0
+    # (c) another order, on a cache warmed by other requests (partial hits, copy-on-write
+    #     at page size 4)
+    order = list(range(n))
+    random.Random(1).shuffle(order)
+    warmed = make_engine(model, deterministic=True, page_size=4)
+    shuffled, got = run(warmed, prompts, params_for, order, warm=[3, 20, 7])
+    assert sum(r.final.usage.cached_tokens for r in got.values()) > 0
+    return alone, together, shuffled
+
+
+def test_greedy_identical_alone_batched_preempted_and_cached_bf16(model_bf16):
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    alone, together, shuffled = three_ways(model_bf16, lambda i: params, 12)
+    assert sum(a == b for a, b in zip(alone, together)) == 32
+    assert sum(a == b for a, b in zip(alone, shuffled)) == 32
+    assert all(len(t) == 12 for t in alone)
+
+
+def test_seeded_sampling_identical_bf16(model_bf16):
+    def params_for(i):
+        return SamplingParams(max_tokens=10, temperature=0.9, top_p=0.95, seed=1000 + i,
+                              ignore_eos=True)
+
+    alone, together, shuffled = three_ways(model_bf16, params_for, 10)
+    assert sum(a == b for a, b in zip(alone, together)) == 32
+    assert sum(a == b for a, b in zip(alone, shuffled)) == 32
+    assert len({tuple(t) for t in alone}) > 16     # really sampled: not all the same
+
+
+@pytest.fixture(scope="module")
+def model_fp16():
+    from radixserve.model import load_model
+    return load_model("smollm2-135m-instruct", dtype="float16")
+
+
+def test_greedy_identical_fp16(model_fp16):
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    ref_engine = make_engine(model_fp16, deterministic=True, disable_radix_cache=True)
+    prompts = prompts_for(ref_engine)[::2]
+    alone, _ = run(ref_engine, prompts, lambda i: params, range(len(prompts)),
+                   one_at_a_time=True)
+    busy = make_engine(model_fp16, deterministic=True, page_size=16, chunked_prefill_size=80)
+    together, _ = run(busy, prompts, lambda i: params, list(range(len(prompts)))[::-1],
+                      warm=[2])
+    assert alone == together
