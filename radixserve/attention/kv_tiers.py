@@ -3,8 +3,7 @@
 `HostKVPool` holds page slots in host memory with the pool's layout (every layer's K and
 V, and the 8-bit scales beside them when the pool is quantized, so a page decodes the same
 after a round trip); on CUDA it is pinned, so copies to and from the GPU run as DMA.
-A disk page is the same data as bytes: each pool tensor's slice for that page, in a fixed
-order (`pool_tensors`), concatenated (`page_nbytes` bytes).
+A disk page is the same data as bytes, in the one layout `page_bytes` defines.
 
 `TierMover.run(moves)` executes the cache's DemoteOrder / LoadOrder list on the compute
 thread, strictly in issue order (cache/tiers.py says why that order is safe), each order
@@ -25,25 +24,16 @@ import numpy as np
 import torch
 
 from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.page_bytes import bytes_to_pages, pool_tensors, rows_to_bytes
 from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HostKVPool", "MoveTimes", "PageWriter", "TierMover", "page_nbytes", "pool_tensors"]
+__all__ = ["HostKVPool", "MoveTimes", "PageWriter", "TierMover"]
 
 
 class PageWriter(Protocol):
     def write_page(self, page_key: int, payload: bytes) -> None: ...
-
-
-def pool_tensors(pool: KVPool) -> list[torch.Tensor]:
-    """Every tensor a page lives in, first dim = page: K and V per layer, then scales."""
-    return pool.k + pool.v + (pool.k_scale or []) + (pool.v_scale or [])
-
-
-def page_nbytes(pool: KVPool) -> int:
-    """Bytes of one page in host memory or on disk (== page_size * bytes_per_token)."""
-    return sum(t[0].numel() * t.element_size() for t in pool_tensors(pool))
 
 
 class HostKVPool:
@@ -79,10 +69,6 @@ class TierMover:
         self.host = host
         self.disk = disk
         self.device = pool.device
-        # (offset, bytes) of each tensor's part in a page's bytes
-        sizes = [t[0].numel() * t.element_size() for t in self.pool_tensors]
-        self.parts = list(zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes))
-        self.page_bytes = sum(sizes)
         self.failed_writes = 0
 
     def run(self, moves: Sequence[DemoteOrder | LoadOrder]) -> MoveTimes:
@@ -129,12 +115,12 @@ class TierMover:
                 t.index_copy_(0, index, r)
 
     def _demote(self, mv: DemoteOrder) -> None:
-        rows = self._gather(mv.src_tier, mv.src)
         if mv.dst_tier == HOST:
-            self._scatter(HOST, mv.dst, rows)
+            self._scatter(HOST, mv.dst, self._gather(mv.src_tier, mv.src))
             return
         assert mv.dst_tier == DISK
-        for key, payload in zip(mv.dst.tolist(), self._to_bytes(rows)):
+        payloads = rows_to_bytes(self._tensors(mv.src_tier), mv.src.tolist())
+        for key, payload in zip(mv.dst.tolist(), payloads):
             try:
                 self.disk.write_page(key, payload)
             except Exception as e:      # full, refused, I/O: the page reads as missing
@@ -145,27 +131,6 @@ class TierMover:
 
     def _load(self, mv: LoadOrder) -> None:
         if mv.src_tier == HOST:
-            rows = self._gather(HOST, mv.src)
+            self._scatter(POOL, mv.dst, self._gather(HOST, mv.src))
         else:
-            rows = self._from_bytes(mv.payloads)
-        self._scatter(POOL, mv.dst, rows)
-
-    # ------------------------------------------------------------------ page bytes
-    def _to_bytes(self, rows: list[torch.Tensor]) -> list[bytes]:
-        n = rows[0].shape[0]
-        flat = [r.cpu().contiguous().view(torch.uint8).reshape(n, -1).numpy() for r in rows]
-        data = np.concatenate(flat, axis=1)
-        return [data[i].tobytes() for i in range(n)]
-
-    def _from_bytes(self, payloads: Sequence[bytes]) -> list[torch.Tensor]:
-        for p in payloads:
-            if len(p) != self.page_bytes:
-                raise ValueError(f"a disk page holds {len(p)} bytes, a pool page "
-                                 f"{self.page_bytes}: written by another KV layout")
-        n = len(payloads)
-        data = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8).view(n, -1)
-        rows = []
-        for t, (offset, size) in zip(self.pool_tensors, self.parts):
-            part = data[:, offset:offset + size].contiguous()
-            rows.append(part.view(t.dtype).view(n, *t.shape[1:]))
-        return rows
+            bytes_to_pages(self.pool, mv.dst.tolist(), mv.payloads)

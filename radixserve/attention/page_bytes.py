@@ -1,10 +1,12 @@
-"""A KV pool page as bytes and back: what the disk store keeps of it.
+"""A KV pool page as bytes and back: what the disk tier keeps of it.
 
 One page's payload is, in order, the page's slice of every K layer, every V layer, then
 (8-bit formats only) every K scale layer and every V scale layer, each as its raw stored
 bytes (codes stay codes: a restored page decodes exactly as the original). Its length is
 `page_payload_bytes(pool)`, the pool's own arithmetic (kv_sizing) for `page_size` tokens.
-Runs on the compute thread, batched: one gather per pool tensor, not one per page.
+The one definition of that layout: the tier mover (L3 writes and loads) and the cache
+saver both use it. Runs on the compute thread, batched: one gather per tensor, not one
+per page.
 """
 
 from __future__ import annotations
@@ -16,20 +18,23 @@ import torch
 
 from .kv_pool import KVPool
 
-__all__ = ["page_payload_bytes", "pages_to_bytes", "rows_to_bytes", "bytes_to_pages"]
+__all__ = ["bytes_to_pages", "page_payload_bytes", "pages_to_bytes", "pool_tensors",
+           "rows_to_bytes"]
 
 
-def _tensors(pool: KVPool) -> list[torch.Tensor]:
+def pool_tensors(pool: KVPool) -> list[torch.Tensor]:
+    """Every tensor a page lives in, first dim = page: K and V per layer, then scales."""
     return pool.k + pool.v + (pool.k_scale or []) + (pool.v_scale or [])
 
 
 def page_payload_bytes(pool: KVPool) -> int:
+    """Bytes of one page in host memory or on disk (== page_size * bytes_per_token)."""
     return pool.bytes_per_token * pool.page_size
 
 
 def pages_to_bytes(pool: KVPool, pages: Sequence[int]) -> list[bytes]:
     """The payload of each page in `pages` (pool page ids)."""
-    return rows_to_bytes(_tensors(pool), pages)
+    return rows_to_bytes(pool_tensors(pool), pages)
 
 
 def rows_to_bytes(tensors: Sequence[torch.Tensor], ids: Sequence[int]) -> list[bytes]:
@@ -47,18 +52,19 @@ def rows_to_bytes(tensors: Sequence[torch.Tensor], ids: Sequence[int]) -> list[b
 
 
 def bytes_to_pages(pool: KVPool, pages: Sequence[int], payloads: Sequence[bytes]) -> None:
-    """Write each payload into its pool page (the inverse of pages_to_bytes)."""
+    """Write each payload into its pool page (the inverse of pages_to_bytes). A payload of
+    another length was written by another KV layout: ValueError, nothing written."""
     if not len(pages):
         return
     size = page_payload_bytes(pool)
     bad = [len(p) for p in payloads if len(p) != size]
     if bad or len(payloads) != len(pages):
         raise ValueError(f"page payloads of {bad[:1] or len(payloads)} bytes; {size} bytes "
-                         f"for each of {len(pages)} pages expected")
+                         f"for each of {len(pages)} pages expected (another KV layout?)")
     joined = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(pages), size)
     index = torch.as_tensor(np.asarray(pages, dtype=np.int64), device=pool.device)
     offset = 0
-    for t in _tensors(pool):
+    for t in pool_tensors(pool):
         dst = t.view(torch.uint8).view(t.shape[0], -1)      # [num_pages, bytes of one page]
         width = dst.shape[1]
         src = torch.from_numpy(joined[:, offset:offset + width].copy()).to(pool.device)

@@ -52,7 +52,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from .eviction import EvictionPolicy, make_policy
-from .token_keys import ITEM_BYTES, LazyKey, TokenIds, count
+from .token_keys import ITEM_BYTES, LazyKey, TokenIds, count, pack
 from .tree_node import TreeNode
 
 if TYPE_CHECKING:
@@ -751,6 +751,34 @@ class RadixCache:
         for x in path:
             self.enter_pool(x, pages[(x.depth - x.num_tokens) // ps: x.depth // ps])
         parts[len(parts) - len(path):] = [x.pages for x in path]
+
+    def add_lower(self, parent: TreeNode | None, tokens: TokenIds, ids: np.ndarray,
+                  tier: int, namespace: str | None, last_access: int) -> TreeNode | None:
+        """A node of a lower tier (ids: that tier's tree ids, whole pages of `tokens`)
+        under `parent` (None: the namespace's root), as a restore from the disk index
+        rebuilds it: no KV-pool page is taken. None when `parent` has a child filed under
+        the same first page (the tokens are in the tree already)."""
+        ids = self._check_pages(tokens, ids)
+        if parent is None:
+            parent = self._ns_roots.get(namespace)
+            if parent is None:
+                parent = self._ns_roots[namespace] = self._new_node(b"", EMPTY_PAGES, None,
+                                                                    0, namespace)
+        key = pack(tokens)
+        first = self.child_key(key)
+        if first in parent.children or not len(ids):
+            return None
+        ids = ids.copy()
+        ids.flags.writeable = False
+        node = self._new_node(key, ids, parent, parent.depth + len(ids) * self.page_size,
+                              namespace)
+        node.tier = tier
+        node.last_access = last_access
+        self._clock = max(self._clock, last_access)
+        self._add_child(parent, node, first)
+        self._num_nodes += 1
+        self.tiers.added(node)
+        return node
 
     def enter_pool(self, node: TreeNode, pages: np.ndarray) -> None:
         """A host/disk node whose parent is in the KV pool moves into it on `pages` (the

@@ -31,6 +31,10 @@ reads of a load):
   writes it). The one read out of order is a load's disk read, done when the order is
   made: a node whose disk write has not run yet (`pending_writes`) is neither loaded nor
   dropped until `moves_done()` says the orders ran.
+- Save and restore (engine/kv_persistence.py): the cache saver borrows disk slots for its
+  on-disk copies of pool/host pages (`lend_disk_slots`, held outside the tree and counted
+  by `check`), so saved copies and the disk tier share one budget; a restart rebuilds the
+  saved index as disk nodes (`restore_disk_node`).
 """
 
 from __future__ import annotations
@@ -132,6 +136,9 @@ class LowerTiers:
         self.alloc = {HOST: PageAllocator(host_pages), DISK: PageAllocator(disk_pages)}
         self.nodes: dict[int, dict[int, TreeNode]] = {HOST: {}, DISK: {}}   # by node id
         self.pending_writes: set[int] = set()   # disk ids whose write has not run yet
+        # Disk slots lent to the cache saver for on-disk copies of pool/host pages (local
+        # ids): the saved cache and the disk tier share one budget, the disk tier's slots.
+        self.lent: set[int] = set()
         self.counters = TierCounters()
         self._moves: list[DemoteOrder | LoadOrder] = []
         self._below = [t for t in (HOST, DISK) if self.alloc[t].num_pages]
@@ -335,6 +342,51 @@ class LowerTiers:
             self.tree.enter_pool(node, dst)
         return plan.nodes[-1]
 
+    # ------------------------------------------------------------------ saved copies
+    def lend_disk_slots(self, n: int) -> np.ndarray:
+        """Up to `n` disk slots (local ids) for the saver's copies of pool/host pages,
+        making room by dropping disk victims in policy order; fewer when no more room."""
+        got: list[np.ndarray] = []
+        want = n
+        while want:
+            ids = self._take(DISK, want)
+            if ids is None:
+                if want == 1:
+                    break
+                want = (want + 1) // 2
+                continue
+            got.append(self.local(DISK, ids))
+            n -= want
+            want = min(want, n)
+        local = np.concatenate(got) if got else np.zeros(0, dtype=np.int32)
+        self.lent.update(local.tolist())
+        return local
+
+    def return_disk_slots(self, local: Sequence[int]) -> None:
+        """Saved copies dropped: their slots are free again (their files are dropped by
+        the caller)."""
+        self.lent.difference_update(local)
+        self.alloc[DISK].free(np.asarray(local, dtype=np.int32))
+
+    # ------------------------------------------------------------------ restore
+    def restore_disk_node(self, parent: TreeNode | None, tokens: Sequence[int],
+                          namespace: str | None, last_access: int) -> TreeNode | None:
+        """A disk node rebuilt from the saved index, under `parent` (a restored node, or
+        None: the namespace's root), on free disk slots (no room is made: a smaller disk
+        budget than the one that saved keeps what fits). None when there is no room or the
+        tokens are in the tree already. The caller maps the slots
+        (`local(DISK, node.pages)`) to the saved pages; their checksums are checked when
+        they are loaded."""
+        n = len(tokens) // self.tree.page_size
+        a = self.alloc[DISK]
+        if n == 0 or a.num_free < n:
+            return None
+        ids = a.alloc(n) + np.int32(self.offset[DISK])
+        node = self.tree.add_lower(parent, tokens, ids, DISK, namespace, last_access)
+        if node is None:
+            a.free(self.local(DISK, ids))
+        return node
+
     # ------------------------------------------------------------------ release
     def release(self, node: TreeNode) -> None:
         """A lower node leaves its tier (into the pool, dropped or flushed): free its ids."""
@@ -382,6 +434,8 @@ class LowerTiers:
                 f"{name}: registry {sorted(self.nodes[tier])} != tree {sorted(found[tier])}"
             a = self.alloc[tier]
             held = [self.local(tier, n.pages) for n in found[tier].values()]
+            if tier == DISK:
+                held.append(np.fromiter(self.lent, dtype=np.int64, count=len(self.lent)))
             ids = np.concatenate([a.free_page_ids(), *held]).astype(np.int64)
             uniq = np.unique(ids)
             assert len(uniq) == len(ids) == a.num_pages and \

@@ -49,8 +49,8 @@ class EngineConfig:
     weights_cache_dir: str | None = None  # dequantized GGUF weights; None: default directory
     no_weights_cache: bool = False       # dequantize at every start instead
     kv_disk_dir: str | None = None       # KV pages kept on disk, across restarts (L3)
-    kv_disk_bytes: int | None = None     # at most this much there; None: no bound
-                                         #   (the live disk tier: DEFAULT_KV_DISK_BYTES)
+    kv_disk_bytes: int | None = None     # at most this much there, disk tier and saved
+                                         #   cache together; None: DEFAULT_KV_DISK_BYTES
     # A request's tokens depend only on the request (not on its batch, chunking, the cache,
     # preemption or page size): row-invariant linears, fixed-split attention, no cascade
     # (docs/deterministic.md).
@@ -116,11 +116,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize GGUF weights at every start; write no cache")
     g.add_argument("--kv-disk-dir", default=None,
-                   help="directory of KV pages on disk: the tier below host memory (evicted "
-                        "prefixes written there, checksummed, and loaded back; in tier/) and "
-                        "the cache kept across restarts: written on SIGTERM and POST "
-                        "/cache/save, read back at start (docs/tiers.md)")
+                   help="directory of KV pages on disk, one store: the tier below host "
+                        "memory (evicted prefixes written there, checksummed, and loaded "
+                        "back) and the cache kept across restarts: written on SIGTERM and "
+                        "POST /cache/save, back as disk-tier nodes at start (docs/tiers.md)")
     g.add_argument("--kv-disk-bytes", type=parse_size, default=None,
                    help=f"at most this many bytes of pages in --kv-disk-dir, e.g. 20GiB, for "
-                        f"the saved cache and for the disk tier each (default: saved cache "
-                        f"unbounded, disk tier {DEFAULT_KV_DISK_BYTES // 2**30}GiB)")
+                        f"the disk tier and the saved cache together (default "
+                        f"{DEFAULT_KV_DISK_BYTES // 2**30}GiB)")

@@ -75,10 +75,10 @@ class Engine(OneProcessStats):
         self._failure: str | None = None
         # Held by each step (schedule, forward, complete) and by the disk saves' page copies.
         self._step_lock = asyncio.Lock()
-        self.persistence = open_persistence(config, self.runner, self.tree, self.memory,
-                                            self._on_compute, self._step_lock)
-        self.tiers = make_tiers(config, self.runner, self.tree,
-                                disk_ok=self.persistence is not None)
+        self.persistence = open_persistence(config, self.runner, self.tree, self._on_compute,
+                                            self._step_lock)
+        self.tiers = make_tiers(config, self.runner, self.tree, self.persistence.store
+                                if self.persistence is not None else None)
 
     async def _on_compute(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

@@ -1,20 +1,26 @@
 """KVPersistence: the prefix cache saved to a DiskPageStore and restored from it at start.
 
-Save (SIGTERM, `POST /cache/save`): every page the tree holds in the KV pool (L1) or in
-host memory (L2) that the store lacks is copied out and written, in batches of ~32 MiB.
-Each batch is chosen and copied while the step loop waits at `step_lock` (tier orders
-still pending are run first), so no page is evicted and overwritten between the walk that
-chose it and its copy; steps run between batches and while the files are written. Pages
-only the disk tier holds are not saved. Then the pages the tree no longer holds are
-dropped, and the index of every node whose pages are all on disk is
-written last. Restore (start, before serving): the index's nodes, parents first, are read
-(each page's checksum verified: a failed page ends its node there and skips everything
-below it, so those tokens are recomputed), copied into free pool pages and inserted into
-the tree, as far as free pages go.
+The store is the one of --kv-disk-dir, shared with the disk tier (L3, storage/tier_pages.py
+maps its slots to the store's page files) under one --kv-disk-bytes budget.
 
-A page on disk is named by the hash of its whole token path (namespace, then every token
-from the root to the page's end): the same prefix saved twice is written once, and a page
-of the tree maps to its disk copy however the tree's edges were split since.
+Save (SIGTERM, `POST /cache/save`): every page the tree holds in the KV pool (L1) or in
+host memory (L2) that has no copy on disk yet is copied out and written, in batches of
+~32 MiB, into disk-tier slots lent for it (LowerTiers.lend_disk_slots: room is made by
+dropping disk-tier victims, so copies and the disk tier share the budget); the nodes stay
+in their tier. Each batch is chosen and copied while the step loop waits at
+`step_lock` (tier orders still pending are run first), so no page is evicted and
+overwritten between the walk that chose it and its copy; steps run between batches and
+while the files are written. Pages the disk tier holds are already on disk. Then the
+saved copies the tree no longer holds are dropped, and the index of every node whose pages
+are all on disk (L1/L2 nodes by their saved copies, L3 nodes by their own files) is
+written last. Restore (start, before serving): the index's nodes, parents first, become
+L3 nodes on its files (nothing is read and no pool page taken; a hit loads them through
+the tier's load path, which checks each page's CRC, so a corrupt page is recomputed).
+A budget under one page file means no disk tier: nothing is saved or restored.
+
+A saved copy is known by the hash of its page's whole token path (namespace, then every
+token from the root to the page's end): the same prefix saved twice is written once, and
+a page of the tree maps to its copy however the tree's edges were split since.
 """
 
 from __future__ import annotations
@@ -23,19 +29,19 @@ import asyncio
 import hashlib
 import logging
 import time
-from array import array
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from radixserve.attention.page_bytes import (bytes_to_pages, page_payload_bytes, pages_to_bytes,
-                                             rows_to_bytes)
+from radixserve.attention.page_bytes import page_payload_bytes, pages_to_bytes, rows_to_bytes
 from radixserve.attention.kv_pool import KVPool
-from radixserve.cache.memory import PagedMemory
 from radixserve.cache.radix_cache import RadixCache
+from radixserve.cache.tiers import DISK, LowerTiers
+from radixserve.cache.tree_node import TreeNode
+from radixserve.engine.config import DEFAULT_KV_DISK_BYTES
 from radixserve.cache.token_keys import ITEM_BYTES, unpack
-from radixserve.storage import DiskPageStore, DiskStoreFull, IndexNode
+from radixserve.storage import DiskPageStore, DiskStoreFull, IndexNode, TierPages
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +64,15 @@ class SaveReport:
 
 @dataclass
 class RestoreReport:
-    nodes: int = 0              # inserted into the tree
+    nodes: int = 0              # rebuilt in the tree as disk-tier nodes
     tokens: int = 0
-    skipped_nodes: int = 0      # corrupt page, lost parent, or no free pages left
+    skipped_nodes: int = 0      # lost parent, or no disk-tier slots left
     seconds: float = 0.0
 
 
 @dataclass
 class _Node:                    # a tree node as one save pass saw it
-    tier: int                   # 1: pages are pool pages; 2: host slots (tree ids)
+    tier: int                   # 1: pool pages; 2: host slots; 3: disk slots (tree ids)
     node_id: int
     parent_id: int | None
     namespace: str | None
@@ -92,16 +98,15 @@ def _chain(start: bytes, key: bytes | memoryview, page_size: int) -> list[bytes]
 
 
 class KVPersistence:
-    def __init__(self, store: DiskPageStore, tree: RadixCache, memory: PagedMemory,
-                 runner, compute: Compute, step_lock: asyncio.Lock):
+    def __init__(self, store: DiskPageStore, tree: RadixCache, runner, compute: Compute,
+                 step_lock: asyncio.Lock):
         self.store = store
         self.tree = tree
-        self.memory = memory
         self.runner = runner                # its KV pool, and its tier mover (host slots)
         self.pool: KVPool = runner.kv_pool
         self._compute = compute
         self._step_lock = step_lock
-        self._disk_key: dict[bytes, int] = {}      # page path hash -> disk page key
+        self._copies: dict[bytes, int] = {}     # page path hash -> disk slot of its copy
         self._batch_pages = max(1, BATCH_BYTES // page_payload_bytes(self.pool))
         self._saving = asyncio.Lock()
         self.restored: RestoreReport | None = None
@@ -119,6 +124,12 @@ class KVPersistence:
                 "saves": self.saves,
                 "last_save": self.last_save.as_dict() if self.last_save else None}
 
+    @property
+    def _tiers(self) -> LowerTiers | None:
+        """The tree's tiers when they have a disk tier (over this store), else None."""
+        tiers = self.tree.tiers
+        return tiers if tiers is not None and tiers.capacity_pages(DISK) else None
+
     # -- save ---------------------------------------------------------------------------
 
     async def save(self, deadline: float | None = None) -> SaveReport:
@@ -127,35 +138,53 @@ class KVPersistence:
         async with self._saving:
             started = time.monotonic()
             report = SaveReport()
+            tiers = self._tiers
+            if tiers is None:                   # a budget under one page: nothing fits
+                report.complete = False
+                self.last_save = report
+                return report
             async with self._step_lock:
-                live = {h for n in self._walk() for h in n.hashes}
-            report.pages_dropped = await asyncio.to_thread(self._drop_all_but, live)
-            new_keys: set[int] = set()
+                live = {h for n in self._walk() if n.tier != DISK for h in n.hashes}
+                report.pages_dropped = self._drop_copies_but(tiers, live)
+            new_slots: set[int] = set()
             while True:
                 if deadline is not None and time.monotonic() >= deadline:
                     report.complete = False
                     break
                 async with self._step_lock:      # no step evicts between walk and copy
                     await self._run_pending_moves()
-                    todo = [(h, n.tier, int(p)) for n in self._walk()
-                            for h, p in zip(n.hashes, n.pages) if h not in self._disk_key]
-                    todo = todo[:self._batch_pages]
+                    todo = [(h, n.tier, int(p)) for n in self._walk() if n.tier != DISK
+                            for h, p in zip(n.hashes, n.pages) if h not in self._copies]
                     if not todo:
                         break
-                    payloads = await self._compute(self._copy_out, todo)
-                written, full = await asyncio.to_thread(self._write, [t[0] for t in todo],
-                                                        payloads)
+                    slots = tiers.lend_disk_slots(min(len(todo), self._batch_pages))
+                    todo = todo[:len(slots)]
+                    payloads = await self._compute(self._copy_out, todo) if todo else []
+                written = await asyncio.to_thread(self._write, tiers.disk, slots.tolist(),
+                                                  payloads)
+                for (h, _, _), slot in zip(todo[:written], slots.tolist()):
+                    self._copies[h] = slot
+                new_slots.update(slots[:written].tolist())
                 report.pages_written += written
-                new_keys.update(self._disk_key[t[0]] for t in todo[:written])
-                if full:
-                    report.complete = False
+                if written < len(slots):         # failed writes: give their slots back
+                    async with self._step_lock:
+                        tiers.return_disk_slots(slots[written:].tolist())
+                if not todo or written < len(todo):
+                    report.complete = False      # the disk budget (or the disk) is full
+                    log.warning("KV disk store %s: full; the save keeps what fits",
+                                self.store.directory)
                     break
-            async with self._step_lock:
-                nodes = self._walk()
-            index_nodes = self._index_nodes(nodes)
-            report.nodes = len(index_nodes)
-            report.pages_kept = sum(k not in new_keys for n in index_nodes for k in n.page_keys)
-            await asyncio.to_thread(self.store.write_index, self.store.new_index(index_nodes))
+            with tiers.disk.holding_drops():    # what the index names stays until written
+                async with self._step_lock:     # disk-tier writes still queued run first
+                    await self._run_pending_moves()
+                    nodes = self._walk()
+                    index_nodes = self._index_nodes(tiers, nodes)
+                new_keys = {tiers.disk.key_of(s) for s in new_slots}
+                report.nodes = len(index_nodes)
+                report.pages_kept = sum(k not in new_keys
+                                        for n in index_nodes for k in n.page_keys)
+                await asyncio.to_thread(self.store.write_index,
+                                        self.store.new_index(index_nodes))
             report.seconds = time.monotonic() - started
             self.last_save = report
             self.saves += 1
@@ -166,8 +195,6 @@ class KVPersistence:
         ends: dict[int, bytes] = {}
         nodes = []
         for node in self.tree.iter_nodes():
-            if node.tier not in (1, 2):  # the disk tier (and all below it) is not saved
-                continue
             parent = node.parent
             below_root = parent is None or parent.depth == 0
             start = _seed(node.namespace) if below_root else ends[parent.id]
@@ -181,7 +208,8 @@ class KVPersistence:
 
     async def _run_pending_moves(self) -> None:
         """Run tier orders issued since the last step (the step lock is held): a host slot
-        or pool page a pending order fills holds its content only afterwards."""
+        or pool page a pending order fills holds its content only afterwards, and a disk
+        page a pending order writes is on disk only afterwards."""
         tiers = self.tree.tiers
         moves = tiers.take_moves() if tiers is not None else []
         if moves:
@@ -205,34 +233,40 @@ class KVPersistence:
                 out[i] = payload
         return out
 
-    def _write(self, hashes: list[bytes], payloads: list[bytes]) -> tuple[int, bool]:
-        """Write pages (a worker thread); -> (how many, whether the disk budget is full)."""
-        for i, (h, payload) in enumerate(zip(hashes, payloads)):
-            key = self.store.new_page_key()
+    def _write(self, disk: TierPages, slots: list[int], payloads: list[bytes]) -> int:
+        """Write pages into lent disk slots (a worker thread); -> how many were written."""
+        for i, (slot, payload) in enumerate(zip(slots, payloads)):
             try:
-                self.store.write_page(key, payload)
-            except DiskStoreFull as e:
+                disk.write_page(slot, payload)
+            except (DiskStoreFull, OSError) as e:
                 log.warning("KV disk store %s: %s; the save keeps what fits",
                             self.store.directory, e)
-                return i, True
-            self._disk_key[h] = key
-        return len(hashes), False
+                return i
+        return len(payloads)
 
-    def _drop_all_but(self, live: set[bytes]) -> int:
-        """Drop the disk pages of paths the tree no longer holds (a worker thread)."""
-        gone = [h for h in self._disk_key if h not in live]
-        for h in gone:
-            self.store.drop_page(self._disk_key.pop(h))
+    def _drop_copies_but(self, tiers: LowerTiers, live: set[bytes]) -> int:
+        """Drop the saved copies of paths no longer in the pool or host memory (the tree
+        dropped them, or they went down to the disk tier, which has its own copy)."""
+        gone = [h for h in self._copies if h not in live]
+        slots = [self._copies.pop(h) for h in gone]
+        for slot in slots:
+            tiers.disk.drop_page(slot)
+        tiers.return_disk_slots(slots)
         return len(gone)
 
-    def _index_nodes(self, nodes: list[_Node]) -> list[IndexNode]:
-        """Index records of the nodes whose pages, and whose ancestors' pages, are on disk."""
+    def _index_nodes(self, tiers: LowerTiers, nodes: list[_Node]) -> list[IndexNode]:
+        """Index records of the nodes whose pages, and whose ancestors' pages, are on
+        disk: pool/host nodes by their saved copies, disk nodes by their own files."""
         saved: set[int] = set()
         out = []
         for n in nodes:
             if n.parent_id is not None and n.parent_id not in saved:
                 continue
-            keys = [self._disk_key.get(h) for h in n.hashes]
+            if n.tier == DISK:
+                slots = tiers.local(DISK, n.pages).tolist()
+            else:
+                slots = [self._copies.get(h) for h in n.hashes]
+            keys = [tiers.disk.key_of(s) if s is not None else None for s in slots]
             if not keys or None in keys or not all(self.store.has_page(k) for k in keys):
                 continue
             saved.add(n.node_id)
@@ -243,79 +277,59 @@ class KVPersistence:
     # -- restore ------------------------------------------------------------------------
 
     async def restore(self) -> RestoreReport:
-        """Rebuild the tree from the index (start-up, before any request)."""
+        """Rebuild the tree from the index (start-up, before any request): the index's
+        nodes, parents first, become disk-tier nodes on the saved files. Nothing is read
+        and no pool page taken; a hit loads them through the tier's load path, which
+        checks each page's CRC. The files of nodes left out (no disk slots left: a
+        smaller budget than the one that saved; parent left out) are dropped."""
         started = time.monotonic()
         report = RestoreReport()
         index = await asyncio.to_thread(self.store.read_index)
-        placed: dict[int, tuple[array, np.ndarray, bytes]] = {}   # id -> path tokens, pages, hash
-        page_size = self.tree.page_size
-        for node in index.nodes if index else []:
+        tiers = self._tiers
+        placed: dict[int, TreeNode] = {}
+        adopted: set[int] = set()
+        for node in index.nodes if index and tiers else []:
             parent = placed.get(node.parent_id) if node.parent_id is not None else None
-            if node.parent_id is not None and parent is None:
+            made = None
+            if node.parent_id is None or parent is not None:
+                made = tiers.restore_disk_node(parent, node.token_ids, node.namespace,
+                                               node.last_access)
+            if made is None:
                 report.skipped_nodes += 1
                 continue
-            count = len(node.page_keys)
-            if self.memory.num_free < count:
-                report.skipped_nodes += 1
-                continue
-            payloads = await asyncio.to_thread(self._read_leading, node.page_keys)
-            if not payloads:
-                report.skipped_nodes += 1
-                continue
-            tokens = array("q", parent[0] if parent else ())
-            tokens.extend(node.token_ids[:len(payloads) * page_size])
-            new_pages = self.memory.alloc(len(payloads))
-            await self._compute(bytes_to_pages, self.pool, new_pages, payloads)
-            pages = np.concatenate([parent[1] if parent else new_pages[:0], new_pages])
-            result = self.tree.insert(tokens, pages, node.namespace)
-            duplicates = result.duplicates(pages)
-            if len(duplicates):
-                self.memory.free(duplicates)
-            hashes = _chain(parent[2] if parent else _seed(node.namespace),
-                            tokens[len(tokens) - len(payloads) * page_size:].tobytes(),
-                            page_size)
-            for h, key in zip(hashes, node.page_keys):
-                self._disk_key[h] = key
+            for slot, key in zip(tiers.local(DISK, made.pages).tolist(), node.page_keys):
+                tiers.disk.adopt(slot, key)
+                adopted.add(key)
+            placed[node.node_id] = made
             report.nodes += 1
-            report.tokens += len(payloads) * page_size
-            if len(payloads) == count:           # whole: its children may hang from it
-                placed[node.node_id] = (tokens, result.pages, hashes[-1])
-            else:
-                report.skipped_nodes += 1
+            report.tokens += made.num_tokens
+        for key in self.store.page_keys():
+            if key not in adopted:
+                self.store.drop_page(key)
         report.seconds = time.monotonic() - started
         self.restored = report
         if report.nodes or report.skipped_nodes:
-            log.info("KV disk store %s: restored %d tokens in %d nodes (%d skipped) in "
-                        "%.2f s", self.store.directory, report.tokens, report.nodes,
-                        report.skipped_nodes, report.seconds)
+            log.info("KV disk store %s: restored %d tokens in %d nodes (%d skipped) as "
+                     "disk-tier nodes in %.2f s", self.store.directory, report.tokens,
+                     report.nodes, report.skipped_nodes, report.seconds)
         return report
 
-    def _read_leading(self, page_keys: list[int]) -> list[bytes]:
-        """The payloads of the leading pages that pass their check (a worker thread)."""
-        payloads = []
-        size = page_payload_bytes(self.pool)
-        for key in page_keys:
-            payload = self.store.read_page(key)
-            if payload is None or len(payload) != size:
-                break
-            payloads.append(payload)
-        return payloads
 
-
-def open_persistence(config, runner, tree: RadixCache, memory: PagedMemory, compute: Compute,
+def open_persistence(config, runner, tree: RadixCache, compute: Compute,
                      step_lock: asyncio.Lock) -> KVPersistence | None:
     """The persistence of `--kv-disk-dir`, or None (no flag, or the directory refused:
-    the store logged why in one line)."""
+    the store logged why in one line). Its store, bounded by --kv-disk-bytes, is also the
+    disk tier's (tier_setup.make_tiers)."""
     if not config.kv_disk_dir:
         return None
     if config.disable_radix_cache:
         log.warning("--kv-disk-dir is not used with --disable-radix-cache")
         return None
     store = DiskPageStore(config.kv_disk_dir, engine_fingerprint(config, runner),
-                          config.kv_disk_bytes)
+                          config.kv_disk_bytes or DEFAULT_KV_DISK_BYTES)
     if not store.usable:
         return None
-    return KVPersistence(store, tree, memory, runner, compute, step_lock)
+    return KVPersistence(store, tree, runner, compute, step_lock)
 
 
 def engine_fingerprint(config, runner):

@@ -7,6 +7,7 @@ and back. See docs/tiers.md for what is on disk and what happens on corruption a
 from .disk_store import DiskPageStore, DiskStoreFull, StoreRefused
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .store_index import INDEX_VERSION, IndexNode, StoreIndex
+from .tier_pages import TierPages
 
 __all__ = ["DiskPageStore", "DiskStoreFull", "StoreRefused", "ModelFingerprint",
-           "model_fingerprint", "IndexNode", "StoreIndex", "INDEX_VERSION"]
+           "model_fingerprint", "IndexNode", "StoreIndex", "INDEX_VERSION", "TierPages"]

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from radixserve.attention.kv_pool import KVPool
-from radixserve.attention.kv_tiers import HostKVPool, TierMover, page_nbytes, pool_tensors
+from radixserve.attention.kv_tiers import HostKVPool, TierMover
+from radixserve.attention.page_bytes import page_payload_bytes as page_nbytes, pool_tensors
 from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
 from radixserve.kv_sizing import KVFormat
 

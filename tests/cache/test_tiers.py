@@ -75,3 +75,44 @@ def test_a_corrupt_disk_page_ends_the_load_and_the_rest_is_dropped():
     tree.check_invariants()
     mem.check_conservation()
 
+
+
+def test_lent_disk_slots_make_room_from_disk_victims_and_are_counted():
+    """The saver's copies share the disk tier's slots: lending drops disk leaves (policy
+    order) when the tier is full, gives fewer when nothing more can go, and the slots are
+    counted as held until returned."""
+    tree, mem, tiers, store = tiered(host=0, disk=4)
+    a = list(range(8))                       # 4 pages of 2: fills the disk tier
+    cache(mem, a)
+    mem.free(tree.evict(8))
+    run(tiers, store)
+    assert tiers.used_pages(DISK) == 4 and tiers.tokens(DISK) == 8
+    lent = tiers.lend_disk_slots(3)          # the disk leaf (one node of 4 pages) goes
+    assert len(lent) == 3 and tiers.used_pages(DISK) == 3 and tiers.tokens(DISK) == 0
+    assert tiers.counters.dropped_tokens["l3"] == 8
+    tree.check_invariants()
+    assert len(tiers.lend_disk_slots(5)) == 1   # only one slot left: the rest is lent
+    tree.check_invariants()
+    tiers.return_disk_slots(lent.tolist())
+    assert tiers.used_pages(DISK) == 1
+    tree.check_invariants()
+    mem.check_conservation()
+
+
+def test_a_restored_disk_node_is_matched_and_loaded():
+    tree, mem, tiers, store = tiered(host=0, disk=4)
+    root = tiers.restore_disk_node(None, [1, 2, 3, 4], None, last_access=7)
+    child = tiers.restore_disk_node(root, [5, 6], None, last_access=7)
+    assert tiers.restore_disk_node(root, [5, 6], None, last_access=7) is None   # present
+    assert tiers.restore_disk_node(None, list(range(10, 20)), None, 7) is None  # no room
+    for key in tiers.local(DISK, root.pages).tolist() + tiers.local(DISK, child.pages).tolist():
+        store.write_page(key, key.to_bytes(8, "little"))
+    tree.check_invariants()
+    assert tree.total_tokens == 0 and mem.num_free == 8
+    lease = PrefixLease(mem)
+    m = lease.acquire([1, 2, 3, 4, 5, 6, 7])
+    assert m.lower_tokens(DISK) == 6
+    assert lease.load(m) == 6 and lease.matched_tokens == 6
+    lease.release()
+    tree.check_invariants()
+    mem.check_conservation()

@@ -2,7 +2,8 @@
 
 Random requests (match, lock, load from host/disk or recompute, grow with eviction that
 demotes, insert, keep or release), explicit evictions, steps that run the queued moves,
-corrupted disk pages and flushes, at page sizes 1 and 16. Three simulated stores (one row
+corrupted disk pages, flushes and restarts from the index (save into lent disk slots,
+rebuild as disk nodes), at page sizes 1 and 16. Three simulated stores (one row
 of token ids per pool page and per host slot; a dict of checksummed bytes for the disk)
 execute every DemoteOrder / LoadOrder in issue order, as the engine's runner does, so a
 wrong order, a slot reused too early or a page lost on the way shows up as wrong data.
@@ -285,6 +286,78 @@ class TieredMachine(RuleBasedStateMachine):
         self.dropped += len(self.where) * self.page_size
         self.where.clear()
         self.by_id.clear()
+
+    @precondition(lambda self: not self.leases and self.disk_pages)
+    @rule()
+    def restart(self):
+        """Save and start again from the index, as KVPersistence does: pool and host nodes
+        are copied into disk slots lent by the tiers (whole nodes, parents first, while
+        slots last: lending drops disk victims), the index lists every node on disk whose
+        parent is (disk nodes by their own pages), and a fresh tree rebuilds it as disk
+        nodes on the same page files. The model predicts what comes back: every page
+        whose whole path was on disk, all in the disk tier; the rest is dropped."""
+        self.run_moves()
+        ps = self.page_size
+        copies: dict[int, np.ndarray] = {}      # node id -> lent disk slots of its copy
+        for node in list(self.tree.iter_nodes()):
+            if node.tier == DISK or node.parent is None:
+                continue
+            slots = self.tiers.lend_disk_slots(len(node.pages))
+            self.sync_drops()
+            if len(slots) < len(node.pages):
+                self.tiers.return_disk_slots(slots.tolist())
+                continue
+            rows = self.read(node.tier, self.tiers.local(node.tier, node.pages))
+            for k, row in zip(slots.tolist(), rows):
+                self.disk.write_page(k, row.astype(np.int64).tobytes())
+            copies[node.id] = slots
+        self.tree.check_invariants()            # lent slots are counted as held
+        copied = {int(p) for node in self.tree.iter_nodes() if node.id in copies
+                  for p in node.pages}
+        index, saved = [], set()
+        for node in self.tree.iter_nodes():
+            pid = node.parent.id if node.parent.depth else None
+            if pid is not None and pid not in saved:
+                continue
+            if node.tier == DISK:
+                keys = self.tiers.local(DISK, node.pages).tolist()
+            elif node.id in copies:
+                keys = copies[node.id].tolist()
+            else:
+                continue
+            saved.add(node.id)
+            index.append((node.id, pid, node.namespace, node.tokens, keys, node.last_access))
+        # The model: a page comes back iff every page of its path was on disk.
+        on_disk = {k for k, (tier, page) in self.where.items()
+                   if tier == DISK or page in copied}
+        expected = {(ns, prefix) for ns, prefix in self.where
+                    if all((ns, prefix[:j * ps]) in on_disk
+                           for j in range(1, len(prefix) // ps + 1))}
+
+        old_disk = self.disk
+        self.tree = RadixCache(ps, "lru")
+        self.disk = FakeDisk()
+        self.tiers = LowerTiers(self.tree, self.num_pages, self.host_pages, self.disk_pages,
+                                self.disk, page_bytes=8 * ps)
+        self.mem = PagedMemory(self.num_pages, self.tree)
+        self.kv1[:] = -1
+        self.kv2[:] = -1
+        placed = {}
+        for old_id, pid, ns, tokens, keys, last in index:
+            node = self.tiers.restore_disk_node(placed.get(pid), tokens, ns, last)
+            assert node is not None, "an indexed node did not fit the same disk tier"
+            for slot, key in zip(self.tiers.local(DISK, node.pages).tolist(), keys):
+                self.disk.pages[slot] = old_disk.pages[key]     # TierPages.adopt
+            placed[old_id] = node
+        event(f"restart restored {len(placed)} nodes")
+        now = self.tree_map()
+        assert set(now) == expected, "restored pages != the model's"
+        assert all(tier == DISK for tier, _ in now.values())
+        assert self.tiers.used_pages(DISK) * ps == self.tiers.tokens(DISK) == len(now) * ps
+        self.dropped += (len(self.where) - len(expected)) * ps
+        self.where = now
+        self.by_id = {page: key for key, (tier, page) in now.items()}
+        self.learned = 0
 
     # ------------------------------------------------------------------ invariants
     @invariant()

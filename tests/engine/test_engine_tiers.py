@@ -132,7 +132,7 @@ def test_a_flipped_byte_on_disk_is_recomputed(model_fp32, uncached, tmp_path):
     flipped = []
 
     def flip_all_disk_pages():
-        for path in sorted((tmp_path / "tier").rglob("*")):
+        for path in sorted((tmp_path / "pages").rglob("*")):
             if path.is_file() and path.stat().st_size > 4096:
                 data = bytearray(path.read_bytes())
                 data[-100] ^= 0x40

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine_helpers import QUESTIONS, chat_ids, collect, make_engine, run_all, wait_idle
+from radixserve.cache.tiers import DISK
 from radixserve.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
@@ -47,7 +48,10 @@ def test_restart_hits_the_system_prompt_on_the_first_request(model_fp32, tmp_pat
     [result] = run_all(second, prompts[1:2], GREEDY)
     assert result.token_ids[0] == expected[1]
     shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1])) if a != b)
-    assert result.final.usage.cached_tokens == shared     # a partial page copied too
+    # Restored as disk-tier nodes: the whole pages are loaded (a partial page of a node
+    # outside the pool is not copied-on-write, as for any tier load).
+    assert result.final.usage.cached_tokens == shared - shared % PAGE_SIZE
+    assert second.stats().tiers["l3"]["loaded_tokens"] >= shared - shared % PAGE_SIZE
     stats = second.stats().kv_disk
     assert stats["corrupt_pages"] == 0 and stats["restored_tokens"] >= shared - PAGE_SIZE
 
@@ -123,3 +127,59 @@ def test_host_tier_contents_are_saved_and_restored(model_fp32, tmp_path):
     [result] = run_in_turn(second, prompts[:1])
     assert result.token_ids[0] == expected
     assert result.final.usage.cached_tokens >= len(prompts[0]) - PAGE_SIZE - 1
+
+
+def test_one_store_restored_as_disk_tier_nodes(model_fp32, tmp_path):
+    """The disk tier and the saved cache are one store: prefixes demoted to L3 are indexed
+    from their own files (not written again), the whole directory stays under the one
+    --kv-disk-bytes, and a restart rebuilds every node in L3 without taking pool pages;
+    the first request loads its prefix from there."""
+    from test_engine_tiers import pool_for, run_in_turn, scenario
+
+    probe = make_engine(model_fp32, disable_radix_cache=True)
+    prompts = scenario(probe)[:-1]                  # A, then five others pushing A out
+    expected = run_in_turn(probe, prompts[:1])[0].token_ids[0]
+    small = pool_for(prompts) // PAGE_SIZE * PAGE_SIZE + 2 * PAGE_SIZE + 16
+    budget = 64 << 20
+    kv = tmp_path / "kv"
+    first = make_engine(model_fp32, page_size=PAGE_SIZE, kv_cache_tokens=small,
+                        kv_disk_dir=str(kv), kv_disk_bytes=budget)
+    run_in_turn(first, prompts)
+    l3 = first.stats().tiers["l3"]
+    assert l3["demoted_tokens"] > 0
+    report = first.persistence.last_save
+    assert report.complete
+    # Pages the disk tier held were indexed from its files: only the pool's were written.
+    assert report.pages_written * PAGE_SIZE <= small
+    assert report.pages_kept * PAGE_SIZE == first.tiers.tokens(DISK) > 0
+    # The copies of pool pages took disk-tier slots: the tier's use counts both.
+    assert l3["cached_tokens"] == (report.pages_kept + report.pages_written) * PAGE_SIZE
+    used = sum(p.stat().st_size for p in (kv / "pages").glob("*.page"))
+    assert 0 < used <= budget
+
+    second = make_engine(model_fp32, page_size=PAGE_SIZE, kv_cache_tokens=small,
+                         kv_disk_dir=str(kv), kv_disk_bytes=budget)
+
+    async def main():
+        await second.start()
+        try:
+            restored = second.persistence.restored
+            second.check_invariants()
+            at_start = (second.tree.total_tokens, second.memory.num_free,
+                        second.stats().tiers["l3"]["cached_tokens"])
+            result = await collect(second.generate(prompts[0], GREEDY))
+            await wait_idle(second)
+            second.check_invariants()
+            return restored, at_start, result
+        finally:
+            await second.shutdown()
+
+    restored, (pool_tokens, free, l3_tokens), result = asyncio.run(main())
+    assert restored.tokens > small and restored.skipped_nodes == 0   # more than L1 holds
+    assert pool_tokens == 0 and free == second.runner.num_pages     # no pool page taken
+    assert l3_tokens == restored.tokens
+    assert result.token_ids[0] == expected
+    assert result.final.usage.cached_tokens >= len(prompts[0]) - 2 * PAGE_SIZE
+    stats = second.stats()
+    assert stats.tiers["l3"]["loaded_tokens"] >= len(prompts[0]) - 2 * PAGE_SIZE
+    assert stats.tiers["corrupt_pages"] == 0

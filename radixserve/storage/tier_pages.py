@@ -1,0 +1,76 @@
+"""TierPages: the disk tier (L3) as slots over the one DiskPageStore of --kv-disk-dir.
+
+The cache's bookkeeping (cache/tiers.py) addresses disk pages by slot, `[0, capacity)`,
+reused as pages come and go; the store names page files by keys that are never reused (an
+index on disk must never name a later write). This maps each slot to the key of the file
+holding it now, so the disk tier's pages and the saved cache's pages are the same files:
+the saver indexes an L3 node by its slots' keys, and a restore hands the index's keys to
+fresh slots (`adopt`) without reading them (the load path checks their CRC).
+
+While a save is writing its index (`holding_drops`), dropped pages stay on disk, so the
+index never names a file removed between the walk that chose it and its write; they are
+removed afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+from .disk_store import DiskPageStore
+
+__all__ = ["TierPages"]
+
+
+class TierPages:
+    def __init__(self, store: DiskPageStore):
+        self.store = store
+        self._key: dict[int, int] = {}          # slot -> page key of its file
+        self._lock = threading.Lock()
+        self._held: list[int] | None = None     # keys dropped while a save holds drops
+
+    def write_page(self, slot: int, payload: bytes) -> None:
+        """Store the slot's page under a new key (DiskStoreFull etc.: the slot reads as
+        missing). Runs on the compute thread."""
+        self.drop_page(slot)                    # a stale mapping (its write raced a drop)
+        key = self.store.new_page_key()
+        self.store.write_page(key, payload)
+        with self._lock:
+            self._key[slot] = key
+
+    def read_page(self, slot: int) -> bytes | None:
+        key = self._key.get(slot)
+        return None if key is None else self.store.read_page(key)
+
+    def drop_page(self, slot: int) -> None:
+        with self._lock:
+            key = self._key.pop(slot, None)
+            if key is not None and self._held is not None:
+                self._held.append(key)
+                return
+        if key is not None:
+            self.store.drop_page(key)
+
+    def adopt(self, slot: int, key: int) -> None:
+        """A restored page: `slot` is held by the file `key` (not read here)."""
+        with self._lock:
+            self._key[slot] = key
+
+    def key_of(self, slot: int) -> int | None:
+        return self._key.get(slot)
+
+    @contextmanager
+    def holding_drops(self) -> Iterator[None]:
+        with self._lock:
+            self._held = []
+        try:
+            yield
+        finally:
+            with self._lock:
+                held, self._held = self._held, None
+            for key in held:
+                self.store.drop_page(key)
+
+    def close(self) -> None:
+        """Nothing of its own: the store is closed by its owner (the persistence)."""
