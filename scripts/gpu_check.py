@@ -361,6 +361,14 @@ def _import_script(name: str):
     return module
 
 
+async def greedy_tokens(engine, prompt: list[int], params) -> list[int]:
+    """Every token of one request's reply, streamed from ``engine``."""
+    tokens = []
+    async for out in engine.generate(prompt, params):
+        tokens += out.token_ids
+    return tokens
+
+
 def _greedy_run(loaded, prompts: list[list[int]], max_tokens: int, **config) -> dict:
     """The prompts through an Engine; greedy, exactly max_tokens tokens each."""
     import asyncio
@@ -377,10 +385,7 @@ def _greedy_run(loaded, prompts: list[list[int]], max_tokens: int, **config) -> 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
     async def one(prompt):
-        tokens = []
-        async for out in engine.generate(prompt, params):
-            tokens += out.token_ids
-        return tokens
+        return await greedy_tokens(engine, prompt, params)
 
     async def run():
         await engine.start()

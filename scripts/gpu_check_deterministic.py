@@ -35,10 +35,7 @@ def _tokens(gc: ModuleType, loaded, prompts, max_tokens, one_at_a_time,
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
     async def one(prompt):
-        tokens = []
-        async for out in engine.generate(prompt, params):
-            tokens += out.token_ids
-        return tokens
+        return await gc.greedy_tokens(engine, prompt, params)
 
     async def run():
         await engine.start()
