@@ -187,7 +187,8 @@ def main() -> None:
               f"{(pct(ttft, 0.9) if ttft else float('nan')):>12.2f}"
               f"{r.get('cached', 0) / n_prompt:>9.1%}"
               f"{r.get('sched_ms', float('nan')):>15.2f}"
-              f"{floor:>9.2f}{floor / r['wall']:>11.1%}")
+              + (f"{floor:>9.2f}{floor / r['wall']:>11.1%}" if floor == floor  # not nan
+                 else f"{'-':>9}{'-':>11}"))
     on, off = runs["cache on"], runs["cache off"]
     ons = [r for name, r in runs.items() if name.startswith("cache on")]
     on_wall = statistics.mean(r["wall"] for r in ons)
