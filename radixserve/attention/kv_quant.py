@@ -18,6 +18,7 @@ FP8 KV does): codes are K/V themselves in fp8 and the scale tensor holds 1.0.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -180,11 +181,16 @@ class FoldedRows:
     lift: float = 1.0
 
 
-def can_fold(dtype: torch.dtype) -> bool:
-    """Whether decode attention in ``dtype`` may read FoldedRows: unscaled codes reach
+def can_fold(dtype: torch.dtype, codecs: Sequence[KVCodec]) -> bool:
+    """Whether decode attention in ``dtype`` may read FoldedRows of pages in ``codecs``.
+
+    Only per-token scales fold: flashinfer's one per-tensor scale (CUDA pools, where the
+    torch backend is the GPU check's reference and int8's fallback) has nothing per token to
+    fold, so those pages decode in the gather. And only in bf16/fp32: unscaled codes reach
     57344 (e5m2) or 2^-111 (e4m3 moved by bits into bf16), which bf16 and fp32 hold with
     room for q . k sums, and fp16 (max 65504, min normal 2^-14) does not."""
-    return dtype in (torch.bfloat16, torch.float32)
+    return (dtype in (torch.bfloat16, torch.float32)
+            and all(c.fixed_scale is None for c in codecs))
 
 
 def gather_folded(codec: KVCodec, flat: torch.Tensor, scales_flat: torch.Tensor | None,

@@ -213,10 +213,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         hkv, d, dt = self.num_kv_heads, self.head_dim, q.dtype
         # Fold the GQA group into the query dim: q head h = kv_head * group + g.
         qd = q.index_select(0, c.tokens).view(c.batch, hkv, self.group, d)
-        # Per-token scales fold into scores and probabilities; flashinfer's one per-tensor
-        # scale (CUDA pools, where this backend is the GPU check's reference and int8's
-        # fallback) has nothing per token to fold, so those pools decode in the gather.
-        if kv_pool.quantized and can_fold(dt) and kv_pool.k_codec.fixed_scale is None:
+        if kv_pool.quantized and can_fold(dt, (kv_pool.k_codec, kv_pool.v_codec)):
             self._decode_quantized(c, layer, qd, kv_pool, out, lse)
             return
         kb, vb = self._gather(kv_pool, layer, c.rows, dt)
