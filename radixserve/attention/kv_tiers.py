@@ -9,12 +9,13 @@ A disk page is the same data as bytes, in the one layout `page_bytes` defines.
 thread, strictly in issue order (cache/tiers.py says why that order is safe), each order
 batched over its pages: one gather and one scatter per tensor. The runner calls it at the
 start of a step, before copy-on-write and the forward pass: pool pages an eviction freed
-are read before the step writes into them.
+are read before the step writes into them. A demotion to disk copies the pages' bytes out
+and hands them to the disk writer's queue (storage/disk_writer.py); the file is written
+off the step, on the writer's thread.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,13 +28,14 @@ from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.page_bytes import bytes_to_pages, pool_tensors, rows_to_bytes
 from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
 
-log = logging.getLogger(__name__)
-
 __all__ = ["HostKVPool", "MoveTimes", "PageWriter", "TierMover"]
 
 
 class PageWriter(Protocol):
-    def write_page(self, page_key: int, payload: bytes) -> None: ...
+    """Takes a demoted page's bytes for the disk (storage/disk_writer.py: DiskWriter,
+    whose thread writes them; blocks while its queue is full)."""
+
+    def submit(self, page_key: int, payload: bytes) -> None: ...
 
 
 class HostKVPool:
@@ -69,7 +71,6 @@ class TierMover:
         self.host = host
         self.disk = disk
         self.device = pool.device
-        self.failed_writes = 0
 
     def run(self, moves: Sequence[DemoteOrder | LoadOrder]) -> MoveTimes:
         times = MoveTimes()
@@ -119,15 +120,11 @@ class TierMover:
             self._scatter(HOST, mv.dst, self._gather(mv.src_tier, mv.src))
             return
         assert mv.dst_tier == DISK
+        # The bytes are copied out here, before the step reuses the source pages; the
+        # writer thread makes them durable (the tree hears of it on its own thread).
         payloads = rows_to_bytes(self._tensors(mv.src_tier), mv.src.tolist())
         for key, payload in zip(mv.dst.tolist(), payloads):
-            try:
-                self.disk.write_page(key, payload)
-            except Exception as e:      # full, refused, I/O: the page reads as missing
-                self.failed_writes += 1
-                if self.failed_writes == 1:
-                    log.warning("disk tier: a page write failed (%s: %s); such pages are "
-                                "recomputed when needed", type(e).__name__, e)
+            self.disk.submit(key, payload)
 
     def _load(self, mv: LoadOrder) -> None:
         if mv.src_tier == HOST:

@@ -29,8 +29,17 @@ reads of a load):
   the order that read it (the pool page an eviction frees is read by its DemoteOrder before
   the step writes into it; a host slot freed by a load is read before a later demote
   writes it). The one read out of order is a load's disk read, done when the order is
-  made: a node whose disk write has not run yet (`pending_writes`) is neither loaded nor
-  dropped until `moves_done()` says the orders ran.
+  made: a node whose disk write is not durable yet (`pending_writes`) is not pushed out
+  until its write is reported done, and is loaded from the writer's queue (`held_page`) once
+  its order has run, not before.
+- Disk writes: a DemoteOrder to disk only copies the page bytes out (compute thread) and
+  queues them for a writer thread (storage/disk_writer.py). Its results reach the tree on
+  the tree's own thread (`collect_writes`, from `moves_done` and `plan_load`): a written
+  slot stops being pending; a failed one drops its node like an ordinary eviction
+  (`counters.failed_writes`). A pending slot whose node leaves the tree meanwhile (flushed,
+  dropped, recomputed into the pool) is `orphaned`: neither free nor reused until its
+  write is over, then its file is removed and the slot freed. Without a writer (`writer`
+  None: writes run inside the order) `moves_done` ends every pending write.
 - Save and restore (engine/kv_persistence.py): the cache saver borrows disk slots for its
   on-disk copies of pool/host pages (`lend_disk_slots`, held outside the tree and counted
   by `check`), so saved copies and the disk tier share one budget; a restart rebuilds the
@@ -52,7 +61,7 @@ if TYPE_CHECKING:
     from .tree_node import TreeNode
 
 __all__ = ["POOL", "HOST", "DISK", "TIER_NAMES", "DemoteOrder", "LoadOrder", "LoadPlan",
-           "LowerTiers", "PageStore", "TierCounters"]
+           "LowerTiers", "PageStore", "TierCounters", "WriteResults"]
 
 POOL, HOST, DISK = 1, 2, 3
 TIER_NAMES = {POOL: "l1", HOST: "l2", DISK: "l3"}
@@ -90,10 +99,27 @@ class PageStore(Protocol):
     def drop_page(self, page_key: int) -> None: ...
 
 
+class WriteResults(Protocol):
+    """The disk writer's reports (storage/disk_writer.py: DiskWriter), as disk keys."""
+
+    def take_finished(self) -> tuple[list[int], list[int]]:
+        """(written, failed) since the last call."""
+
+    def held_page(self, key: int) -> bytes | None:
+        """A queued page's bytes until its result is taken (None: not queued yet)."""
+
+    def drain(self) -> None:
+        """Block until every page queued so far is written or has failed."""
+
+    def close(self) -> None:
+        """Drain, then stop."""
+
+
 @dataclass
 class TierCounters:
     """Cumulative, by tier name ("l2", "l3"): tokens demoted into a tier, loaded from it,
-    dropped from it, and the bytes moved in and out; corrupt disk pages."""
+    dropped from it, and the bytes moved in and out; corrupt disk pages; disk writes that
+    failed (their pages were dropped instead of demoted)."""
 
     demoted_tokens: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
     loaded_tokens: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
@@ -101,6 +127,7 @@ class TierCounters:
     bytes_in: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
     bytes_out: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
     corrupt_pages: int = 0
+    failed_writes: int = 0
 
 
 @dataclass
@@ -135,7 +162,9 @@ class LowerTiers:
         self.offset = {HOST: pool_pages, DISK: pool_pages + host_pages}
         self.alloc = {HOST: PageAllocator(host_pages), DISK: PageAllocator(disk_pages)}
         self.nodes: dict[int, dict[int, TreeNode]] = {HOST: {}, DISK: {}}   # by node id
-        self.pending_writes: set[int] = set()   # disk ids whose write has not run yet
+        self.pending_writes: set[int] = set()   # disk ids whose write is not durable yet
+        self.orphaned: set[int] = set()         # pending disk ids whose node left the tree
+        self.writer: WriteResults | None = None     # None: writes run inside the orders
         # Disk slots lent to the cache saver for on-disk copies of pool/host pages (local
         # ids): the saved cache and the disk tier share one budget, the disk tier's slots.
         self.lent: set[int] = set()
@@ -161,8 +190,41 @@ class LowerTiers:
         return moves
 
     def moves_done(self) -> None:
-        """Every order taken so far has run: pending disk writes are on disk now."""
-        self.pending_writes.clear()
+        """Every order taken so far has run. Without a writer thread their disk writes are
+        on disk now; with one, collect what it has finished."""
+        if self.writer is None:
+            off = self.offset[DISK]
+            self.writes_finished(sorted(k - off for k in self.pending_writes), [])
+        else:
+            self.collect_writes()
+
+    def collect_writes(self) -> None:
+        """Apply the disk writer's results (on the thread that owns the tree)."""
+        if self.writer is not None and self.pending_writes:
+            self.writes_finished(*self.writer.take_finished())
+
+    def writes_finished(self, written: Sequence[int], failed: Sequence[int]) -> None:
+        """Disk keys now durable, and keys whose write failed: the nodes holding failed
+        keys are dropped (with their branch, all disk nodes) as an ordinary eviction
+        would; orphaned keys get their slot back (and their file removed)."""
+        off = self.offset[DISK]
+        for key in written:
+            self.pending_writes.discard(key + off)
+        bad = {key + off for key in failed}
+        self.pending_writes.difference_update(bad)
+        self.counters.failed_writes += len(bad)
+        done = [key for key in (*written, *failed) if key + off in self.orphaned]
+        for key in done:
+            self.orphaned.discard(key + off)
+        if done:
+            self._release_ids(DISK, np.asarray(done, dtype=np.int64) + off)
+        bad -= {key + off for key in done}
+        if bad:
+            hit = [n for n in self.nodes[DISK].values()
+                   if not bad.isdisjoint(n.pages.tolist())]
+            for node in hit:
+                if node.id in self.nodes[DISK]:     # not dropped with an earlier one
+                    self._drop_branch(node)
 
     def local(self, tier: int, ids: np.ndarray) -> np.ndarray:
         """Tree ids of `tier` as that tier's own slot ids / disk keys."""
@@ -208,6 +270,8 @@ class LowerTiers:
         """Free `n` ids of `tier`: its victims in policy order go down a tier (or are
         dropped from the last one)."""
         a = self.alloc[tier]
+        if tier == DISK:
+            self.collect_writes()       # written pages may go; orphaned slots come back
         while a.num_free < n:
             progress = False
             for victim in self._victims(tier):
@@ -276,12 +340,18 @@ class LowerTiers:
         the plan, and the tree is cut before it and the rest of that branch dropped (when
         nobody holds a lock in it), so the prefix from that page on is recomputed.
         """
+        self.collect_writes()
         nodes: list[TreeNode] = []
         payloads: list[tuple[bytes, ...]] = []
         for node in lower:
-            if node.tier > max_tier or node.parent is None or self._pending(node):
+            if node.tier > max_tier or node.parent is None:
                 break
-            if node.tier == DISK:
+            if self._pending(node):
+                held = self._held(node)     # its write is queued: load its bytes from there
+                if held is None:
+                    break
+                payloads.append(held)
+            elif node.tier == DISK:
                 got = self._read(node)
                 if len(got) < len(node.pages):
                     if got:
@@ -298,6 +368,15 @@ class LowerTiers:
             return None
         self.tree.lock(nodes[-1])
         return LoadPlan(nodes, payloads)
+
+    def _held(self, node: TreeNode) -> tuple[bytes, ...] | None:
+        """A pending disk node's pages from the writer's queue; None unless all are there
+        (an order not run yet has not handed them over)."""
+        if self.writer is None:
+            return None
+        got = tuple(self.writer.held_page(key)
+                    for key in self.local(DISK, node.pages).tolist())
+        return None if None in got else got
 
     def _read(self, node: TreeNode) -> tuple[bytes, ...]:
         got = []
@@ -395,6 +474,13 @@ class LowerTiers:
         self._release_ids(tier, node.pages)
 
     def _release_ids(self, tier: int, ids: np.ndarray) -> None:
+        if tier == DISK and self.pending_writes:
+            # A write still in flight: the slot waits for it (writes_finished frees it).
+            waiting = [i for i in ids.tolist() if i in self.pending_writes]
+            if waiting:
+                self.orphaned.update(waiting)
+                ids = np.asarray([i for i in ids.tolist() if i not in self.pending_writes],
+                                 dtype=np.int64)
         local = self.local(tier, ids)
         if tier == DISK:
             for key in local.tolist():
@@ -436,6 +522,8 @@ class LowerTiers:
             held = [self.local(tier, n.pages) for n in found[tier].values()]
             if tier == DISK:
                 held.append(np.fromiter(self.lent, dtype=np.int64, count=len(self.lent)))
+                held.append(self.local(DISK, np.fromiter(self.orphaned, dtype=np.int64,
+                                                         count=len(self.orphaned))))
             ids = np.concatenate([a.free_page_ids(), *held]).astype(np.int64)
             uniq = np.unique(ids)
             assert len(uniq) == len(ids) == a.num_pages and \

@@ -153,6 +153,9 @@ class Engine(OneProcessStats):
                 and self._failure is None):
             report = await self.persistence.save(save_by)
             log.info("KV disk store: saved on shutdown: %s", report.as_dict())
+        if self.tiers is not None and self.tiers.writer is not None:
+            await asyncio.to_thread(self.tiers.writer.close)    # queued pages written
+            self.tiers.collect_writes()
         if self.persistence is not None:
             self.persistence.store.close()      # another engine may open the directory
         if self.tiers is not None and self.tiers.disk is not None:
