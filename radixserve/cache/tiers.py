@@ -19,7 +19,9 @@ reads of a load):
   no child in host memory) down to disk; making room on disk drops disk leaves.
 - Load: a match reports the lower nodes continuing its pool part (`MatchResult.lower`).
   `plan_load` reads their disk pages (checksums checked by the store: a page that fails is
-  treated as missing, the node is cut there and the rest dropped) and locks them; the
+  treated as missing, the node is cut there and the rest dropped) and locks them. With a
+  `reader` the reads run on its thread: the first plan asks for them and raises
+  ReadPending (the request waits; nothing changed), a later one takes the results. The
   caller allocates pool pages; `load` moves the nodes into the pool on them and queues
   `LoadOrder`s. An insert running over lower nodes (the tokens were recomputed) moves them
   into the pool on the caller's pages the same way (`RadixCache.enter_pool`).
@@ -34,7 +36,7 @@ reads of a load):
   its order has run, not before.
 - Disk writes: a DemoteOrder to disk only copies the page bytes out (compute thread) and
   queues them for a writer thread (storage/disk_writer.py). Its results reach the tree on
-  the tree's own thread (`collect_writes`, from `moves_done` and `plan_load`): a written
+  the tree's own thread (`collect_io`, from `moves_done` and `plan_load`): a written
   slot stops being pending; a failed one drops its node like an ordinary eviction
   (`counters.failed_writes`). A pending slot whose node leaves the tree meanwhile (flushed,
   dropped, recomputed into the pool) is `orphaned`: neither free nor reused until its
@@ -61,7 +63,8 @@ if TYPE_CHECKING:
     from .tree_node import TreeNode
 
 __all__ = ["POOL", "HOST", "DISK", "TIER_NAMES", "DemoteOrder", "LoadOrder", "LoadPlan",
-           "LowerTiers", "PageStore", "TierCounters", "WriteResults"]
+           "LowerTiers", "PageStore", "ReadPending", "ReadResults", "TierCounters",
+           "WriteResults"]
 
 POOL, HOST, DISK = 1, 2, 3
 TIER_NAMES = {POOL: "l1", HOST: "l2", DISK: "l3"}
@@ -115,6 +118,27 @@ class WriteResults(Protocol):
         """Drain, then stop."""
 
 
+class ReadResults(Protocol):
+    """The disk reader (storage/disk_reader.py: DiskReader), by disk key."""
+
+    def request(self, keys: list[int]) -> None: ...
+
+    def asked(self, key: int) -> bool: ...
+
+    def ready(self, key: int) -> bool: ...
+
+    def take(self, key: int) -> bytes | None: ...
+
+    def take_finished(self) -> list[int]: ...
+
+    def discard(self, key: int) -> None: ...
+
+
+class ReadPending(Exception):
+    """The match continues on disk and its pages are being read off the tree's thread:
+    admit the request later (nothing was changed or locked)."""
+
+
 @dataclass
 class TierCounters:
     """Cumulative, by tier name ("l2", "l3"): tokens demoted into a tier, loaded from it,
@@ -165,6 +189,8 @@ class LowerTiers:
         self.pending_writes: set[int] = set()   # disk ids whose write is not durable yet
         self.orphaned: set[int] = set()         # pending disk ids whose node left the tree
         self.writer: WriteResults | None = None     # None: writes run inside the orders
+        self.reader: ReadResults | None = None      # None: plan_load reads the disk itself
+        self.reading: set[int] = set()          # disk ids whose read is in flight
         # Disk slots lent to the cache saver for on-disk copies of pool/host pages (local
         # ids): the saved cache and the disk tier share one budget, the disk tier's slots.
         self.lent: set[int] = set()
@@ -196,10 +222,15 @@ class LowerTiers:
             off = self.offset[DISK]
             self.writes_finished(sorted(k - off for k in self.pending_writes), [])
         else:
-            self.collect_writes()
+            self.collect_io()
 
-    def collect_writes(self) -> None:
-        """Apply the disk writer's results (on the thread that owns the tree)."""
+    def collect_io(self) -> None:
+        """Apply the disk writer's and reader's results (on the thread that owns the
+        tree)."""
+        if self.reader is not None and self.reading:
+            off = self.offset[DISK]
+            self.reading.difference_update(k + off for k in self.reader.take_finished())
+            self._settle_orphans()
         if self.writer is not None and self.pending_writes:
             self.writes_finished(*self.writer.take_finished())
 
@@ -213,12 +244,8 @@ class LowerTiers:
         bad = {key + off for key in failed}
         self.pending_writes.difference_update(bad)
         self.counters.failed_writes += len(bad)
-        done = [key for key in (*written, *failed) if key + off in self.orphaned]
-        for key in done:
-            self.orphaned.discard(key + off)
-        if done:
-            self._release_ids(DISK, np.asarray(done, dtype=np.int64) + off)
-        bad -= {key + off for key in done}
+        bad -= self.orphaned
+        self._settle_orphans()
         if bad:
             hit = [n for n in self.nodes[DISK].values()
                    if not bad.isdisjoint(n.pages.tolist())]
@@ -271,7 +298,7 @@ class LowerTiers:
         dropped from the last one)."""
         a = self.alloc[tier]
         if tier == DISK:
-            self.collect_writes()       # written pages may go; orphaned slots come back
+            self.collect_io()       # written pages may go; orphaned slots come back
         while a.num_free < n:
             progress = False
             for victim in self._victims(tier):
@@ -340,7 +367,9 @@ class LowerTiers:
         the plan, and the tree is cut before it and the rest of that branch dropped (when
         nobody holds a lock in it), so the prefix from that page on is recomputed.
         """
-        self.collect_writes()
+        self.collect_io()
+        if self.reader is not None and self._ask_reads(lower, max_tier):
+            raise ReadPending
         nodes: list[TreeNode] = []
         payloads: list[tuple[bytes, ...]] = []
         for node in lower:
@@ -378,10 +407,35 @@ class LowerTiers:
                     for key in self.local(DISK, node.pages).tolist())
         return None if None in got else got
 
+    def _ask_reads(self, lower: Sequence[TreeNode], max_tier: int) -> bool:
+        """Ask the reader for the disk pages the plan would read and are not read yet;
+        True when the plan must wait for some."""
+        wait = False
+        for node in lower:
+            if node.tier > max_tier or node.parent is None:
+                break
+            if self._pending(node):
+                if self._held(node) is None:
+                    break
+                continue
+            if node.tier != DISK:
+                continue
+            keys = [k for k in self.local(DISK, node.pages).tolist()
+                    if not self.reader.ready(k)]
+            if keys:
+                wait = True
+                new = [k for k in keys if not self.reader.asked(k)]
+                self.reader.request(new)
+                self.reading.update(k + self.offset[DISK] for k in new)
+        return wait
+
     def _read(self, node: TreeNode) -> tuple[bytes, ...]:
+        """The node's pages, up to the first missing or corrupt one: from the reader's
+        results (read off this thread) or, without a reader, from the disk here."""
         got = []
         for key in self.local(DISK, node.pages).tolist():
-            data = self.disk.read_page(key)
+            data = (self.reader.take(key) if self.reader is not None
+                    else self.disk.read_page(key))
             if data is None:
                 self.counters.corrupt_pages += 1
                 break
@@ -474,18 +528,30 @@ class LowerTiers:
         self._release_ids(tier, node.pages)
 
     def _release_ids(self, tier: int, ids: np.ndarray) -> None:
-        if tier == DISK and self.pending_writes:
-            # A write still in flight: the slot waits for it (writes_finished frees it).
-            waiting = [i for i in ids.tolist() if i in self.pending_writes]
+        if tier == DISK and (self.pending_writes or self.reading):
+            # A write or read still in flight: the slot waits for it (_settle_orphans).
+            waiting = [i for i in ids.tolist() if self._busy(i)]
             if waiting:
                 self.orphaned.update(waiting)
-                ids = np.asarray([i for i in ids.tolist() if i not in self.pending_writes],
+                ids = np.asarray([i for i in ids.tolist() if not self._busy(i)],
                                  dtype=np.int64)
         local = self.local(tier, ids)
         if tier == DISK:
             for key in local.tolist():
+                if self.reader is not None:
+                    self.reader.discard(key)
                 self.disk.drop_page(key)
         self.alloc[tier].free(local)
+
+    def _busy(self, tree_id: int) -> bool:
+        return tree_id in self.pending_writes or tree_id in self.reading
+
+    def _settle_orphans(self) -> None:
+        """Orphaned slots whose write and read are over: file removed, slot free."""
+        done = [i for i in self.orphaned if not self._busy(i)]
+        if done:
+            self.orphaned.difference_update(done)
+            self._release_ids(DISK, np.asarray(done, dtype=np.int64))
 
     def forget(self, nodes: Sequence[TreeNode]) -> None:
         """Flushed nodes: the lower ones give their ids back."""

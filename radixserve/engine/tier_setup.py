@@ -18,6 +18,7 @@ from radixserve.engine.compute_thread import on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.tier_costs import TierCosts
 from radixserve.storage import DiskPageStore, TierPages
+from radixserve.storage.disk_reader import DiskReader
 from radixserve.storage.disk_writer import DiskWriter
 from radixserve.storage.checked_blob import HEADER
 
@@ -53,6 +54,7 @@ def make_tiers(config: EngineConfig, runner, tree: RadixCache,
              disk_pages * page_bytes / 2**20)
     tiers = LowerTiers(tree, runner.num_pages, host_pages, disk_pages, disk, page_bytes)
     tiers.writer = writer
+    tiers.reader = DiskReader(disk) if disk is not None else None    # reads off the loop
     return tiers
 
 

@@ -99,7 +99,7 @@ def test_steps_run_while_the_writer_is_held_and_pages_become_files_after(
             # Open the gate; wait for the queue to drain (an event, not a sleep).
             gate.set()
             await asyncio.to_thread(writer.drain)
-            tiers.collect_writes()
+            tiers.collect_io()
             assert not tiers.pending_writes and not tiers.orphaned
             engine.check_invariants()
             # Every disk node's pages are files now; slots of nodes that left the disk tier
@@ -135,7 +135,7 @@ def test_a_failed_write_drops_the_page_and_replies_stay_correct(model_fp32, expe
                 await wait_idle(engine)
                 engine.check_invariants()
             await asyncio.to_thread(writer.drain)
-            tiers.collect_writes()
+            tiers.collect_io()
             engine.check_invariants()
             assert got == replies
             assert tiers.counters.failed_writes > 0
@@ -185,3 +185,67 @@ def test_a_full_queue_makes_the_step_wait():
     assert done == [1, 2, 3] and failed == []
     assert writer.held_page(1) is None          # reported: read it from disk now
     writer.close()
+
+
+class GatedReads:
+    """Wraps the disk tier's pages: every read waits for `gate`."""
+
+    def __init__(self, inner, gate: threading.Event):
+        self.inner, self.gate = inner, gate
+        self.entered = threading.Event()
+
+    def read_page(self, slot: int) -> bytes | None:
+        self.entered.set()
+        self.gate.wait()
+        return self.inner.read_page(slot)
+
+
+def test_disk_reads_run_off_the_event_loop_and_the_request_waits_for_them(
+        model_fp32, expected, tmp_path):
+    """A's prefix is on disk (durable); its reads are held by a gate. The event loop keeps
+    running and steps another request to its end; A waits, then loads its prefix from
+    disk once the reads pass and replies as without a cache. A watchdog opens the gate
+    (and fails the test) if the reads ran on the loop and blocked it."""
+    prompts, replies = expected
+    engine, writer, write_gate = engine_with_gate(model_fp32, tmp_path, prompts)
+    write_gate.set()
+    tiers = engine.tiers
+    gate = threading.Event()
+    reads = GatedReads(tiers.reader.source, gate)
+    watchdog_fired = threading.Event()
+    watchdog = threading.Timer(GUARD_S, lambda: (watchdog_fired.set(), gate.set()))
+
+    async def main():
+        await engine.start()
+        try:
+            got = []
+            for p in prompts[:-1]:
+                got.append((await collect(engine.generate(p, GREEDY))).token_ids[0])
+                await wait_idle(engine)
+            await asyncio.to_thread(writer.drain)
+            tiers.collect_io()
+            assert not tiers.pending_writes and tiers.nodes[DISK]
+            tiers.reader.source = reads
+            watchdog.start()
+            a = asyncio.create_task(collect(engine.generate(prompts[-1], GREEDY)))
+            await asyncio.to_thread(reads.entered.wait)     # the loop is free meanwhile
+            assert not watchdog_fired.is_set()
+            other = list(range(1000, 1040))                 # nothing of it is cached
+            await asyncio.wait_for(collect(engine.generate(other, GREEDY)), GUARD_S)
+            assert not a.done() and not watchdog_fired.is_set()
+            assert tiers.reading                            # A's reads are in flight
+            engine.check_invariants()
+            gate.set()
+            last = await asyncio.wait_for(a, GUARD_S)
+            got.append(last.token_ids[0])
+            await wait_idle(engine)
+            engine.check_invariants()
+            assert got == replies
+            assert tiers.counters.loaded_tokens["l3"] > 0
+            assert last.final.usage.cached_tokens >= tiers.counters.loaded_tokens["l3"]
+        finally:
+            watchdog.cancel()
+            gate.set()
+            await engine.shutdown()
+    asyncio.run(main())
+    assert not watchdog_fired.is_set()
