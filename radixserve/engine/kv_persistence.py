@@ -222,6 +222,7 @@ class KVPersistence:
 
     def _copy_out(self, todo: list[tuple[bytes, int, int]]) -> list[bytes]:
         """Page bytes of (hash, tier, tree id) entries, in order (compute thread)."""
+        self.runner.mover.wait_copies()     # host slots a side-stream copy still fills
         out: list[bytes | None] = [None] * len(todo)
         for tier in (1, 2):
             rows = [i for i, t in enumerate(todo) if t[1] == tier]
