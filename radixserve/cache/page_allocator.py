@@ -54,15 +54,24 @@ class PageAllocator:
     def num_free(self) -> int:
         return self._top
 
-    def alloc(self, n: int) -> np.ndarray:
-        """`n` free page ids (int32); OutOfPages, with nothing changed, when fewer are free."""
+    @property
+    def stack(self) -> np.ndarray:
+        """The free stack itself: `alloc(n, copy=False)` returns views of it."""
+        return self._stack
+
+    def alloc(self, n: int, copy: bool = True) -> np.ndarray:
+        """`n` free page ids (int32); OutOfPages, with nothing changed, when fewer are free.
+
+        `copy=False`: a view of the free stack, valid only until the next free (which
+        overwrites those slots): for a caller that copies it at once."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} pages")
         if n > self._top:
             raise OutOfPages(n, self._top)
         top = self._top - n
         self._top = top
-        return self._stack[top:top + n].copy()
+        ids = self._stack[top:top + n]
+        return ids.copy() if copy else ids
 
     def free(self, pages: np.ndarray | Sequence[int]) -> None:
         """Return pages to the free list. PageAccountingError (nothing changed) on a bad id."""
