@@ -83,7 +83,7 @@ class PagedMemory:
                 parts.insert(0, self._free_list.alloc(free, copy=False))
         if len(head):
             parts.insert(0, head)
-        if len(parts) == 1 and parts[0].base is self._free_list.stack:
+        if len(parts) == 1 and self._free_list.is_stack_view(parts[0]):
             pages = parts[0].copy()     # the free stack's slots are reused by the next free
             pages.flags.writeable = False
             return pages
