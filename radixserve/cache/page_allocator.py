@@ -52,6 +52,10 @@ class PageAllocator:
         # Slots below `_pristine` still hold their initial ids (no free has written them
         # since): those ids are handed out as views of this read-only copy, not copied (a
         # fresh pool hands out whole prompts' worth of ids per request).
+        # Python-int views of the same memory, for the one-id free (numpy scalar indexing
+        # costs ~4x a memoryview item; a partial last page is freed on every request).
+        self._stack_items = memoryview(self._stack)
+        self._slot_items = memoryview(self._slot_of)
         self._initial = self._stack.copy()
         self._initial.flags.writeable = False
         self._pristine = num_pages
@@ -91,7 +95,7 @@ class PageAllocator:
         if p.ndim != 1 or p.dtype.kind not in "iu":
             raise PageAccountingError(f"page ids must be a 1-D integer array, got {p.dtype} {p.shape}")
         if k == 1:                 # the common small free (a partial last page): no temporaries
-            self._free_one(int(p[0]))
+            self._free_one(p.item())
             return
         if p.dtype != _INT32:
             if p.min() < 0 or p.max() >= self.num_pages:
@@ -151,12 +155,13 @@ class PageAllocator:
         if not 0 <= page < self.num_pages:
             raise PageAccountingError(f"page id(s) [{page}] outside [0, {self.num_pages})")
         top = self._top
-        slot = int(self._slot_of[page])
-        if slot < top and self._stack[slot] == page:
+        slot = self._slot_items[page]
+        if slot < top and self._stack_items[slot] == page:
             raise PageAccountingError(f"double free: page(s) [{page}] already free")
-        self._pristine = min(self._pristine, top)
-        self._slot_of[page] = top
-        self._stack[top] = page
+        if top < self._pristine:
+            self._pristine = top
+        self._slot_items[page] = top
+        self._stack_items[top] = page
         self._top = top + 1
 
     def free_page_ids(self) -> np.ndarray:
