@@ -294,7 +294,7 @@ class RadixCache:
             self._rekey(handle)
         matched = pos // _ITEM + cow_tokens
         self._hit_tokens += matched
-        cow_page = int(cow_node.pages[0]) if cow_node is not None else -1
+        cow_page = cow_node.pages.item(0) if cow_node is not None else -1
         return MatchResult(matched, join_pages(parts), handle, cow_page, cow_tokens, lower)
 
     @staticmethod
@@ -488,7 +488,7 @@ class RadixCache:
                 or node.lock_ref <= 0:
             return False
         last = node.depth // self.page_size - 1
-        return last < len(pages) and pages[last] == node.pages[-1]
+        return last < len(pages) and pages.item(last) == node.pages.item(-1)
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: TreeNode) -> None:
