@@ -543,19 +543,12 @@ class RadixCache:
         freed: list[np.ndarray] = []
         remaining = num_tokens
         while remaining > 0 and evictable:
-            leaf = evictable.pop(0)[2]
-            leaf.evict_key = None
+            leaf = evictable[0][2]
             need = -(-remaining // ps)
             npages = len(leaf.pages)
-            if npages > need and tiers is not None:
-                self._split(leaf, (npages - need) * ps)     # tiers: demote the tail alone
-                npages = need
-            if npages <= need:
-                freed.append(leaf.pages)
-                remaining -= leaf.num_tokens
-                if tiers is None or not tiers.demote(leaf):
-                    self._remove_leaf(leaf)
-            else:
+            if npages > need and tiers is None:
+                # Only the tail goes: the leaf stays in the set, re-sorted only if its
+                # policy key changed (LRU's and LFU's do not depend on the length).
                 keep = npages - need
                 gone = need * ps
                 freed.append(leaf.pages[keep:])
@@ -565,7 +558,16 @@ class RadixCache:
                 self._total -= gone
                 self._evictable_tokens -= gone
                 remaining -= gone
-                self._make_evictable(leaf)
+                self._rekey(leaf)
+                continue
+            evictable.pop(0)
+            leaf.evict_key = None
+            if npages > need:
+                self._split(leaf, (npages - need) * ps)     # tiers: demote the tail alone
+            freed.append(leaf.pages)
+            remaining -= leaf.num_tokens
+            if tiers is None or not tiers.demote(leaf):
+                self._remove_leaf(leaf)
         self._evicted_tokens += num_tokens - remaining
         return freed
 
