@@ -46,9 +46,6 @@ import time
 from array import array
 from pathlib import Path
 
-
-import numpy as np
-
 from radixserve.cache import PagedMemory, PrefixLease, RadixCache
 from radixserve.cache.token_keys import TYPECODE, prefix
 
