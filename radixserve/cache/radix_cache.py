@@ -453,14 +453,11 @@ class RadixCache:
 
     def _add_leaf(self, parent: TreeNode, key: LazyKey, pos: int, pages: np.ndarray) -> TreeNode:
         """A new evictable leaf under `parent` holding the key from byte `pos` in `pages`
-        (kept as a view when the caller's array is frozen, as PrefixLease's are, and the
-        leaf's ids are at least half of it; else copied: a short leaf after a long shared
-        prefix would pin the request's whole page table, the prefix ids a second time)."""
+        (kept as a view when the caller's array is frozen, as PrefixLease's are; else
+        copied)."""
         if parent.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
             self._remove_evictable(parent)
-        base = pages.base
-        if pages.flags.writeable or not _frozen(pages) or (
-                type(base) is np.ndarray and base.nbytes > 2 * pages.nbytes):
+        if pages.flags.writeable or not _frozen(pages):
             pages = pages.copy()
             pages.flags.writeable = False
         packed, pending = key.edge_from(pos)
