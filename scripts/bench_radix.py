@@ -5,7 +5,7 @@ Per request it makes the tree calls the engine makes, one request at a time (the
 five calls as SGLang's side of the comparison):
 
     match_prefix(prompt, max_tokens=len(prompt) - 1); lock(handle)
-    PagedMemory.alloc(the pages not matched)             # evicts when short
+    PagedMemory.alloc_after(matched pages, the pages not matched)  # evicts when short
     insert(prompt + output, pages, start=handle); free(duplicates); unlock(handle)
 
 `--via-lease` makes the same calls through PrefixLease (cache/prefix_lease.py), as the
@@ -45,9 +45,6 @@ import statistics
 import time
 from array import array
 from pathlib import Path
-
-
-import numpy as np
 
 from radixserve.cache import PagedMemory, PrefixLease, RadixCache
 from radixserve.cache.token_keys import TYPECODE, prefix
@@ -127,9 +124,7 @@ def run_stream(stream, page_size: int, capacity_tokens: int, policy: str,
             m = tree.match_prefix(prompt, max_tokens=len(prompt) - 1)
             tree.lock(m.node)
             n_pages = -(-len(full) // ps)
-            new = memory.alloc(n_pages - len(m.pages))
-            pages = np.concatenate((m.pages, new)) if len(m.pages) else new
-            pages.flags.writeable = False           # never written: the tree keeps a view
+            pages = memory.alloc_after(m.pages, n_pages - len(m.pages))  # read-only
             n_whole = len(full) // ps
             whole_pages = pages[:n_whole]
             r = tree.insert(prefix(full, n_whole * ps), whole_pages, start=m.node)

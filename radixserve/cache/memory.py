@@ -19,7 +19,7 @@ from typing import Iterable
 import numpy as np
 
 from .page_allocator import OutOfPages, PageAllocator
-from .radix_cache import RadixCache
+from .radix_cache import EMPTY_PAGES, RadixCache, join_pages
 
 __all__ = ["PagedMemory"]
 
@@ -57,25 +57,37 @@ class PagedMemory:
         through the free list would only cost time -- and when one evicted edge covers the
         request, its array is handed over without a copy.
         """
+        return self.alloc_after(EMPTY_PAGES, n)
+
+    def alloc_after(self, head: np.ndarray, n: int) -> np.ndarray:
+        """`head` (the caller's page table so far) followed by `n` new private pages, as one
+        read-only array; OutOfPages changes nothing. A request's table grows with one copy
+        of its ids, not one for the new pages and another to append them (12k ids per
+        request on long prompts at page size 1). Subclasses that watch allocations
+        override this method (alloc calls it)."""
         free = self._free_list.num_free
         if n <= free:
-            pages = self._free_list.alloc(n)
+            parts = [self._free_list.alloc(n, copy=False)]   # copied below, before any free
+        else:
+            short = n - free
+            evictable = self.tree.evictable_tokens // self.page_size
+            if short > evictable:
+                raise OutOfPages(n, free + evictable)
+            parts = self.tree.evict_pages(short * self.page_size)
+            got = sum(len(p) for p in parts)
+            if got > short:          # evict frees exactly what whole pages need; be safe anyway
+                extra = join_pages(parts)
+                self._free_list.free(extra[short:])
+                parts = [extra[:short]]
+            if free:
+                parts.insert(0, self._free_list.alloc(free, copy=False))
+        if len(head):
+            parts.insert(0, head)
+        if len(parts) == 1 and self._free_list.is_stack_view(parts[0]):
+            pages = parts[0].copy()     # the free stack's slots are reused by the next free
             pages.flags.writeable = False
             return pages
-        short = n - free
-        evictable = self.tree.evictable_tokens // self.page_size
-        if short > evictable:
-            raise OutOfPages(n, free + evictable)
-        parts = self.tree.evict_pages(short * self.page_size)
-        if free:
-            parts.insert(0, self._free_list.alloc(free))
-        pages = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        if len(pages) != n:          # evict frees exactly what whole pages need; be safe anyway
-            self._free_list.free(pages[n:])
-            pages = pages[:n]
-        if pages.flags.writeable:
-            pages.flags.writeable = False
-        return pages
+        return join_pages(parts)        # one evicted edge's (read-only) array: no copy
 
     def free(self, pages: np.ndarray) -> None:
         """Return private pages to the free list (PageAccountingError on a double free)."""

@@ -49,20 +49,42 @@ class PageAllocator:
         self._slots = np.arange(num_pages, dtype=np.int32)
         self._slot_of = np.empty(num_pages, dtype=np.int32)
         self._slot_of[self._stack] = self._slots
+        # Slots below `_pristine` still hold their initial ids (no free has written them
+        # since): those ids are handed out as views of this read-only copy, not copied (a
+        # fresh pool hands out whole prompts' worth of ids per request).
+        # Python-int views of the same memory, for the one-id free (numpy scalar indexing
+        # costs ~4x a memoryview item; a partial last page is freed on every request).
+        self._stack_items = memoryview(self._stack)
+        self._slot_items = memoryview(self._slot_of)
+        self._initial = self._stack.copy()
+        self._initial.flags.writeable = False
+        self._pristine = num_pages
 
     @property
     def num_free(self) -> int:
         return self._top
 
-    def alloc(self, n: int) -> np.ndarray:
-        """`n` free page ids (int32); OutOfPages, with nothing changed, when fewer are free."""
+    def alloc(self, n: int, copy: bool = True) -> np.ndarray:
+        """`n` free page ids (int32); OutOfPages, with nothing changed, when fewer are free.
+
+        Ids never freed since the start come as a read-only view of the initial ids
+        (nothing to copy); others as a copy, or with `copy=False` as a view of the free
+        stack, valid only until the next free (which overwrites those slots): for a
+        caller that copies it at once (see `is_stack_view`)."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} pages")
         if n > self._top:
             raise OutOfPages(n, self._top)
         top = self._top - n
         self._top = top
-        return self._stack[top:top + n].copy()
+        if top + n <= self._pristine:
+            return self._initial[top:top + n]
+        ids = self._stack[top:top + n]
+        return ids.copy() if copy else ids
+
+    def is_stack_view(self, ids: np.ndarray) -> bool:
+        """Did `alloc(n, copy=False)` return a view of the free stack (valid until a free)?"""
+        return ids.base is self._stack
 
     def free(self, pages: np.ndarray | Sequence[int]) -> None:
         """Return pages to the free list. PageAccountingError (nothing changed) on a bad id."""
@@ -73,7 +95,7 @@ class PageAllocator:
         if p.ndim != 1 or p.dtype.kind not in "iu":
             raise PageAccountingError(f"page ids must be a 1-D integer array, got {p.dtype} {p.shape}")
         if k == 1:                 # the common small free (a partial last page): no temporaries
-            self._free_one(int(p[0]))
+            self._free_one(p.item())
             return
         if p.dtype != _INT32:
             if p.min() < 0 or p.max() >= self.num_pages:
@@ -98,6 +120,7 @@ class PageAllocator:
         if k > self.num_pages - top:
             self._raise_duplicates(p)
         slots = self._slots[top:top + k]
+        self._pristine = min(self._pristine, top)
         self._slot_of[p] = slots
         if self._slot_of[p].tobytes() != slots.tobytes():
             self._raise_duplicates(p)
@@ -123,6 +146,7 @@ class PageAllocator:
                 raise PageAccountingError(
                     f"double free: page(s) {maybe[free_now][:16].tolist()} already free")
         k = len(p)
+        self._pristine = min(self._pristine, top)
         self._slot_of[p] = self._slots[top:top + k]
         self._stack[top:top + k] = p
         self._top = top + k
@@ -131,11 +155,13 @@ class PageAllocator:
         if not 0 <= page < self.num_pages:
             raise PageAccountingError(f"page id(s) [{page}] outside [0, {self.num_pages})")
         top = self._top
-        slot = int(self._slot_of[page])
-        if slot < top and self._stack[slot] == page:
+        slot = self._slot_items[page]
+        if slot < top and self._stack_items[slot] == page:
             raise PageAccountingError(f"double free: page(s) [{page}] already free")
-        self._slot_of[page] = top
-        self._stack[top] = page
+        if top < self._pristine:
+            self._pristine = top
+        self._slot_items[page] = top
+        self._stack_items[top] = page
         self._top = top + 1
 
     def free_page_ids(self) -> np.ndarray:

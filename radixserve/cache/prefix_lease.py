@@ -43,7 +43,7 @@ import numpy as np
 
 from .memory import PagedMemory
 from .page_allocator import OutOfPages
-from .radix_cache import EMPTY_PAGES, MatchResult
+from .radix_cache import EMPTY_PAGES, MatchResult, join_pages
 from .token_keys import TokenIds, prefix
 from .tree_node import TreeNode
 
@@ -129,16 +129,14 @@ class PrefixLease:
         if plan is None:
             return 0
         try:
-            new = self.memory.alloc(plan.num_pages)
+            pages = self.memory.alloc_after(self.pages, plan.num_pages)
         except OutOfPages:
             tiers.cancel(plan)
             return 0
-        end = tiers.load(plan, new)
+        end = tiers.load(plan, pages[len(self.pages):])
         if self.node is not None:
             self.tree.unlock(self.node)
         self.node = end
-        pages = np.concatenate((self.pages, new)) if len(self.pages) else new
-        pages.flags.writeable = False
         self.pages = pages
         self.num_tree_pages = len(pages)
         self.matched_tokens = len(pages) * self.page_size
@@ -152,13 +150,12 @@ class PrefixLease:
         """
         if num_pages <= 0:
             return
-        new = self.memory.alloc(num_pages)
+        # Read-only (never written in place: the tree may keep views); one copy in all.
+        pages = self.memory.alloc_after(self.pages, num_pages)
         if self._cow is not None:
             src, n = self._cow
-            self.copy_orders.append(CopyOrder(src, int(new[0]), n))
+            self.copy_orders.append(CopyOrder(src, int(pages[len(self.pages)]), n))
             self._cow = None
-        pages = np.concatenate((self.pages, new)) if len(self.pages) else new
-        pages.flags.writeable = False       # never written in place: the tree may keep views
         self.pages = pages
 
     def take_copy_orders(self) -> Sequence[CopyOrder]:
@@ -220,9 +217,7 @@ class PrefixLease:
             self.memory.free(duplicates)
         rest = self.pages[full:]
         if len(rest):
-            pages = np.concatenate((result.pages, rest))
-            pages.flags.writeable = False
-            self.pages = pages
+            self.pages = join_pages([result.pages, rest])
         else:
             self.pages = result.pages
         self.num_tree_pages = full

@@ -145,7 +145,7 @@ class PageAtATimeMemory(PagedMemory):
     last, so every evicted page is the farthest-next-use page of the moment.
     """
 
-    def alloc(self, n: int) -> np.ndarray:
+    def alloc_after(self, head: np.ndarray, n: int) -> np.ndarray:
         free = self.num_free
         short = n - free
         if short > 0:
@@ -154,7 +154,7 @@ class PageAtATimeMemory(PagedMemory):
                 raise OutOfPages(n, free + evictable)
             for _ in range(short):
                 self.free(self.tree.evict(self.page_size))
-        return super().alloc(n)             # from the free list alone now
+        return super().alloc_after(head, n)           # from the free list alone now
 
 
 class _TokenView:

@@ -40,10 +40,10 @@ class _Demoting:
 
     on_demote: Callable[[int], None]
 
-    def alloc(self, n: int):
+    def alloc_after(self, head, n: int):
         short = n - self.num_free
         watched = self._watch(short) if short > 0 else []
-        pages = super().alloc(n)
+        pages = super().alloc_after(head, n)
         for node, symbols in watched:
             kept = 0 if node.parent is None else len(node.pages)
             for symbol in symbols[kept:]:

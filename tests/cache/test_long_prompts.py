@@ -122,3 +122,44 @@ def test_array_ids_are_read_in_place_and_stay_growable(ps):
     with pytest.raises(ValueError):
         c.peek_prefix(b"1234567")                  # not whole int64 ids
     c.check_invariants()
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+@pytest.mark.parametrize("kind", ["list", "array"])
+def test_a_difference_anywhere_in_a_long_edge_is_found_exactly(ps, kind):
+    """The bisection inside a differing window finds the first differing token, whatever
+    window it lies in (the windows grow 512, 2048, 8192... tokens) and wherever in it."""
+    n = 40_000
+    ids = list(range(10**6, 10**6 + n))
+    rng = np.random.default_rng(0)
+    spots = [0, 1, 511, 512, 513, 2559, 2560, 10_751, 10_752, n - 2]
+    spots += rng.integers(0, n - 1, size=10).tolist()
+    for at in spots:
+        c = RadixCache(ps)
+        tokens = array("q", ids) if kind == "array" else ids
+        c.insert(tokens, pages_for(n, ps))               # one long edge, kept unpacked
+        query = ids[:at] + [7] + ids[at + 1:]
+        expected = at                                    # brute force: first difference
+        assert c.peek_prefix(query) == expected
+        m = c.match_prefix(query)
+        assert m.matched_tokens == expected, at
+        assert len(m.pages) == expected // ps
+        assert m.pages.tolist() == list(range(expected // ps))
+        c.check_invariants()
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_alloc_after_appends_new_pages_in_one_read_only_table(ps):
+    c = RadixCache(ps)
+    mem = PagedMemory(12, c)
+    head = mem.alloc(3)
+    grown = mem.alloc_after(head, 4)                 # from the free list
+    assert grown[:3].tolist() == head.tolist() and len(grown) == 7
+    assert not grown.flags.writeable and len(set(grown.tolist())) == 7
+    keys = array("q", range(7 * ps))
+    c.insert(keys, grown)                            # the tree holds all 7; 5 are free
+    table = mem.alloc_after(np.array([11], np.int32)[:0], 9)   # 5 free + 4 evicted
+    assert len(table) == 9 and not table.flags.writeable and mem.num_free == 0
+    assert c.total_tokens == 3 * ps
+    mem.free(table)
+    mem.check_conservation()

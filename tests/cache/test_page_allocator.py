@@ -144,3 +144,18 @@ def test_bulk_frees_against_a_set_model(seed):
             held = [i for i in held if i not in set(ids)]
         assert a.num_free == len(free)
         assert sorted(a.free_page_ids().tolist()) == sorted(free)
+
+
+def test_never_freed_ids_come_as_read_only_views_and_freed_ones_as_copies():
+    a = PageAllocator(10)
+    first = a.alloc(3)                       # pristine: a view of the initial ids
+    assert not first.flags.writeable and sorted(first.tolist()) == [0, 1, 2]
+    a.free(first[:1].copy())                 # a free writes the stack above the top
+    again = a.alloc(1)
+    assert again.tolist() == first[:1].tolist()
+    before = first.tolist()
+    more = a.alloc(4)                        # below the freed slot: still pristine ids
+    a.free(np.concatenate([again, more]))
+    assert first.tolist() == before          # handed-out ids never change underneath
+    got = sorted(a.alloc(a.num_free).tolist())
+    assert got == sorted(set(range(10)) - set(first[1:].tolist()))
