@@ -14,10 +14,10 @@ belongs to the page the slot held when it was asked for.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from typing import Protocol
+
+from .queue_worker import QueueWorker
 
 __all__ = ["DiskReader", "SlotReader"]
 
@@ -27,21 +27,17 @@ class SlotReader(Protocol):
     def read_page(self, slot: int) -> bytes | None: ...
 
 
-class DiskReader:
+class DiskReader(QueueWorker[int]):
     """One daemon thread reading requested slots from `source`, in request order."""
 
     def __init__(self, source: SlotReader):
         self.source = source
-        self._queue: queue.Queue[int | None] = queue.Queue()
-        self._lock = threading.Lock()
         self._asked: set[int] = set()           # requested, not yet read
         self._results: dict[int, bytes | None] = {}
         self._finished: list[int] = []          # read since the last take_finished
         self._pages = 0
         self._seconds = 0.0
-        self._thread = threading.Thread(target=self._run, name="radixserve-disk-reader",
-                                        daemon=True)
-        self._thread.start()
+        super().__init__("radixserve-disk-reader")
 
     def request(self, slots: list[int]) -> None:
         """Read these slots (those already asked for or read are not read again)."""
@@ -49,7 +45,7 @@ class DiskReader:
             new = [s for s in slots if s not in self._asked and s not in self._results]
             self._asked.update(new)
         for slot in new:
-            self._queue.put(slot)
+            self._put(slot)
 
     def asked(self, slot: int) -> bool:
         """Requested or read, and not discarded."""
@@ -83,32 +79,16 @@ class DiskReader:
             self._pages, self._seconds = 0, 0.0
         return pages, seconds
 
-    def drain(self) -> None:
-        """Wait until every requested read has ended."""
-        self._queue.join()
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            slot = self._queue.get()
-            try:
-                if slot is None:
-                    return
-                started = time.perf_counter()
-                try:
-                    data = self.source.read_page(slot)
-                except Exception:       # an I/O error reads as a missing page
-                    data = None
-                elapsed = time.perf_counter() - started
-                with self._lock:
-                    self._asked.discard(slot)
-                    self._results[slot] = data
-                    self._finished.append(slot)
-                    self._pages += 1
-                    self._seconds += elapsed
-            finally:
-                self._queue.task_done()
+    def _handle(self, slot: int) -> None:
+        started = time.perf_counter()
+        try:
+            data = self.source.read_page(slot)
+        except Exception:       # an I/O error reads as a missing page
+            data = None
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self._asked.discard(slot)
+            self._results[slot] = data
+            self._finished.append(slot)
+            self._pages += 1
+            self._seconds += elapsed

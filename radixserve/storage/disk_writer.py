@@ -18,9 +18,9 @@ flushes and shutdown call it).
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from typing import Protocol
+
+from .queue_worker import QueueWorker
 
 __all__ = ["DiskWriter", "SlotWriter"]
 
@@ -35,7 +35,7 @@ class SlotWriter(Protocol):
     def write_page(self, slot: int, payload: bytes) -> None: ...
 
 
-class DiskWriter:
+class DiskWriter(QueueWorker[tuple[int, bytes]]):
     """One daemon thread writing `(slot, payload)` pages into `target`, in order."""
 
     def __init__(self, target: SlotWriter, max_pages: int = DEFAULT_MAX_PAGES):
@@ -43,22 +43,18 @@ class DiskWriter:
             raise ValueError("the writer's queue must hold at least one page")
         self.target = target
         self.failed_writes = 0
-        self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(max_pages)
-        self._lock = threading.Lock()
         self._written: list[int] = []
         self._failed: list[int] = []
         self._held: dict[int, bytes] = {}      # slot -> its bytes until the tree hears back
-        self._thread = threading.Thread(target=self._run, name="radixserve-disk-writer",
-                                        daemon=True)
-        self._thread.start()
+        super().__init__("radixserve-disk-writer", max_pages)
 
     def submit(self, slot: int, payload: bytes) -> None:
         """Queue one page; blocks while the queue is full (back-pressure on the step)."""
-        if not self._thread.is_alive():
+        if not self.alive:
             raise RuntimeError("the disk writer is closed")
         with self._lock:
             self._held[slot] = payload
-        self._queue.put((slot, payload))
+        self._put((slot, payload))
 
     def held_page(self, slot: int) -> bytes | None:
         """A submitted page's bytes until `take_finished` reports it: the tree may load a
@@ -75,31 +71,12 @@ class DiskWriter:
                 self._held.pop(slot, None)
         return written, failed
 
-    def drain(self) -> None:
-        """Wait until every page submitted so far is written or has failed."""
-        self._queue.join()
-
     @property
     def queued_pages(self) -> int:
         return self._queue.qsize()
 
-    def close(self) -> None:
-        """Write what is queued, then stop the thread."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                self._write(*item)
-            finally:
-                self._queue.task_done()
-
-    def _write(self, slot: int, payload: bytes) -> None:
+    def _handle(self, item: tuple[int, bytes]) -> None:
+        slot, payload = item
         try:
             self.target.write_page(slot, payload)
         except Exception as e:      # full, refused, I/O: the page is not demoted
