@@ -22,6 +22,8 @@ stop the others):
                    greedy replies one at a time with the cache off vs all at once with the
                    cache on (page size 16, small chunks) identical token for token
                    (scripts/gpu_check_deterministic.py)
+  tiers            KV pages demoted to pinned host memory (side CUDA stream with events) and
+                   to disk bytes, loaded back: byte-equal (scripts/gpu_check_tiers.py)
   throughput       decode tokens/s at batch 1, 64 and 256 (flashinfer, ModelRunner loop), and
                    scripts/bench_engine.py's shared-system-prompt workload, cache on and off.
 
@@ -262,7 +264,7 @@ GPU_SIZES = Sizes(
     shared=dict(groups=8, per_group=8, system=1024, question=64, output=32,
                 chunked_prefill_size=2048, kv_cache_tokens=131072),
     section_min_s={"kernels": 60.0, "model_greedy": 45.0, "fp8_kv": 45.0,
-                   "deterministic": 45.0, "throughput": 60.0},
+                   "deterministic": 45.0, "throughput": 60.0, "tiers": 10.0},
     item_min_s=15.0)
 CPU_DRY_SIZES = Sizes(
     model_dtype="float32", greedy_questions=2, greedy_tokens=4, engine_kv_tokens=4096,
@@ -271,7 +273,7 @@ CPU_DRY_SIZES = Sizes(
     shared=dict(groups=2, per_group=2, system=64, question=8, output=4,
                 chunked_prefill_size=2048, kv_cache_tokens=4096),
     section_min_s={"kernels": 0.0, "model_greedy": 0.0, "fp8_kv": 0.0, "deterministic": 0.0,
-                   "throughput": 0.0},
+                   "throughput": 0.0, "tiers": 0.0},
     item_min_s=0.0)
 
 
@@ -706,7 +708,7 @@ def check_throughput(report: dict, ctx: CheckContext) -> None:
 
 # ---- driver ------------------------------------------------------------------------------
 
-SECTIONS = ("kernels", "model_greedy", "fp8_kv", "deterministic", "throughput")
+SECTIONS = ("kernels", "model_greedy", "fp8_kv", "deterministic", "throughput", "tiers")
 
 
 def _run_section(report: dict, name: str, fn: Callable[[], None],
@@ -761,6 +763,12 @@ def _summary(report: dict, sections: list[str]) -> list[str]:
         lines.append(f"throughput: {t.get('status')} (decode tok/s {decode or '-'}; shared "
                      f"prompt cache on vs off {shared.get('cache_on_speedup_wall')}x wall, "
                      f"{shared.get('cache_on_speedup_ttft_p50')}x TTFT p50)")
+    tiers = report.get("tiers", {})
+    if "tiers" in sections:
+        res = tiers.get("results", [])
+        lines.append(f"tiers: {tiers.get('status')} ({sum(r['bytes_equal'] for r in res)} of "
+                     f"{len(res)} cases byte-equal after host/disk round trips; side stream "
+                     f"{all(r['side_stream'] for r in res) if res else '-'})")
     return lines
 
 
@@ -811,6 +819,7 @@ def main(argv: list[str] | None = None) -> int:
         "deterministic": lambda: _import_script("gpu_check_deterministic").check_deterministic(
             report, sys.modules[__name__], ctx),
         "throughput": lambda: check_throughput(report, ctx),
+        "tiers": lambda: _import_script("gpu_check_tiers").check_tiers(report, device),
     }
     _run_section(report, "environment", lambda: check_environment(report))
     for name in sections:

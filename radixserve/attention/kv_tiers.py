@@ -6,15 +6,17 @@ after a round trip); on CUDA it is pinned, so copies to and from the GPU run as 
 A disk page is the same data as bytes, in the one layout `page_bytes` defines.
 
 `TierMover.run(moves)` executes the cache's DemoteOrder / LoadOrder list on the compute
-thread, strictly in issue order (cache/tiers.py says why that order is safe), each order
+thread (on CUDA, pool <-> host copies on a side stream with events: copy_stream.py),
+strictly in issue order (cache/tiers.py says why that order is safe), each order
 batched over its pages: one gather and one scatter per tensor. The runner calls it at the
 start of a step, before copy-on-write and the forward pass: pool pages an eviction freed
-are read before the step writes into them.
+are read before the step writes into them. A demotion to disk copies the pages' bytes out
+and hands them to the disk writer's queue (storage/disk_writer.py); the file is written
+off the step, on the writer's thread.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,17 +25,19 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from radixserve.attention.copy_stream import CopyEvents, CudaStreamOps, PendingCopy, StreamOps
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.page_bytes import bytes_to_pages, pool_tensors, rows_to_bytes
 from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
-
-log = logging.getLogger(__name__)
 
 __all__ = ["HostKVPool", "MoveTimes", "PageWriter", "TierMover"]
 
 
 class PageWriter(Protocol):
-    def write_page(self, page_key: int, payload: bytes) -> None: ...
+    """Takes a demoted page's bytes for the disk (storage/disk_writer.py: DiskWriter,
+    whose thread writes them; blocks while its queue is full)."""
+
+    def submit(self, page_key: int, payload: bytes) -> None: ...
 
 
 class HostKVPool:
@@ -63,18 +67,40 @@ class MoveTimes:
 
 
 class TierMover:
-    def __init__(self, pool: KVPool, host: HostKVPool | None, disk: PageWriter | None):
+    """Runs the orders. `streams` (default: a side stream when the pool is on CUDA and
+    there is a host tier; None on CPU) moves pool <-> host copies off the compute stream
+    (attention/copy_stream.py); everything else runs on the compute stream, synchronously."""
+
+    def __init__(self, pool: KVPool, host: HostKVPool | None, disk: PageWriter | None,
+                 streams: StreamOps | None = None):
         self.pool = pool
         self.pool_tensors = pool_tensors(pool)
         self.host = host
         self.disk = disk
         self.device = pool.device
-        self.failed_writes = 0
+        if streams is None and host is not None and self.device.type == "cuda":
+            streams = CudaStreamOps(self.device)
+        self.streams = streams
+        self.events = CopyEvents()
+
+    def wait_copies(self) -> None:
+        """Block until the side stream's copies are done (before the CPU reads host
+        memory: a save's copy of host pages)."""
+        self.events.wait()
 
     def run(self, moves: Sequence[DemoteOrder | LoadOrder]) -> MoveTimes:
         times = MoveTimes()
         ps = self.pool.page_size
+        if self.streams is not None:
+            self._finished(times, self.events.poll())
+            # The side stream reads pool pages the compute stream wrote before this step.
+            self.streams.side().wait_stream(self.streams.compute())
         for mv in moves:
+            if self.streams is not None and self._host_only(mv):
+                self._side_copy(mv, ps)
+                continue
+            if self.streams is not None:    # the CPU touches host memory or pool bytes
+                self._finished(times, self.events.wait())
             started = time.perf_counter()
             if isinstance(mv, DemoteOrder):
                 self._demote(mv)
@@ -88,6 +114,51 @@ class TierMover:
                 torch.cuda.current_stream(self.device).synchronize()
             times.add(key, n * ps, time.perf_counter() - started)
         return times
+
+    # ------------------------------------------------------------------ side stream
+    @staticmethod
+    def _host_only(mv: DemoteOrder | LoadOrder) -> bool:
+        """Pool <-> host memory, the copies the side stream runs."""
+        if isinstance(mv, DemoteOrder):
+            return mv.src_tier == POOL and mv.dst_tier == HOST
+        return mv.src_tier == HOST
+
+    def _side_copy(self, mv: DemoteOrder | LoadOrder, page_size: int) -> None:
+        """One order on the side stream; the compute stream waits for what it needs."""
+        ops = self.streams
+        side, compute = ops.side(), ops.compute()
+        started = ops.event()
+        started.record(side)
+        demote = isinstance(mv, DemoteOrder)
+        with ops.use(side):
+            if demote:      # gather from the pool, then device -> pinned host, per slot
+                keep = self._gather(POOL, mv.src)
+                gathered = ops.event()
+                gathered.record(side)
+                for t, rows in zip(self.host.tensors, keep):
+                    for i, slot in enumerate(mv.dst.tolist()):
+                        t[slot].copy_(rows[i], non_blocking=True)
+            else:           # pinned host -> device staging, then scatter into the pool
+                n = len(mv.src)
+                keep = [torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=self.device)
+                        for t in self.pool_tensors]
+                for staged, t in zip(keep, self.host.tensors):
+                    for i, slot in enumerate(mv.src.tolist()):
+                        staged[i].copy_(t[slot], non_blocking=True)
+                self._scatter(POOL, mv.dst, keep)
+        done = ops.event()
+        done.record(side)
+        # Demote: the forward may overwrite the freed pool pages once the gather read them.
+        # Load: the prefill reads the loaded pages.
+        compute.wait_event(gathered if demote else done)
+        key = f"l{mv.src_tier}->l{mv.dst_tier}" if demote else f"l{mv.src_tier}->l1"
+        self.events.add(PendingCopy(key, len(mv.src) * page_size, started, done, keep))
+
+    @staticmethod
+    def _finished(times: MoveTimes, copies: list[PendingCopy]) -> None:
+        """Completed side-stream copies: their GPU time (elapsed_time is in ms)."""
+        for c in copies:
+            times.add(c.key, c.tokens, c.started.elapsed_time(c.done) / 1000.0)
 
     # ------------------------------------------------------------------ directions
     def _tensors(self, tier: int) -> list[torch.Tensor]:
@@ -119,15 +190,11 @@ class TierMover:
             self._scatter(HOST, mv.dst, self._gather(mv.src_tier, mv.src))
             return
         assert mv.dst_tier == DISK
+        # The bytes are copied out here, before the step reuses the source pages; the
+        # writer thread makes them durable (the tree hears of it on its own thread).
         payloads = rows_to_bytes(self._tensors(mv.src_tier), mv.src.tolist())
         for key, payload in zip(mv.dst.tolist(), payloads):
-            try:
-                self.disk.write_page(key, payload)
-            except Exception as e:      # full, refused, I/O: the page reads as missing
-                self.failed_writes += 1
-                if self.failed_writes == 1:
-                    log.warning("disk tier: a page write failed (%s: %s); such pages are "
-                                "recomputed when needed", type(e).__name__, e)
+            self.disk.submit(key, payload)
 
     def _load(self, mv: LoadOrder) -> None:
         if mv.src_tier == HOST:

@@ -19,7 +19,9 @@ reads of a load):
   no child in host memory) down to disk; making room on disk drops disk leaves.
 - Load: a match reports the lower nodes continuing its pool part (`MatchResult.lower`).
   `plan_load` reads their disk pages (checksums checked by the store: a page that fails is
-  treated as missing, the node is cut there and the rest dropped) and locks them; the
+  treated as missing, the node is cut there and the rest dropped) and locks them. With a
+  `reader` the reads run on its thread: the first plan asks for them and raises
+  ReadPending (the request waits; nothing changed), a later one takes the results. The
   caller allocates pool pages; `load` moves the nodes into the pool on them and queues
   `LoadOrder`s. An insert running over lower nodes (the tokens were recomputed) moves them
   into the pool on the caller's pages the same way (`RadixCache.enter_pool`).
@@ -29,8 +31,17 @@ reads of a load):
   the order that read it (the pool page an eviction frees is read by its DemoteOrder before
   the step writes into it; a host slot freed by a load is read before a later demote
   writes it). The one read out of order is a load's disk read, done when the order is
-  made: a node whose disk write has not run yet (`pending_writes`) is neither loaded nor
-  dropped until `moves_done()` says the orders ran.
+  made: a node whose disk write is not durable yet (`pending_writes`) is not pushed out
+  until its write is reported done, and is loaded from the writer's queue (`held_page`) once
+  its order has run, not before.
+- Disk writes: a DemoteOrder to disk only copies the page bytes out (compute thread) and
+  queues them for a writer thread (storage/disk_writer.py). Its results reach the tree on
+  the tree's own thread (`collect_io`, from `moves_done` and `plan_load`): a written
+  slot stops being pending; a failed one drops its node like an ordinary eviction
+  (`counters.failed_writes`). A pending slot whose node leaves the tree meanwhile (flushed,
+  dropped, recomputed into the pool) is `orphaned`: neither free nor reused until its
+  write is over, then its file is removed and the slot freed. Without a writer (`writer`
+  None: writes run inside the order) `moves_done` ends every pending write.
 - Save and restore (engine/kv_persistence.py): the cache saver borrows disk slots for its
   on-disk copies of pool/host pages (`lend_disk_slots`, held outside the tree and counted
   by `check`), so saved copies and the disk tier share one budget; a restart rebuilds the
@@ -52,7 +63,8 @@ if TYPE_CHECKING:
     from .tree_node import TreeNode
 
 __all__ = ["POOL", "HOST", "DISK", "TIER_NAMES", "DemoteOrder", "LoadOrder", "LoadPlan",
-           "LowerTiers", "PageStore", "TierCounters"]
+           "LowerTiers", "PageStore", "ReadPending", "ReadResults", "TierCounters",
+           "WriteResults"]
 
 POOL, HOST, DISK = 1, 2, 3
 TIER_NAMES = {POOL: "l1", HOST: "l2", DISK: "l3"}
@@ -90,10 +102,48 @@ class PageStore(Protocol):
     def drop_page(self, page_key: int) -> None: ...
 
 
+class WriteResults(Protocol):
+    """The disk writer's reports (storage/disk_writer.py: DiskWriter), as disk keys."""
+
+    def take_finished(self) -> tuple[list[int], list[int]]:
+        """(written, failed) since the last call."""
+
+    def held_page(self, key: int) -> bytes | None:
+        """A queued page's bytes until its result is taken (None: not queued yet)."""
+
+    def drain(self) -> None:
+        """Block until every page queued so far is written or has failed."""
+
+    def close(self) -> None:
+        """Drain, then stop."""
+
+
+class ReadResults(Protocol):
+    """The disk reader (storage/disk_reader.py: DiskReader), by disk key."""
+
+    def request(self, keys: list[int]) -> None: ...
+
+    def asked(self, key: int) -> bool: ...
+
+    def ready(self, key: int) -> bool: ...
+
+    def take(self, key: int) -> bytes | None: ...
+
+    def take_finished(self) -> list[int]: ...
+
+    def discard(self, key: int) -> None: ...
+
+
+class ReadPending(Exception):
+    """The match continues on disk and its pages are being read off the tree's thread:
+    admit the request later (nothing was changed or locked)."""
+
+
 @dataclass
 class TierCounters:
     """Cumulative, by tier name ("l2", "l3"): tokens demoted into a tier, loaded from it,
-    dropped from it, and the bytes moved in and out; corrupt disk pages."""
+    dropped from it, and the bytes moved in and out; corrupt disk pages; disk writes that
+    failed (their pages were dropped instead of demoted)."""
 
     demoted_tokens: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
     loaded_tokens: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
@@ -101,6 +151,7 @@ class TierCounters:
     bytes_in: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
     bytes_out: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
     corrupt_pages: int = 0
+    failed_writes: int = 0
 
 
 @dataclass
@@ -135,7 +186,11 @@ class LowerTiers:
         self.offset = {HOST: pool_pages, DISK: pool_pages + host_pages}
         self.alloc = {HOST: PageAllocator(host_pages), DISK: PageAllocator(disk_pages)}
         self.nodes: dict[int, dict[int, TreeNode]] = {HOST: {}, DISK: {}}   # by node id
-        self.pending_writes: set[int] = set()   # disk ids whose write has not run yet
+        self.pending_writes: set[int] = set()   # disk ids whose write is not durable yet
+        self.orphaned: set[int] = set()         # pending disk ids whose node left the tree
+        self.writer: WriteResults | None = None     # None: writes run inside the orders
+        self.reader: ReadResults | None = None      # None: plan_load reads the disk itself
+        self.reading: set[int] = set()          # disk ids whose read is in flight
         # Disk slots lent to the cache saver for on-disk copies of pool/host pages (local
         # ids): the saved cache and the disk tier share one budget, the disk tier's slots.
         self.lent: set[int] = set()
@@ -161,8 +216,42 @@ class LowerTiers:
         return moves
 
     def moves_done(self) -> None:
-        """Every order taken so far has run: pending disk writes are on disk now."""
-        self.pending_writes.clear()
+        """Every order taken so far has run. Without a writer thread their disk writes are
+        on disk now; with one, collect what it has finished."""
+        if self.writer is None:
+            off = self.offset[DISK]
+            self.writes_finished(sorted(k - off for k in self.pending_writes), [])
+        else:
+            self.collect_io()
+
+    def collect_io(self) -> None:
+        """Apply the disk writer's and reader's results (on the thread that owns the
+        tree)."""
+        if self.reader is not None and self.reading:
+            off = self.offset[DISK]
+            self.reading.difference_update(k + off for k in self.reader.take_finished())
+            self._settle_orphans()
+        if self.writer is not None and self.pending_writes:
+            self.writes_finished(*self.writer.take_finished())
+
+    def writes_finished(self, written: Sequence[int], failed: Sequence[int]) -> None:
+        """Disk keys now durable, and keys whose write failed: the nodes holding failed
+        keys are dropped (with their branch, all disk nodes) as an ordinary eviction
+        would; orphaned keys get their slot back (and their file removed)."""
+        off = self.offset[DISK]
+        for key in written:
+            self.pending_writes.discard(key + off)
+        bad = {key + off for key in failed}
+        self.pending_writes.difference_update(bad)
+        self.counters.failed_writes += len(bad)
+        bad -= self.orphaned
+        self._settle_orphans()
+        if bad:
+            hit = [n for n in self.nodes[DISK].values()
+                   if not bad.isdisjoint(n.pages.tolist())]
+            for node in hit:
+                if node.id in self.nodes[DISK]:     # not dropped with an earlier one
+                    self._drop_branch(node)
 
     def local(self, tier: int, ids: np.ndarray) -> np.ndarray:
         """Tree ids of `tier` as that tier's own slot ids / disk keys."""
@@ -208,6 +297,8 @@ class LowerTiers:
         """Free `n` ids of `tier`: its victims in policy order go down a tier (or are
         dropped from the last one)."""
         a = self.alloc[tier]
+        if tier == DISK:
+            self.collect_io()       # written pages may go; orphaned slots come back
         while a.num_free < n:
             progress = False
             for victim in self._victims(tier):
@@ -276,12 +367,20 @@ class LowerTiers:
         the plan, and the tree is cut before it and the rest of that branch dropped (when
         nobody holds a lock in it), so the prefix from that page on is recomputed.
         """
+        self.collect_io()
+        if self.reader is not None and self._ask_reads(lower, max_tier):
+            raise ReadPending
         nodes: list[TreeNode] = []
         payloads: list[tuple[bytes, ...]] = []
         for node in lower:
-            if node.tier > max_tier or node.parent is None or self._pending(node):
+            if node.tier > max_tier or node.parent is None:
                 break
-            if node.tier == DISK:
+            if self._pending(node):
+                held = self._held(node)     # its write is queued: load its bytes from there
+                if held is None:
+                    break
+                payloads.append(held)
+            elif node.tier == DISK:
                 got = self._read(node)
                 if len(got) < len(node.pages):
                     if got:
@@ -299,10 +398,44 @@ class LowerTiers:
         self.tree.lock(nodes[-1])
         return LoadPlan(nodes, payloads)
 
+    def _held(self, node: TreeNode) -> tuple[bytes, ...] | None:
+        """A pending disk node's pages from the writer's queue; None unless all are there
+        (an order not run yet has not handed them over)."""
+        if self.writer is None:
+            return None
+        got = tuple(self.writer.held_page(key)
+                    for key in self.local(DISK, node.pages).tolist())
+        return None if None in got else got
+
+    def _ask_reads(self, lower: Sequence[TreeNode], max_tier: int) -> bool:
+        """Ask the reader for the disk pages the plan would read and are not read yet;
+        True when the plan must wait for some."""
+        wait = False
+        for node in lower:
+            if node.tier > max_tier or node.parent is None:
+                break
+            if self._pending(node):
+                if self._held(node) is None:
+                    break
+                continue
+            if node.tier != DISK:
+                continue
+            keys = [k for k in self.local(DISK, node.pages).tolist()
+                    if not self.reader.ready(k)]
+            if keys:
+                wait = True
+                new = [k for k in keys if not self.reader.asked(k)]
+                self.reader.request(new)
+                self.reading.update(k + self.offset[DISK] for k in new)
+        return wait
+
     def _read(self, node: TreeNode) -> tuple[bytes, ...]:
+        """The node's pages, up to the first missing or corrupt one: from the reader's
+        results (read off this thread) or, without a reader, from the disk here."""
         got = []
         for key in self.local(DISK, node.pages).tolist():
-            data = self.disk.read_page(key)
+            data = (self.reader.take(key) if self.reader is not None
+                    else self.disk.read_page(key))
             if data is None:
                 self.counters.corrupt_pages += 1
                 break
@@ -395,11 +528,30 @@ class LowerTiers:
         self._release_ids(tier, node.pages)
 
     def _release_ids(self, tier: int, ids: np.ndarray) -> None:
+        if tier == DISK and (self.pending_writes or self.reading):
+            # A write or read still in flight: the slot waits for it (_settle_orphans).
+            waiting = [i for i in ids.tolist() if self._busy(i)]
+            if waiting:
+                self.orphaned.update(waiting)
+                ids = np.asarray([i for i in ids.tolist() if not self._busy(i)],
+                                 dtype=np.int64)
         local = self.local(tier, ids)
         if tier == DISK:
             for key in local.tolist():
+                if self.reader is not None:
+                    self.reader.discard(key)
                 self.disk.drop_page(key)
         self.alloc[tier].free(local)
+
+    def _busy(self, tree_id: int) -> bool:
+        return tree_id in self.pending_writes or tree_id in self.reading
+
+    def _settle_orphans(self) -> None:
+        """Orphaned slots whose write and read are over: file removed, slot free."""
+        done = [i for i in self.orphaned if not self._busy(i)]
+        if done:
+            self.orphaned.difference_update(done)
+            self._release_ids(DISK, np.asarray(done, dtype=np.int64))
 
     def forget(self, nodes: Sequence[TreeNode]) -> None:
         """Flushed nodes: the lower ones give their ids back."""
@@ -436,6 +588,8 @@ class LowerTiers:
             held = [self.local(tier, n.pages) for n in found[tier].values()]
             if tier == DISK:
                 held.append(np.fromiter(self.lent, dtype=np.int64, count=len(self.lent)))
+                held.append(self.local(DISK, np.fromiter(self.orphaned, dtype=np.int64,
+                                                         count=len(self.orphaned))))
             ids = np.concatenate([a.free_page_ids(), *held]).astype(np.int64)
             uniq = np.unique(ids)
             assert len(uniq) == len(ids) == a.num_pages and \

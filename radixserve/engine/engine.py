@@ -153,6 +153,10 @@ class Engine(OneProcessStats):
                 and self._failure is None):
             report = await self.persistence.save(save_by)
             log.info("KV disk store: saved on shutdown: %s", report.as_dict())
+        if self.tiers is not None and self.tiers.writer is not None:
+            await asyncio.to_thread(self.tiers.writer.close)    # queued pages written
+            await asyncio.to_thread(self.tiers.reader.close)
+            self.tiers.collect_io()
         if self.persistence is not None:
             self.persistence.store.close()      # another engine may open the directory
         if self.tiers is not None and self.tiers.disk is not None:
@@ -379,9 +383,13 @@ class Engine(OneProcessStats):
         """Feed what the step's moves and forward pass took to the load-or-compute choice."""
         if self.tiers is None:
             return
-        moves = self.runner.last_moves      # disk loads are timed at admission (reads)
+        moves = self.runner.last_moves      # disk loads are timed by the reader (reads)
         if "l2->l1" in moves.tokens:
             self.tier_costs.observe_load(2, moves.tokens["l2->l1"], moves.seconds["l2->l1"])
+        if self.tiers.reader is not None:
+            pages, seconds = self.tiers.reader.take_timing()
+            if pages:
+                self.tier_costs.observe_load(3, pages * self.page_size, seconds)
         self.tier_costs.observe_prefill(batch.num_tokens, self.runner.last_forward_seconds)
 
     # ---- introspection ------------------------------------------------------------

@@ -207,17 +207,22 @@ class KVPersistence:
         return nodes
 
     async def _run_pending_moves(self) -> None:
-        """Run tier orders issued since the last step (the step lock is held): a host slot
-        or pool page a pending order fills holds its content only afterwards, and a disk
-        page a pending order writes is on disk only afterwards."""
+        """Run tier orders issued since the last step and drain the disk writer's queue
+        (the step lock is held): a host slot or pool page a pending order fills holds its
+        content only afterwards, and a disk page is on disk only once its write is done."""
         tiers = self.tree.tiers
-        moves = tiers.take_moves() if tiers is not None else []
+        if tiers is None:
+            return
+        moves = tiers.take_moves()
         if moves:
             await self._compute(self.runner.mover.run, moves)
-            tiers.moves_done()
+        if tiers.writer is not None and tiers.pending_writes:
+            await asyncio.to_thread(tiers.writer.drain)
+        tiers.moves_done()
 
     def _copy_out(self, todo: list[tuple[bytes, int, int]]) -> list[bytes]:
         """Page bytes of (hash, tier, tree id) entries, in order (compute thread)."""
+        self.runner.mover.wait_copies()     # host slots a side-stream copy still fills
         out: list[bytes | None] = [None] * len(todo)
         for tier in (1, 2):
             rows = [i for i, t in enumerate(todo) if t[1] == tier]

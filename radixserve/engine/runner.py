@@ -105,7 +105,8 @@ class ModelRunner:
         self.last_forward_seconds = 0.0         # the last step's forward + sampling
 
     def attach_tiers(self, host_pages: int, disk: PageWriter | None) -> None:
-        """Host slots (pinned on CUDA) and the disk writer the cache's tier moves use."""
+        """Host slots (pinned on CUDA) and the disk writer (its queue) the cache's tier
+        moves use."""
         host = HostKVPool(self.kv_pool, host_pages) if host_pages else None
         self.mover = TierMover(self.kv_pool, host, disk)
 

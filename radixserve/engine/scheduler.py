@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from radixserve.attention.spans import SeqSpan
 from radixserve.cache.page_allocator import OutOfPages
+from radixserve.cache.tiers import ReadPending
 from radixserve.engine.batch import SampleResult, StepBatch, StepUpdate
 from radixserve.engine.outputs import EngineStats
 from radixserve.engine.request import Request, SeqState, SeqStatus
@@ -162,7 +163,10 @@ class Scheduler:
             if self._shares_prefix_in_flight(seq, cached):
                 deferred.append(seq)
                 continue
-            hit = self._admit_within(seq, reserve_pages)
+            try:
+                hit = self._admit_within(seq, reserve_pages)
+            except ReadPending:     # its prefix's disk pages are being read: it waits
+                continue
             if hit is None:
                 break
             chunk = min(seq.remaining, budget)

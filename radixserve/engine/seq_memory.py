@@ -14,6 +14,7 @@ from typing import Iterable
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.prefix_lease import PrefixLease
+from radixserve.cache.tiers import ReadPending
 from radixserve.engine.request import SeqState
 from radixserve.engine.tier_costs import TierCosts
 
@@ -52,7 +53,8 @@ class SequenceMemory:
         `reuse_cache` the lease matches nothing (its pages are still inserted after
         computing): the scheduler's way out when the hit itself blocks admission. With tiers, the
         part of the prefix in host memory / on disk is loaded into pool pages (LoadOrders
-        for the next step) when `costs` say loading beats computing it.
+        for the next step) when `costs` say loading beats computing it. Raises ReadPending
+        (nothing held) while disk pages it would load are being read off this thread.
         """
         assert seq.lease is None
         lease = PrefixLease(self.memory, seq.request.namespace, self.use_cache)
@@ -60,7 +62,11 @@ class SequenceMemory:
                               max_tokens=len(seq.token_ids) - 1 if reuse_cache else 0)
         seq.lease = lease
         if match is not None and match.lower:
-            self._load(lease, match)
+            try:
+                self._load(lease, match)
+            except ReadPending:         # its disk pages are being read: admit it later
+                self.release(seq, keep=False)
+                raise
         seq.num_computed = lease.matched_tokens
         return seq.num_computed
 
@@ -68,10 +74,13 @@ class SequenceMemory:
         max_tier = self.costs.max_tier()
         if max_tier == 1:
             return
-        on_disk = match.lower_tokens(3) if max_tier >= 3 else 0
+        tiers = self.tree.tiers
+        # Without a reader thread the disk reads happen in here (with one, the engine
+        # times them from the reader); the runner times the copies.
+        on_disk = match.lower_tokens(3) if max_tier >= 3 and tiers.reader is None else 0
         started = time.perf_counter()
         lease.load(match, max_tier)
-        if on_disk:             # the disk reads happened here; the runner times the copies
+        if on_disk:
             self.costs.observe_load(3, on_disk, time.perf_counter() - started)
 
     def take_moves(self) -> list:

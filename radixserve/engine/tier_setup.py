@@ -1,7 +1,8 @@
 """Building the host/disk tiers of an engine from its config, and their stats.
 
 The cache's bookkeeping (cache/tiers.py: LowerTiers) and the runner's data (host slots,
-the disk writer: attention/kv_tiers.py) are sized here from the same page size in bytes.
+the disk writer thread: storage/disk_writer.py) are sized here from the same page size in
+bytes.
 The disk tier lives in the persistence's store (one directory, one byte budget), through
 TierPages: its pages are the ones a save indexes and a restart restores.
 """
@@ -17,6 +18,8 @@ from radixserve.engine.compute_thread import on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.tier_costs import TierCosts
 from radixserve.storage import DiskPageStore, TierPages
+from radixserve.storage.disk_reader import DiskReader
+from radixserve.storage.disk_writer import DiskWriter
 from radixserve.storage.checked_blob import HEADER
 
 log = logging.getLogger(__name__)
@@ -44,11 +47,15 @@ def make_tiers(config: EngineConfig, runner, tree: RadixCache,
     disk = TierPages(store) if disk_pages else None
     if not host_pages and not disk_pages:
         return None
-    on_compute_thread(runner.attach_tiers, host_pages, disk)
+    writer = DiskWriter(disk) if disk is not None else None     # page files off the step
+    on_compute_thread(runner.attach_tiers, host_pages, writer)
     log.info("KV tiers: host %d tokens (%.1f MiB), disk %d tokens (%.1f MiB)",
              host_pages * ps, host_pages * page_bytes / 2**20, disk_pages * ps,
              disk_pages * page_bytes / 2**20)
-    return LowerTiers(tree, runner.num_pages, host_pages, disk_pages, disk, page_bytes)
+    tiers = LowerTiers(tree, runner.num_pages, host_pages, disk_pages, disk, page_bytes)
+    tiers.writer = writer
+    tiers.reader = DiskReader(disk) if disk is not None else None    # reads off the loop
+    return tiers
 
 
 def disk_tier_pages(store: DiskPageStore, page_bytes: int) -> int:
@@ -60,7 +67,8 @@ def tier_stats(tiers: LowerTiers, costs: TierCosts) -> dict:
     """For /cache/stats and /metrics: capacity, use and movement of each lower tier."""
     c = tiers.counters
     out = {"corrupt_pages": c.corrupt_pages, "dropped_tokens": dict(c.dropped_tokens),
-           "costs": costs.as_dict(), "pending_disk_writes": len(tiers.pending_writes)}
+           "costs": costs.as_dict(), "pending_disk_writes": len(tiers.pending_writes),
+           "failed_disk_writes": c.failed_writes}
     ps = tiers.tree.page_size
     for tier in (HOST, DISK):
         name = TIER_NAMES[tier]

@@ -66,3 +66,11 @@ def test_fp8_kv_section_kernel_case_on_cpu(gpu_check, fmt):
                     stand_in=True)
     assert row["ok"] and row["max_abs_err_flashinfer_vs_torch"] == 0.0
     assert 0 < row["max_abs_err_flashinfer_vs_dense"] < fp8.ATOL * 3
+
+
+def test_cpu_dry_run_of_the_tiers_section(gpu_check, tmp_path):
+    out = tmp_path / "report.json"
+    assert gpu_check.main(["--cpu-dry-run", "--sections", "tiers", "--out", str(out)]) == 0
+    tiers = json.loads(out.read_text())["tiers"]
+    assert tiers["status"] == "ok" and len(tiers["results"]) == 3
+    assert all(r["bytes_equal"] and not r["side_stream"] for r in tiers["results"])

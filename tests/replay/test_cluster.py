@@ -11,7 +11,7 @@ from radixserve.replay.cluster import ClusterConfig, ServiceModel, simulate_clus
 from radixserve.replay.replayer import ReplayConfig, replay
 from radixserve.replay.traces import read_trace
 from radixserve.replay.workload import Workload
-from radixserve.routing import ROUTERS
+from radixserve.routing import ROUTERS, LoadBound
 
 from .helpers import hash_record as rec
 from .helpers import write_jsonl
@@ -160,3 +160,55 @@ def test_shared_trace_four_replicas_cache_aware_keeps_the_single_replica_hits(re
             for router in ("cache-aware", "pow2", "round-robin")}
     assert hits["cache-aware"] >= 0.95 * single
     assert hits["cache-aware"] > 2 * max(hits["pow2"], hits["round-robin"])
+
+
+# bench_cluster.py's few-shot workload, in tokens of the default model (bench_serving's
+# fewshot_workload at its default sizes, tokenized): 16 prompts of 1,348 tokens, the first
+# 1,313 shared, all sent at once to 4 replicas of 3,072 KV tokens each.
+FEWSHOT_PREFIX, FEWSHOT_OWN = 1313, 35
+
+
+def fewshot_burst(tmp_path, questions: int):
+    """`questions` prompts after one shared prefix, all at t = 0 (one hash id per token)."""
+    records = [rec(list(range(FEWSHOT_PREFIX))
+                   + [10**6 + q * FEWSHOT_OWN + j for j in range(FEWSHOT_OWN)],
+                   FEWSHOT_PREFIX + FEWSHOT_OWN, 16, timestamp=0) for q in range(questions)]
+    trace = read_trace(write_jsonl(tmp_path / f"fewshot{questions}.jsonl", records), "hash", 1)
+    return Workload(trace, "block", 1)
+
+
+@pytest.mark.parametrize("bound", ["inf", "2+2", "1.5+2", "1.25+2", "1.25+1", "1+1"])
+def test_fewshot_burst_cannot_keep_95_percent_within_a_spread_of_1_3(tmp_path, bound):
+    # Every replica that serves a request computes the prefix once (nothing moves KV
+    # between replicas), so with k replicas in use the hits are (16 - k) x 1,313 against
+    # the single replica's 15 x 1,313: 95% needs k = 1, a spread of 1.3 (at most 5 of the 16
+    # requests per replica) needs k = 4, which leaves 12/15 = 80%, round-robin's hit rate.
+    work = fewshot_burst(tmp_path, 16)
+    single = replay(work, ReplayConfig(4 * 3072)).hit_tokens
+    assert single == 15 * FEWSHOT_PREFIX
+    got = simulate_cluster(work, ClusterConfig(4, "cache-aware", 3072,
+                                               load_bound=LoadBound.parse(bound)))
+    used = sum(1 for n in got.replica_requests if n)
+    assert got.hit_tokens == (16 - used) * FEWSHOT_PREFIX     # one copy per replica used
+    assert got.request_spread >= 4 / used                     # 16 requests on `used`
+    assert (got.hit_tokens >= 0.95 * single) == (used == 1)   # and then a spread of 4
+    if got.request_spread <= 1.3:
+        assert used == 4 and got.hit_tokens / single == pytest.approx(0.8)
+
+
+def test_fewshot_burst_router_takes_the_fewest_copies_its_bound_allows(tmp_path):
+    # The router is on the frontier: the default bound doubles up on one second replica
+    # (93.3% of the single replica at 2.00, as bench_cluster measured), the tightest
+    # spreads perfectly at round-robin's 80%. With 61+ questions the two targets no
+    # longer conflict ((61 - 4) / (61 - 1) = 95%), and the default bound meets both.
+    def run(questions, bound):
+        work = fewshot_burst(tmp_path, questions)
+        single = replay(work, ReplayConfig(4 * 3072)).hit_tokens
+        got = simulate_cluster(work, ClusterConfig(4, "cache-aware", 3072,
+                                                   load_bound=LoadBound.parse(bound)))
+        return sorted(got.replica_requests), got.hit_tokens / single
+
+    assert run(16, "2+2") == ([0, 0, 8, 8], pytest.approx(14 / 15))
+    assert run(16, "1+1") == ([4, 4, 4, 4], pytest.approx(12 / 15))
+    counts, share = run(64, "2+2")
+    assert max(counts) / 16 <= 1.3 and share >= 0.95
