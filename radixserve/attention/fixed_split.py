@@ -41,6 +41,27 @@ DEFAULT_SPLIT = 256         # keys per chunk: one matmul's reduction length
 DEFAULT_QUERY_BLOCK = 128   # prefill queries per block (bounds the score buffer only)
 
 
+_SAME_WIDTH_INT = {torch.bfloat16: torch.int16, torch.float16: torch.int16,
+                   torch.float32: torch.int32}
+
+
+def row_max(x: torch.Tensor) -> torch.Tensor:
+    """``x.amax(-1)`` of finite floats, exactly, from their bits read as signed integers:
+    those order like the floats for values >= 0 and in reverse for values < 0, so the row's
+    largest integer is the max when it is >= 0 (some value is), else the smallest integer
+    is. CPU's integer reductions are vectorized where its bf16/fp16 ``amax`` is not: ~5x
+    faster on the scores and probabilities here."""
+    as_int = _SAME_WIDTH_INT.get(x.dtype)
+    if as_int is None or x.device.type != "cpu":
+        return x.amax(-1)
+    bits = x.view(as_int)
+    top = bits.amax(-1)
+    negative = top < 0                   # every value of the row < 0 (or -0.0)
+    if bool(negative.any()):
+        top = torch.where(negative, bits.amin(-1), top)
+    return top.view(x.dtype)
+
+
 def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    mask: torch.Tensor | None, masked_from: int, split: int,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,9 +82,8 @@ def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     # Per chunk: softmax (fp32 inside, rounded to q's dtype, as the default path) and its
     # log-sum-exp, lse = max - log(max probability). A fully masked chunk sees only the
     # (finite) mask value: a uniform softmax over finite keys, weighted exactly 0 below.
-    # (Maxima taken in fp32: exact, the same bits, and ~1.8x faster than CPU's bf16 amax.)
     probs = torch.softmax(scores, -1)
-    lse = scores.float().amax(-1) - probs.float().amax(-1).log()     # [b, h, C, R]
+    lse = row_max(scores).float() - row_max(probs).float().log()     # [b, h, C, R]
     return torch.matmul(probs, v.view(b, h, chunks, split, d)), lse  # o: [b, h, C, R, D]
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixserve.attention.fixed_split import FixedSplitBackend, split_attention
+from radixserve.attention.fixed_split import FixedSplitBackend, row_max, split_attention
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.metadata import SeqSpan, build_metadata
 from tests.attention.attn_helpers import Scenario, dense_attention
@@ -97,3 +97,26 @@ def test_split_attention_matmuls_are_row_and_batch_invariant():
         part = split_attention(q[:b, :, :r], k[:b], v[:b], mask, keys // split - 1, split,
                                0.125)
         assert torch.equal(part, full[:b, :, :r])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_row_max_is_exactly_amax(dtype):
+    """row_max reads the floats' bits as integers: check rows of every sign mix, zeros of
+    both signs, the dtype's extremes and strided views against amax."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(7, 40, 256, generator=g) * 30).to(dtype)
+    x[0] = -x[0].abs()                          # all negative
+    x[1] = x[1].abs()                           # all non-negative
+    x[2, :, :128] = -0.0                        # -0.0 beside negatives
+    x[2, :, 128:] = -x[2, :, 128:].abs()
+    x[3, ::2] = 0.0                             # +0.0 as the max of some rows
+    x[3, ::2, :5] = -0.0
+    x[3, ::2, 5:] = -x[3, ::2, 5:].abs()
+    x[4, :, 7] = torch.finfo(dtype).min         # masked-style extremes
+    x[4, 3] = torch.finfo(dtype).min
+    x[5, :, 9] = torch.finfo(dtype).max
+    for view in (x, x[:, ::3], x.transpose(0, 1)):
+        got, want = row_max(view), view.amax(-1)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    # -0.0 == +0.0 for torch.equal: rows of -0.0 and negatives, bit for bit (-0.0)
+    assert torch.equal(row_max(x[2]).view(torch.uint8), x[2].amax(-1).view(torch.uint8))
