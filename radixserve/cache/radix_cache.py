@@ -268,8 +268,9 @@ class RadixCache:
             return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
         ps = self.page_size
         limit_b = limit * _ITEM
-        node, pos, parts, partial, m, _ = self._walk(node, key,
-                                                     limit_b - limit_b % self._page_bytes, limit_b)
+        node, pos, parts, partial, m, _, _ = self._walk(node, key,
+                                                        limit_b - limit_b % self._page_bytes,
+                                                        limit_b)
         cow_node: TreeNode | None = None
         cow_tokens = 0
         if partial is not None:
@@ -319,8 +320,8 @@ class RadixCache:
         if node is None or limit == 0:
             return 0
         limit_b = limit * _ITEM
-        node, pos, _, partial, m, _ = self._walk(node, key,
-                                                 limit_b - limit_b % self._page_bytes, limit_b)
+        node, pos, _, partial, m, _, _ = self._walk(node, key,
+                                                    limit_b - limit_b % self._page_bytes, limit_b)
         if partial is not None:
             # Full pages of the edge plus the copy-on-write part of the next: pos + m.
             return pos // _ITEM + m
@@ -339,11 +340,13 @@ class RadixCache:
         tokens: a page holds the KV of one token sequence, so equal ids at the same
         position prove equal tokens.
 
-        Returns (node, pos, parts, partial, partial_tokens, same_pages): the last node
-        whose edge matched whole, the byte offset after it, the page arrays of the edges
-        passed, the child whose edge matched only in part (or None) with its matched token
-        count, and whether every edge passed was taken on the caller's own page ids. (A
-        plain tuple: this runs on every match, peek and insert.)
+        Returns (node, pos, parts, partial, partial_tokens, same_pages, missed): the last
+        node whose edge matched whole, the byte offset after it, the page arrays of the
+        edges passed, the child whose edge matched only in part (or None) with its matched
+        token count, whether every edge passed was taken on the caller's own page ids, and
+        the key's first page at `pos` when no child is filed under it (else None: insert
+        files its new leaf under it without slicing the key again). (A plain tuple: this
+        runs on every match, peek and insert.)
         """
         pb = self._page_bytes
         parts: list[np.ndarray] = []
@@ -353,9 +356,10 @@ class RadixCache:
             buf = key.buf
             if len(buf) < pos + pb:
                 buf = key.upto(pos + pb)
-            child = node.children.get(buf[pos:pos + pb].tobytes())
+            head = buf[pos:pos + pb].tobytes()
+            child = node.children.get(head)
             if child is None:
-                break
+                return node, pos, parts, None, 0, same, head
             cp = child.pages
             end = pos + len(cp) * pb
             if pages is not None and end <= full_b:
@@ -369,13 +373,13 @@ class RadixCache:
                     and edge.startswith(buf[pos:end])):     # the usual hit: one memcmp
                 m = _common_tokens(key, pos, child, end_b, end - pos)
                 if end > full_b or pos + m * _ITEM < end:
-                    return node, pos, parts, child, m, same
+                    return node, pos, parts, child, m, same, None
                 if child._pending is not None:
                     child.pack()    # matched whole: likely shared, so compared again
             same = False
             parts.append(cp)
             node, pos = child, end
-        return node, pos, parts, None, 0, same
+        return node, pos, parts, None, 0, same, None
 
     def _best_cow(self, node: TreeNode, key: LazyKey, pos: int,
                   limit_b: int) -> tuple[TreeNode | None, int]:
@@ -417,10 +421,8 @@ class RadixCache:
         key = LazyKey(tokens, base, n - base)   # the rest; positions below are offsets in it
         nb = (n - base) * _ITEM
         first_page = base // self.page_size
-        node, pos, parts, partial, m, same_pages = self._walk(node, key, nb, nb, pages,
-                                                              first_page)
-        if first_page:
-            parts.insert(0, pages[:first_page])
+        node, pos, parts, partial, m, same_pages, head = self._walk(node, key, nb, nb, pages,
+                                                                    first_page)
         if partial is not None:             # the key leaves the tree inside this edge
             m -= m % self.page_size
             node = self._split(partial, m)
@@ -433,12 +435,16 @@ class RadixCache:
         self._touch(node, hit=False)
         already = base + pos // _ITEM
         if pos < nb:
-            node = self._add_leaf(node, key, pos, pages[first_page + pos // self._page_bytes:])
+            node = self._add_leaf(node, key, pos, pages[first_page + pos // self._page_bytes:],
+                                  head)
             parts.append(node.pages)
         elif node.evict_key is not None:
             self._rekey(node)
-        # The tree's ids are the caller's own (the usual case): no need to concatenate.
-        return InsertResult(already, pages if same_pages else join_pages(parts), node, hint_used)
+        if same_pages:      # the tree's ids are the caller's own (the usual case): no copy
+            return InsertResult(already, pages, node, hint_used)
+        if first_page:
+            parts.insert(0, pages[:first_page])
+        return InsertResult(already, join_pages(parts), node, hint_used)
 
     def _check_pages(self, tokens: TokenIds, pages: np.ndarray) -> np.ndarray:
         """`pages` as int32; ValueError unless they hold exactly `tokens` in whole pages."""
@@ -451,13 +457,14 @@ class RadixCache:
                              f"pages of {self.page_size} tokens")
         return pages
 
-    def _add_leaf(self, parent: TreeNode, key: LazyKey, pos: int, pages: np.ndarray) -> TreeNode:
+    def _add_leaf(self, parent: TreeNode, key: LazyKey, pos: int, pages: np.ndarray,
+                  first: bytes | None) -> TreeNode:
         """A new evictable leaf under `parent` holding the key from byte `pos` in `pages`
         (kept as a view when the caller's array is frozen, as PrefixLease's are; else
-        copied)."""
+        copied), filed under `first` (its first page, packed; None: sliced from the key)."""
         if parent.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
             self._remove_evictable(parent)
-        if pages.flags.writeable or not _frozen(pages):
+        if not _frozen(pages):
             pages = pages.copy()
             pages.flags.writeable = False
         packed, pending = key.edge_from(pos)
@@ -465,8 +472,10 @@ class RadixCache:
         leaf = self._new_node(packed, pages, parent, parent.depth + n, parent.namespace)
         leaf._pending = pending
         leaf.last_access = self._clock
-        pb = self._page_bytes
-        self._add_child(parent, leaf, key.upto(pos + pb)[pos:pos + pb].tobytes())
+        if first is None:
+            pb = self._page_bytes
+            first = key.upto(pos + pb)[pos:pos + pb].tobytes()
+        self._add_child(parent, leaf, first)
         self._num_nodes += 1
         self._total += n
         self._evictable_tokens += n
