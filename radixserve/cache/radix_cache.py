@@ -448,8 +448,9 @@ class RadixCache:
 
     def _check_pages(self, tokens: TokenIds, pages: np.ndarray) -> np.ndarray:
         """`pages` as int32; ValueError unless they hold exactly `tokens` in whole pages."""
-        pages = np.asarray(pages)
-        if pages.dtype != _INT32:
+        if type(pages) is not np.ndarray:
+            pages = np.asarray(pages)
+        if pages.dtype is not _INT32 and pages.dtype != _INT32:     # `is`: the usual case
             pages = pages.astype(np.int32)
         n = count(tokens)
         if pages.ndim != 1 or n != len(pages) * self.page_size:
@@ -846,8 +847,9 @@ class RadixCache:
         return upper
 
     def _make_evictable(self, node: TreeNode) -> None:
-        node.evict_key = (self.policy.key(node), node.id)
-        self._evictable.add((*node.evict_key, node))
+        key, node_id = self.policy.key(node), node.id
+        node.evict_key = (key, node_id)
+        self._evictable.add((key, node_id, node))
 
     def _remove_evictable(self, node: TreeNode) -> None:
         self._evictable.remove((*node.evict_key, node))

@@ -178,7 +178,10 @@ class LazyKey:
         self.tokens = tokens
         self.start = start
         self.num_bytes = n = num_tokens * ITEM_BYTES
-        view = byte_view(tokens)
+        if type(tokens) is array and tokens.typecode == TYPECODE:   # the engine's ids
+            view = memoryview(tokens).cast("B")
+        else:
+            view = byte_view(tokens)
         self.zero_copy = view is not None
         if view is None:
             self.buf = _NO_BYTES
