@@ -191,9 +191,8 @@ class PrefixLease:
         if self.node is not None:
             self.tree.unlock(self.node)
             self.node = None
-        private = self.private_pages
-        if len(private):
-            self.memory.free(private)
+        if self.num_tree_pages < len(self.pages):    # no slice made when none are private
+            self.memory.free(self.pages[self.num_tree_pages:])
         self.pages = EMPTY_PAGES
         self.num_tree_pages = 0
         self.matched_tokens = 0
@@ -215,9 +214,8 @@ class PrefixLease:
         duplicates = result.duplicates(own)
         if len(duplicates):
             self.memory.free(duplicates)
-        rest = self.pages[full:]
-        if len(rest):
-            self.pages = join_pages([result.pages, rest])
+        if full < len(self.pages):
+            self.pages = join_pages([result.pages, self.pages[full:]])
         else:
             self.pages = result.pages
         self.num_tree_pages = full
