@@ -268,9 +268,9 @@ class RadixCache:
             return MatchResult(0, EMPTY_PAGES, node or self._empty_root)
         ps = self.page_size
         limit_b = limit * _ITEM
-        node, pos, parts, partial, m, _, _ = self._walk(node, key,
-                                                        limit_b - limit_b % self._page_bytes,
-                                                        limit_b)
+        node, pos, parts, partial, m, _, missed = self._walk(node, key,
+                                                             limit_b - limit_b % self._page_bytes,
+                                                             limit_b)
         cow_node: TreeNode | None = None
         cow_tokens = 0
         if partial is not None:
@@ -282,7 +282,7 @@ class RadixCache:
             if m > m_full:
                 cow_node, cow_tokens = partial, m - m_full
         if ps > 1 and cow_node is None and pos < limit_b and node.cow_index:
-            cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b)
+            cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b, missed)
         if cow_node is not None and cow_node.tier != 1:
             cow_node, cow_tokens = None, 0  # tiers: its KV is not in the pool to copy
         handle = cow_node or node
@@ -320,13 +320,14 @@ class RadixCache:
         if node is None or limit == 0:
             return 0
         limit_b = limit * _ITEM
-        node, pos, _, partial, m, _, _ = self._walk(node, key,
-                                                    limit_b - limit_b % self._page_bytes, limit_b)
+        node, pos, _, partial, m, _, missed = self._walk(node, key,
+                                                         limit_b - limit_b % self._page_bytes,
+                                                         limit_b)
         if partial is not None:
             # Full pages of the edge plus the copy-on-write part of the next: pos + m.
             return pos // _ITEM + m
         if self.page_size > 1 and pos < limit_b and node.cow_index:
-            return pos // _ITEM + self._best_cow(node, key, pos, limit_b)[1]
+            return pos // _ITEM + self._best_cow(node, key, pos, limit_b, missed)[1]
         return pos // _ITEM
 
     def _walk(self, node: TreeNode, key: LazyKey, full_b: int, end_b: int,
@@ -381,12 +382,15 @@ class RadixCache:
             node, pos = child, end
         return node, pos, parts, None, 0, same, None
 
-    def _best_cow(self, node: TreeNode, key: LazyKey, pos: int,
-                  limit_b: int) -> tuple[TreeNode | None, int]:
-        """The child whose first page shares the most tokens with key[pos:limit_b]."""
+    def _best_cow(self, node: TreeNode, key: LazyKey, pos: int, limit_b: int,
+                  missed: bytes | None = None) -> tuple[TreeNode | None, int]:
+        """The child whose first page shares the most tokens with key[pos:limit_b]
+        (`missed`: the key's page at `pos`, when the walk has it packed already)."""
         best, best_len = None, 0
         end_b = min(limit_b, pos + self._page_bytes)       # within the first page only
-        for child in node.cow_index.get(key.upto(pos + _ITEM)[pos:pos + _ITEM].tobytes(), ()):
+        first = missed[:_ITEM] if missed is not None else \
+            key.upto(pos + _ITEM)[pos:pos + _ITEM].tobytes()
+        for child in node.cow_index.get(first, ()):
             n = _common_tokens(key, pos, child, end_b, len(child.pages) * self._page_bytes)
             if n > best_len or (n == best_len and best is not None and child.id < best.id):
                 best, best_len = child, n
