@@ -166,12 +166,19 @@ class SplitDecodes:
 
 @dataclass(slots=True)
 class SharedChunks:
-    """Chunks [first, first + chunks) of a decode group's shared prefix, read once for all
-    its members (every member's query sees all of them: no mask)."""
+    """Chunks [first, first + chunks) of the shared prefixes of ``groups`` decode groups (the
+    same number of whole chunks each), read once for all their members and computed in one
+    call, batched over the groups (every member's query sees all of them: no mask). Members
+    are laid out [groups, members]; a group with fewer members repeats its first one's
+    query (rows are independent; those results are dropped)."""
 
-    tokens: torch.Tensor       # int64 [m]: the members' tokens
-    decodes: torch.Tensor      # int64 [m]: their indices among the step's decodes
-    rows: torch.Tensor         # int64 [Hkv * chunks * split] gather rows (head-major)
+    tokens: torch.Tensor       # int64 [groups * members]: the members' tokens, padded
+    real: torch.Tensor         # int64 [n]: positions of the real members in that layout
+    decodes: torch.Tensor      # int64 [n]: their indices among the step's decodes
+    rows: torch.Tensor         # int64 [groups * Hkv * chunks * split] gather rows
+    groups: int
+    members: int               # members per group in the layout (the most of any)
+    sizes: tuple[int, ...]     # each group's real members (``decodes`` in that order)
     first: int
     chunks: int
 
@@ -222,9 +229,10 @@ class FixedSplitBackend(TorchAttentionBackend):
             first = meta.num_prefills
             own_start = np.zeros(meta.batch_size, dtype=np.int64)
             if self.group_decodes:
-                for g in self._find_groups(t):     # decodes only (cascade_prefills=False)
+                groups = self._find_groups(t)      # decodes only (cascade_prefills=False)
+                for g in groups:
                     own_start[list(g.members)] = g.shared_tokens // self.split * self.split
-                    plan.shared.extend(self._shared_plans(t, g, first))
+                plan.shared = self._shared_plans(t, groups, first)
                 plan.shared_chunks = int(own_start.max()) // self.split
             keys = np.array([_padded(int(n), self.split) for n in t.kv_lens - own_start])
             order = first + np.argsort(keys[first:], kind="stable")
@@ -240,19 +248,41 @@ class FixedSplitBackend(TorchAttentionBackend):
                     keys=width, mask=ChunkMask(allowed, self.split, t)))
         return plan
 
-    def _shared_plans(self, t: StepTables, g: CascadeGroup,
+    def _shared_plans(self, t: StepTables, groups: list[CascadeGroup],
                       first_decode: int) -> list[SharedChunks]:
-        """A group's whole shared chunks (read through its first member's pages), in slices
-        whose gather fits the budget. The group's shared tokens precede every member's
-        query, so no chunk needs a mask."""
-        members, chunks = np.array(g.members), g.shared_tokens // self.split
-        per_slice = max(1, self.max_gather_rows // (self.num_kv_heads * self.split))
-        return [SharedChunks(
-            tokens=t.tensor(t.qo_indptr[members]), decodes=t.tensor(members - first_decode),
-            rows=t.tensor(self._slot_rows(t, members[:1], (c1 - c0) * self.split,
-                                          c0 * self.split).reshape(-1)),
-            first=c0, chunks=c1 - c0)
-            for c0 in range(0, chunks, per_slice) for c1 in [min(chunks, c0 + per_slice)]]
+        """The groups' whole shared chunks (each read through its first member's pages):
+        groups with the same number of whole chunks batched into one call, in calls whose
+        gather fits the budget (fewer groups, then fewer chunks, per call). The shared
+        tokens precede every member's query, so no chunk needs a mask."""
+        by_chunks: dict[int, list[CascadeGroup]] = {}
+        for g in groups:
+            by_chunks.setdefault(g.shared_tokens // self.split, []).append(g)
+        chunk_rows = self.num_kv_heads * self.split
+        out = []
+        for chunks, same in sorted(by_chunks.items()):
+            per_call = max(1, self.max_gather_rows // (chunk_rows * chunks))
+            for i in range(0, len(same), per_call):
+                batch = same[i:i + per_call]
+                per_slice = max(1, self.max_gather_rows // (chunk_rows * len(batch)))
+                for c0 in range(0, chunks, per_slice):
+                    out.append(self._shared_call(t, batch, c0, min(chunks, c0 + per_slice),
+                                                 first_decode))
+        return out
+
+    def _shared_call(self, t: StepTables, batch: list[CascadeGroup], c0: int, c1: int,
+                     first_decode: int) -> SharedChunks:
+        members = [np.array(g.members) for g in batch]
+        width = max(len(m) for m in members)
+        padded = np.stack([np.concatenate([m, np.repeat(m[:1], width - len(m))])
+                           for m in members])                       # [groups, width]
+        real = np.concatenate([i * width + np.arange(len(m)) for i, m in enumerate(members)])
+        leaders = np.array([m[0] for m in members])
+        rows = self._slot_rows(t, leaders, (c1 - c0) * self.split, c0 * self.split)
+        return SharedChunks(
+            tokens=t.tensor(t.qo_indptr[padded.reshape(-1)]), real=t.tensor(real),
+            decodes=t.tensor(np.concatenate(members) - first_decode),
+            rows=t.tensor(rows.reshape(-1)), groups=len(batch), members=width,
+            sizes=tuple(len(m) for m in members), first=c0, chunks=c1 - c0)
 
     def _prefill_plan(self, t: StepTables, b: int) -> SplitPrefill:
         start, end = int(t.qo_indptr[b]), int(t.qo_indptr[b + 1])
@@ -310,15 +340,18 @@ class FixedSplitBackend(TorchAttentionBackend):
         o_all = q.new_zeros(n, hkv, cs, g, d)
         lse_all = q.new_full((n, hkv, cs, g), float("-inf"), dtype=torch.float32)
         for s in plan.shared:
-            m, keys = s.tokens.shape[0], s.chunks * self.split
-            # All members' query rows against the chunks at once: row (member, g).
-            qg = q.index_select(0, s.tokens).view(m, hkv, g, d).transpose(0, 1)
+            gs, m, keys = s.groups, s.members, s.chunks * self.split
+            # Each group's member rows against its chunks, all groups in one call: row
+            # (member, g) of batch entry (group).
+            qg = q.index_select(0, s.tokens).view(gs, m, hkv, g, d).transpose(1, 2)
             kb, vb = self._gather(kv_pool, layer, s.rows, dt)
-            o, lse = chunk_partials(qg.reshape(1, hkv, m * g, d),
-                                    kb.view(1, hkv, keys, d).to(dt),
-                                    vb.view(1, hkv, keys, d).to(dt), None, s.chunks,
+            o, lse = chunk_partials(qg.reshape(gs, hkv, m * g, d),
+                                    kb.view(gs, hkv, keys, d).to(dt),
+                                    vb.view(gs, hkv, keys, d).to(dt), None, s.chunks,
                                     self.split, self.sm_scale)
+            o = o.view(gs, hkv, s.chunks, m, g, d).permute(0, 3, 1, 2, 4, 5)
+            lse = lse.view(gs, hkv, s.chunks, m, g).permute(0, 3, 1, 2, 4)
             span = slice(s.first, s.first + s.chunks)
-            o_all[s.decodes, :, span] = o.view(hkv, s.chunks, m, g, d).permute(2, 0, 1, 3, 4)
-            lse_all[s.decodes, :, span] = lse.view(hkv, s.chunks, m, g).permute(2, 0, 1, 3)
+            o_all[s.decodes, :, span] = o.reshape(gs * m, hkv, s.chunks, g, d)[s.real]
+            lse_all[s.decodes, :, span] = lse.reshape(gs * m, hkv, s.chunks, g)[s.real]
         return o_all, lse_all
