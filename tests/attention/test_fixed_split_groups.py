@@ -135,3 +135,21 @@ def test_chunk_results_of_a_big_group_match_each_member_alone(dtype):
     for i in (0, 17, 63):
         o1, lse1 = chunk_partials(q[i:i + 1], k, v, None, chunks, split, D ** -0.5)
         assert torch.equal(o1[0], o[i]) and torch.equal(lse1[0], lse[i])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunk_results_of_a_group_match_inside_a_batch_of_groups(dtype):
+    """The batched shared-chunk shapes: a group's rows against its chunks give the same bits
+    alone as inside a call batched over 2, 3 or 5 groups (each group its own keys)."""
+    from radixserve.attention.fixed_split import chunk_partials
+    gen = torch.Generator().manual_seed(7)
+    rows, split, chunks = 8 * (HQ // HKV), 256, 4
+    q = torch.randn(5, HKV, rows, D, generator=gen).to(dtype)
+    k, v = (torch.randn(5, HKV, chunks * split, D, generator=gen).to(dtype) for _ in "kv")
+    alone = [chunk_partials(q[i:i + 1], k[i:i + 1], v[i:i + 1], None, chunks, split,
+                            D ** -0.5) for i in range(5)]
+    for groups in (2, 3, 5):
+        o, lse = chunk_partials(q[:groups], k[:groups], v[:groups], None, chunks, split,
+                                D ** -0.5)
+        for i in range(groups):
+            assert torch.equal(o[i], alone[i][0][0]) and torch.equal(lse[i], alone[i][1][0])
