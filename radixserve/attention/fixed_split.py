@@ -87,18 +87,29 @@ def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.matmul(probs, v.view(b, h, chunks, split, d)), lse  # o: [b, h, C, R, D]
 
 
-def merge_chunks(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+def merge_chunks(o: torch.Tensor, lse: torch.Tensor,
+                 before: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """chunk_partials' results merged over dim 2 in its order -> [b, H, R, D] in o's dtype:
     fp32 sums taken one chunk at a time, elementwise (so no kernel's reduction order
     enters; 0.15 ms vs 0.73 ms for ``cumsum`` over dim 2 at 64 decodes x 5 chunks, one
     thread: CPU cumsum accumulates in double one element at a time). A chunk with lse -inf
-    (and finite o) adds exactly 0, wherever it stands."""
-    w = torch.exp(lse - lse.amax(2, keepdim=True))
-    weighted = o.float() * w[..., None]
-    num, den = weighted[:, :, 0].clone(), w[:, :, 0].clone()
-    for c in range(1, o.shape[2]):
-        num += weighted[:, :, c]
-        den += w[:, :, c]
+    (and finite o) adds exactly 0, wherever it stands. ``before``: the (o, lse) of chunks
+    that precede these, merged first: the same bits as merging their concatenation over
+    dim 2 (the max is exact, every other step elementwise), without copying it."""
+    parts = [(o, lse)] if before is None else [before, (o, lse)]
+    top = lse.amax(2, keepdim=True)
+    if before is not None:
+        top = torch.maximum(before[1].amax(2, keepdim=True), top)
+    num = den = None
+    for part_o, part_lse in parts:
+        w = torch.exp(part_lse - top)
+        weighted = part_o.float() * w[..., None]
+        for c in range(part_o.shape[2]):
+            if num is None:
+                num, den = weighted[:, :, c].clone(), w[:, :, c].clone()
+            else:
+                num += weighted[:, :, c]
+                den += w[:, :, c]
     return (num / den[..., None]).to(o.dtype)
 
 
@@ -324,10 +335,11 @@ class FixedSplitBackend(TorchAttentionBackend):
             o, lse = chunk_partials(qd, kb.view(batch, hkv, c.keys, d).to(dt),
                                     vb.view(batch, hkv, c.keys, d).to(dt), c.mask.values(dt),
                                     c.mask.first, self.split, self.sm_scale)
-            if shared is not None:      # the shared chunks come first: positional order
-                o = torch.cat([shared[0].index_select(0, c.decodes), o], 2)
-                lse = torch.cat([shared[1].index_select(0, c.decodes), lse], 2)
-            out.index_copy_(0, c.tokens, merge_chunks(o, lse).reshape(batch, -1, d))
+            before = None               # the shared chunks come first: positional order
+            if shared is not None:
+                before = (shared[0].index_select(0, c.decodes),
+                          shared[1].index_select(0, c.decodes))
+            out.index_copy_(0, c.tokens, merge_chunks(o, lse, before).reshape(batch, -1, d))
         return out
 
     def _shared_partials(self, plan: FixedSplitPlan, layer: int, q: torch.Tensor,
