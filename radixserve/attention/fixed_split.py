@@ -282,6 +282,7 @@ class FixedSplitBackend(TorchAttentionBackend):
 
     def _shared_call(self, t: StepTables, batch: list[CascadeGroup], c0: int, c1: int,
                      first_decode: int) -> SharedChunks:
+        """One call over chunks [c0, c1) of ``batch``'s groups, members padded (SharedChunks)."""
         members = [np.array(g.members) for g in batch]
         width = max(len(m) for m in members)
         padded = np.stack([np.concatenate([m, np.repeat(m[:1], width - len(m))])
