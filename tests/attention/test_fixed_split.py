@@ -120,3 +120,18 @@ def test_row_max_is_exactly_amax(dtype):
         assert got.dtype == want.dtype and torch.equal(got, want)
     # -0.0 == +0.0 for torch.equal: rows of -0.0 and negatives, bit for bit (-0.0)
     assert torch.equal(row_max(x[2]).view(torch.uint8), x[2].amax(-1).view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_merge_with_preceding_chunks_equals_merge_of_concatenation(dtype):
+    """merge_chunks(o, lse, before=(o0, lse0)) gives the bits of merging cat([o0, o]) and
+    cat([lse0, lse]), including chunks weighted 0 (lse -inf) on either side."""
+    from radixserve.attention.fixed_split import merge_chunks
+    gen = torch.Generator().manual_seed(3)
+    o0, o1 = (torch.randn(6, 3, c, 3, 64, generator=gen).to(dtype) for c in (4, 2))
+    l0, l1 = (torch.randn(6, 3, c, 3, generator=gen) * 4 for c in (4, 2))
+    l0[1] = float("-inf")                 # a decode in no group: its shared chunks weigh 0
+    l1[2, :, 1] = float("-inf")
+    want = merge_chunks(torch.cat([o0, o1], 2), torch.cat([l0, l1], 2))
+    assert torch.equal(merge_chunks(o1, l1, (o0, l0)), want)
+    assert torch.isfinite(want.float()).all()

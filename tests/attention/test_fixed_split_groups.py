@@ -60,22 +60,48 @@ def attend(spans, pool, q, k, v, page_size, grouped: bool, split: int, gather_el
     return backend.forward(plan, 0, q, k, v, pool), plan
 
 
+def shared_spans(plan) -> dict[tuple[int, ...], list[tuple[int, int]]]:
+    """Each group's members -> the (first, chunks) slices computed for it, from a plan whose
+    calls may batch several groups."""
+    shared: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for s in plan.shared:
+        assert s.groups == len(s.sizes) and s.real.shape == s.decodes.shape
+        assert s.tokens.shape[0] == s.groups * s.members
+        ends = np.cumsum(s.sizes)
+        for members in np.split(s.decodes.numpy(), ends[:-1]):
+            shared.setdefault(tuple(members.tolist()), []).append((s.first, s.chunks))
+    return shared
+
+
+def split_groups(split: int) -> list[tuple[int, list[int]]]:
+    # Prefix lengths off the split (the partial chunk is each member's own), one exactly on
+    # it with a member decoding right after it; groups of 2, 5 and 17.
+    return [(200 + split, [1, 40]), (2 * split, [1, 3, 70, 200, 9]),
+            (3 * split + 37, [int(n) for n in np.arange(1, 18) * 13])]
+
+
+def batched_groups(split: int) -> list[tuple[int, list[int]]]:
+    # Three groups of 2, 5 and 3 members with the same number of whole shared chunks (2),
+    # computed in one call batched over the groups (members padded to 5).
+    return [(2 * split + 5, [1, 40]), (2 * split + 30, [1, 3, 70, 200, 9]),
+            (2 * split, [7, 1, 11])]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("split,gather_elems", [(64, 2**20), (64, HKV * 64 * D), (256, 2**20)])
-def test_grouped_decodes_bit_identical_to_ungrouped(dtype, page_size, split, gather_elems):
-    # Prefix lengths off the split (the partial chunk is each member's own), one exactly on
-    # it with a member decoding right after it; groups of 2, 5 and 17; unrelated decodes.
-    groups = [(200 + split, [1, 40]), (2 * split, [1, 3, 70, 200, 9]),
-              (3 * split + 37, [int(n) for n in np.arange(1, 18) * 13])]
+@pytest.mark.parametrize("layout", [split_groups, batched_groups])
+def test_grouped_decodes_bit_identical_to_ungrouped(dtype, page_size, split, gather_elems,
+                                                    layout):
+    groups = layout(split)                          # plus unrelated decodes
     pool, spans, q, k, v = build_step(groups, [90, 600, 1], page_size, dtype,
                                       seed=page_size + split)
     got, plan = attend(spans, pool, q, k, v, page_size, True, split, gather_elems)
     want, plain = attend(spans, pool, q, k, v, page_size, False, split, gather_elems)
     # Groups formed, over whole chunks only: the plan really took the grouped path.
-    shared = {}
-    for s in plan.shared:
-        shared.setdefault(tuple(s.decodes.tolist()), []).append((s.first, s.chunks))
+    shared = shared_spans(plan)
+    if layout is batched_groups and gather_elems == 2**20:
+        assert [s.groups for s in plan.shared] == [3]                # one batched call
     expect = [(len(t), (p - p % page_size) // split) for p, t in groups]
     assert sorted((len(m), sum(c for _, c in spans_)) for m, spans_ in shared.items()) \
         == sorted(expect)
@@ -109,3 +135,21 @@ def test_chunk_results_of_a_big_group_match_each_member_alone(dtype):
     for i in (0, 17, 63):
         o1, lse1 = chunk_partials(q[i:i + 1], k, v, None, chunks, split, D ** -0.5)
         assert torch.equal(o1[0], o[i]) and torch.equal(lse1[0], lse[i])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunk_results_of_a_group_match_inside_a_batch_of_groups(dtype):
+    """The batched shared-chunk shapes: a group's rows against its chunks give the same bits
+    alone as inside a call batched over 2, 3 or 5 groups (each group its own keys)."""
+    from radixserve.attention.fixed_split import chunk_partials
+    gen = torch.Generator().manual_seed(7)
+    rows, split, chunks = 8 * (HQ // HKV), 256, 4
+    q = torch.randn(5, HKV, rows, D, generator=gen).to(dtype)
+    k, v = (torch.randn(5, HKV, chunks * split, D, generator=gen).to(dtype) for _ in "kv")
+    alone = [chunk_partials(q[i:i + 1], k[i:i + 1], v[i:i + 1], None, chunks, split,
+                            D ** -0.5) for i in range(5)]
+    for groups in (2, 3, 5):
+        o, lse = chunk_partials(q[:groups], k[:groups], v[:groups], None, chunks, split,
+                                D ** -0.5)
+        for i in range(groups):
+            assert torch.equal(o[i], alone[i][0][0]) and torch.equal(lse[i], alone[i][1][0])
