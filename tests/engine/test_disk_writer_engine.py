@@ -249,3 +249,45 @@ def test_disk_reads_run_off_the_event_loop_and_the_request_waits_for_them(
             await engine.shutdown()
     asyncio.run(main())
     assert not watchdog_fired.is_set()
+
+
+def test_a_request_aborted_while_its_disk_reads_wait_gives_back_everything(
+        model_fp32, expected, tmp_path):
+    """A's prefix is on disk and its reads are held by a gate; A is aborted while it waits.
+    It ends with finish reason "abort", every tier's pages are conserved, and after the
+    reads pass the same prompt is served correctly (loading from disk again)."""
+    prompts, replies = expected
+    engine, writer, write_gate = engine_with_gate(model_fp32, tmp_path, prompts)
+    write_gate.set()
+    tiers = engine.tiers
+    gate = threading.Event()
+    reads = GatedReads(tiers.reader.source, gate)
+
+    async def main():
+        await engine.start()
+        try:
+            for p in prompts[:-1]:
+                await collect(engine.generate(p, GREEDY))
+                await wait_idle(engine)
+            await asyncio.to_thread(writer.drain)
+            tiers.collect_io()
+            assert tiers.nodes[DISK]
+            tiers.reader.source = reads
+            stream = engine.generate(prompts[-1], GREEDY, request_id="a")
+            a = asyncio.create_task(collect(stream))
+            await asyncio.wait_for(asyncio.to_thread(reads.entered.wait), GUARD_S)
+            engine.abort("a")
+            aborted = await asyncio.wait_for(a, GUARD_S)
+            assert aborted.final.finish_reason == "abort"
+            await wait_idle(engine)
+            engine.check_invariants()                   # every tier: nothing held by A
+            gate.set()
+            again = await asyncio.wait_for(collect(engine.generate(prompts[-1], GREEDY)),
+                                           GUARD_S)
+            await wait_idle(engine)
+            engine.check_invariants()
+            assert again.token_ids[0] == replies[-1]
+        finally:
+            gate.set()
+            await engine.shutdown()
+    asyncio.run(main())
