@@ -135,15 +135,17 @@ class TierMover:
                 keep = self._gather(POOL, mv.src)
                 gathered = ops.event()
                 gathered.record(side)
+                slots = mv.dst.tolist()
                 for t, rows in zip(self.host.tensors, keep):
-                    for i, slot in enumerate(mv.dst.tolist()):
+                    for i, slot in enumerate(slots):
                         t[slot].copy_(rows[i], non_blocking=True)
             else:           # pinned host -> device staging, then scatter into the pool
                 n = len(mv.src)
                 keep = [torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=self.device)
                         for t in self.pool_tensors]
+                slots = mv.src.tolist()
                 for staged, t in zip(keep, self.host.tensors):
-                    for i, slot in enumerate(mv.src.tolist()):
+                    for i, slot in enumerate(slots):
                         staged[i].copy_(t[slot], non_blocking=True)
                 self._scatter(POOL, mv.dst, keep)
         done = ops.event()
