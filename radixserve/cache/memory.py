@@ -28,6 +28,7 @@ class PagedMemory:
     def __init__(self, num_pages: int, tree: RadixCache):
         self._free_list = PageAllocator(num_pages)
         self.tree = tree
+        tree.keep_views_into(self._free_list.initial_ids)
         self.page_size = tree.page_size
 
     @property

@@ -61,6 +61,11 @@ class PageAllocator:
         self._pristine = num_pages
 
     @property
+    def initial_ids(self) -> np.ndarray:
+        """The read-only ids that never-freed pages are handed out as views of."""
+        return self._initial
+
+    @property
     def num_free(self) -> int:
         return self._top
 

@@ -168,14 +168,22 @@ def _key_and_limit(tokens: TokenIds, max_tokens: int | None) -> tuple[LazyKey, i
     return LazyKey(tokens, 0, limit), limit
 
 
-def _frozen(a: np.ndarray) -> bool:
-    """No one can write into `a`: neither it nor any array it views is writeable."""
+def _keepable(a: np.ndarray, lasting: np.ndarray | None) -> bool:
+    """May the tree keep `a` as a view instead of a copy? Only if no one can write into it
+    (neither it nor any array it views is writeable) and it is most of the buffer it views
+    or views `lasting` (a buffer that lives as long as the tree anyway): a leaf viewing a
+    request's whole page table would pin the ids of the matched prefix too (2,048 ids
+    kept alive for a 384-id leaf on a shared system prompt), and every request's table
+    would stay in fresh, never-reused memory."""
+    size = a.nbytes
     while True:
         if a.flags.writeable:
             return False
         base = a.base
-        if base is None or type(base) is bytes:
-            return True
+        if base is None:
+            return a is lasting or a.nbytes <= 2 * size
+        if type(base) is bytes:
+            return len(base) <= 2 * size
         if not isinstance(base, np.ndarray):
             return False                # some other buffer: maybe writeable through it
         a = base
@@ -212,11 +220,17 @@ class RadixCache:
         self._query_tokens = 0
         self._hit_tokens = 0
         self._evicted_tokens = 0
+        self._lasting_ids: np.ndarray | None = None     # see keep_views_into
         # Handle for a match in a namespace that holds nothing: locking it is a no-op.
         self._empty_root = TreeNode(0, b"", EMPTY_PAGES, None, 0, None)
         # Host/disk tiers below the KV pool (cache/tiers.py attaches itself); None: evicted
         # pages are dropped. The O(1) counters above count the KV pool's (tier 1) tokens.
         self.tiers: LowerTiers | None = None
+
+    def keep_views_into(self, ids: np.ndarray) -> None:
+        """Keep page-id arrays that view `ids` (read-only, alive as long as the tree: the
+        free list's never-freed ids) as views, however small a part of it they are."""
+        self._lasting_ids = ids
 
     # ------------------------------------------------------------------ counters (O(1))
     @property
@@ -465,11 +479,11 @@ class RadixCache:
     def _add_leaf(self, parent: TreeNode, key: LazyKey, pos: int, pages: np.ndarray,
                   first: bytes | None) -> TreeNode:
         """A new evictable leaf under `parent` holding the key from byte `pos` in `pages`
-        (kept as a view when the caller's array is frozen, as PrefixLease's are; else
-        copied), filed under `first` (its first page, packed; None: sliced from the key)."""
+        (kept as a view when that is safe and cheap, see `_keepable`; else copied), filed
+        under `first` (its first page, packed; None: sliced from the key)."""
         if parent.evict_key is not None:     # an evictable leaf gets a child: no longer a leaf
             self._remove_evictable(parent)
-        if not _frozen(pages):
+        if not _keepable(pages, self._lasting_ids):
             pages = pages.copy()
             pages.flags.writeable = False
         packed, pending = key.edge_from(pos)
@@ -811,7 +825,7 @@ class RadixCache:
         """A host/disk node whose parent is in the KV pool moves into it on `pages` (the
         caller's: loaded or recomputed); its lower-tier slots are released."""
         self.tiers.release(node)
-        if pages.flags.writeable or not _frozen(pages):
+        if not _keepable(pages, self._lasting_ids):
             pages = pages.copy()
             pages.flags.writeable = False
         node.pages = pages

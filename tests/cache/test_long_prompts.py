@@ -163,3 +163,34 @@ def test_alloc_after_appends_new_pages_in_one_read_only_table(ps):
     assert c.total_tokens == 3 * ps
     mem.free(table)
     mem.check_conservation()
+
+
+def _root_buffer_bytes(a: np.ndarray) -> int:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return len(a.base) if isinstance(a.base, bytes) else a.nbytes
+
+
+def test_a_leaf_after_a_long_hit_does_not_pin_the_requests_whole_page_table():
+    """The second request's table is the shared prefix's ids + its own: its new leaf keeps
+    its own ids (copied), not a view that would keep the prefix's copy alive with it."""
+    c = RadixCache(1)
+    mem = PagedMemory(10_000, c)
+    system = list(range(1000, 3048))                        # 2,048 shared tokens
+    for question in ([1, 2, 3, 4], [5, 6, 7, 8]):
+        tokens = array("q", system + question * 96)          # + 384 tokens each
+        lease = PrefixLease(mem)
+        lease.acquire(tokens, max_tokens=len(tokens) - 1)
+        lease.grow(len(tokens) - len(lease.pages))
+        lease.release(tokens, len(tokens))
+    (shared,) = c._ns_roots[None].children.values()
+    leaves = list(shared.children.values())
+    assert len(leaves) == 2
+    first, second = sorted(leaves, key=lambda n: n.id)
+    assert len(first.pages) == len(second.pages) == 384
+    # the first request's table came from never-freed ids: a view of them, no copy
+    assert np.shares_memory(first.pages, mem._free_list.initial_ids)
+    # the second's was the prefix's 2,048 ids + 384 new ones: its leaf keeps only its own
+    assert _root_buffer_bytes(second.pages) <= 2 * second.pages.nbytes
+    mem.check_conservation()
+    c.check_invariants()
