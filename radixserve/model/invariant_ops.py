@@ -5,12 +5,15 @@ oneDNN's CPU matmul (brg_matmul, AMX on this machine) picks its blocking from th
 and some blockings sum a row's products in another order. Measured on an AMX Xeon, torch
 2.13 / oneDNN 3.12, SmolLM2-135M's five weight shapes, 1 and 2 threads
 (docs/deterministic.md): in bf16, every call with M <= 32 rows gives each row exactly what a
-1-row call gives, and so does M = 1024 (and 2048), but 33 <= M <= ~700 does not; in fp16 any
-M >= 2 agrees but M = 1 does not; in fp32, calls of exactly 32 rows and of 1024 agree. So rows
-are computed in *blocks*: whole tiles of ``big_rows`` rows, then the rest in chunks of at most
-``small_rows`` (padded up to ``min_rows``), or one padded big tile when the rest is large
-enough that padding is cheaper than many small calls. Every block shape used is one that
-``check_row_invariance`` found equal to the small chunks on this machine; when it does not,
+1-row call gives, and so do M = 1024 and M = 2048, but 33 <= M <= ~700 does not (nor do some
+larger M: 1611 rows of the fused q/k/v weight at 2 threads); in fp16 any M >= 2 agrees but
+M = 1 does not; in fp32, calls of exactly 32 rows and of 1024 agree. So rows are computed in
+*blocks*: whole tiles of the largest big size, then the rest in one padded tile of the
+smallest big size that holds it when it is large enough that padding is cheaper than many
+small calls, else in chunks of at most ``small_rows`` (padded up to ``min_rows``). One
+2,048-row call costs 0.5-0.9x two 1,024-row calls here (oneDNN reorders an unpacked weight
+on every call), and a full prefill step is 2,048 rows. Every block shape used is one that
+``check_row_invariance`` found equal to the small chunks on this machine; when none does,
 ``RowBlocks.safe()`` (fixed 32-row tiles, always padded: one kernel shape) is used instead.
 """
 
@@ -29,7 +32,7 @@ log = logging.getLogger(__name__)
 # Smallest chunk that computes like a 1-row call, per dtype (measured, see module doc).
 _MIN_ROWS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 32}
 SMALL_ROWS = 32
-BIG_ROWS = 1024
+BIG_ROWS = (1024, 2048)         # tile sizes tried, smallest first (checked per weight shape)
 
 
 @dataclass(frozen=True)
@@ -38,27 +41,30 @@ class RowBlocks:
 
     small_rows: int = SMALL_ROWS
     min_rows: int = 1              # chunks shorter than this are padded with zero rows
-    big_rows: int | None = BIG_ROWS  # None: small chunks only
-    pad_big_from: int = BIG_ROWS // 4  # a rest of at least this many rows: one padded big tile
+    big_rows: tuple[int, ...] = BIG_ROWS  # tile sizes, ascending; (): small chunks only
+    pad_big_from: int = BIG_ROWS[0] // 4  # a rest of at least this many rows: one padded tile
 
     @classmethod
-    def for_dtype(cls, dtype: torch.dtype) -> RowBlocks:
-        return cls(min_rows=_MIN_ROWS.get(dtype, SMALL_ROWS))
+    def for_dtype(cls, dtype: torch.dtype, big_rows: tuple[int, ...] = BIG_ROWS) -> RowBlocks:
+        return cls(min_rows=_MIN_ROWS.get(dtype, SMALL_ROWS), big_rows=big_rows)
 
     @classmethod
     def safe(cls) -> RowBlocks:
         """One kernel shape only (32 rows, padded): slow for prefills, invariant by design."""
-        return cls(min_rows=SMALL_ROWS, big_rows=None)
+        return cls(min_rows=SMALL_ROWS, big_rows=())
 
     def blocks(self, rows: int) -> list[tuple[int, int, int]]:
         """(start, real rows, rows in the call) for every call over ``rows`` rows."""
         out, start = [], 0
         if self.big_rows:
-            while rows - start >= self.big_rows:
-                out.append((start, self.big_rows, self.big_rows))
-                start += self.big_rows
-            if rows - start >= self.pad_big_from:
-                out.append((start, rows - start, self.big_rows))
+            largest = self.big_rows[-1]
+            while rows - start >= largest:
+                out.append((start, largest, largest))
+                start += largest
+            rest = rows - start
+            if rest >= self.pad_big_from:
+                tile = next(t for t in self.big_rows if t >= rest)
+                out.append((start, rest, tile))
                 return out
         while start < rows:
             n = min(self.small_rows, rows - start)
@@ -73,8 +79,9 @@ def blocked_linear(x: torch.Tensor, linear: nn.Linear,
 
     Small chunks run the layer's own forward (a pre-packed oneDNN weight where
     packed_linear keeps one: packing's decode speed, the same bits as F.linear up to 32
-    rows); big tiles run F.linear, whose 1024-row kernel agrees with the small chunks where
-    the packed one may not. ``check_row_invariance`` checks exactly these calls."""
+    rows); big tiles run F.linear, whose 1024- and 2048-row kernels agree with the small
+    chunks where the packed one may not. ``check_row_invariance`` checks exactly these
+    calls."""
     rows = x.shape[0]
     out = x.new_empty(rows, linear.weight.shape[0])
     for start, real, call_rows in row_blocks.blocks(rows):
@@ -113,14 +120,16 @@ def check_row_invariance(linear: nn.Linear, row_blocks: RowBlocks, seed: int = 0
     small chunks give (the kernel choice depends on the shape, not the data)."""
     g = torch.Generator().manual_seed(seed)
     weight = linear.weight
-    big = row_blocks.big_rows or 0
+    big = max(row_blocks.big_rows, default=0)
     rows = big + 3 * row_blocks.small_rows + 5
     x = torch.randn(rows, weight.shape[1], generator=g).to(weight.dtype).to(weight.device)
     reference = blocked_linear(x, linear, RowBlocks(row_blocks.small_rows,
-                                                    row_blocks.min_rows, None))
-    sizes = [1, 2, 3, 5, 8, 13, 17, row_blocks.small_rows - 1, row_blocks.small_rows,
-             row_blocks.small_rows + 1, rows]
-    for n in sizes:
+                                                    row_blocks.min_rows, ()))
+    sizes = {1, 2, 3, 5, 8, 13, 17, row_blocks.small_rows - 1, row_blocks.small_rows,
+             row_blocks.small_rows + 1, rows}
+    for tile in row_blocks.big_rows:    # each tile whole, and padded
+        sizes |= {tile, tile - 1}
+    for n in sorted(sizes):
         for start in (0, rows - n):
             got = blocked_linear(x[start:start + n], linear, row_blocks)
             if not torch.equal(got, reference[start:start + n]):
@@ -130,12 +139,14 @@ def check_row_invariance(linear: nn.Linear, row_blocks: RowBlocks, seed: int = 0
 
 def choose_row_blocks(linear: nn.Linear) -> RowBlocks:
     """The measured blocks for the weight's dtype when ``check_row_invariance`` confirms them
-    on this machine at this thread count, else ``RowBlocks.safe()`` (e.g. 3 threads made
-    oneDNN split the 1024-row tile of a 576-wide output differently)."""
+    on this machine at this thread count: 1,024- and 2,048-row tiles, else 1,024 only, else
+    ``RowBlocks.safe()`` (e.g. 3 threads made oneDNN split the 1024-row tile of a 576-wide
+    output differently)."""
     weight = linear.weight
-    blocks = RowBlocks.for_dtype(weight.dtype)
-    if check_row_invariance(linear, blocks):
-        return blocks
+    for big_rows in (BIG_ROWS, BIG_ROWS[:1]):
+        blocks = RowBlocks.for_dtype(weight.dtype, big_rows)
+        if check_row_invariance(linear, blocks):
+            return blocks
     log.warning("linear %s in %s: row blocks %s are not row-invariant here; using fixed "
                 "32-row tiles", tuple(weight.shape), weight.dtype, blocks)
     return RowBlocks.safe()

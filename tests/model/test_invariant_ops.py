@@ -19,7 +19,7 @@ from radixserve.model.rope import apply_rotary
 
 # SmolLM2-135M's linear shapes (out, in): fused qkv, o, fused gate/up, down
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
-ROW_COUNTS = [1, 2, 3, 7, 31, 32, 33, 64, 100, 300, 700, 1024, 1100, 2100]
+ROW_COUNTS = [1, 2, 3, 7, 31, 32, 33, 64, 100, 300, 700, 1024, 1100, 1611, 2048, 2100]
 DTYPES = [torch.bfloat16, torch.float16]
 
 
@@ -84,8 +84,15 @@ def test_row_blocks_cover_rows_once():
         starts = [s for s, _, _ in blocks]
         assert starts == sorted(starts)
         assert sum(n for _, n, _ in blocks) == rows
-        assert all(call in (n, b.big_rows) or call == max(n, b.min_rows)
+        assert all(call in b.big_rows or call == max(n, b.min_rows)
                    for _, n, call in blocks)
+        assert all(call >= n for _, n, call in blocks)
+    # a full prefill step is one 2,048-row call; a rest past 1,024 one padded 2,048 tile
+    assert b.blocks(2048) == [(0, 2048, 2048)]
+    assert b.blocks(1711) == [(0, 1711, 2048)]
+    assert b.blocks(4100) == [(0, 2048, 2048), (2048, 2048, 2048), (4096, 4, 4)]
+    assert b.blocks(505) == [(0, 505, 1024)]
+    assert RowBlocks(big_rows=(1024,)).blocks(2100)[:2] == [(0, 1024, 1024), (1024, 1024, 1024)]
 
 
 def test_row_invariant_model_shares_weights_and_leaves_model_alone():
