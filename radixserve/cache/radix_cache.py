@@ -170,23 +170,27 @@ def _key_and_limit(tokens: TokenIds, max_tokens: int | None) -> tuple[LazyKey, i
 
 def _keepable(a: np.ndarray, lasting: np.ndarray | None) -> bool:
     """May the tree keep `a` as a view instead of a copy? Only if no one can write into it
-    (neither it nor any array it views is writeable) and it is most of the buffer it views
-    or views `lasting` (a buffer that lives as long as the tree anyway): a leaf viewing a
-    request's whole page table would pin the ids of the matched prefix too (2,048 ids
-    kept alive for a 384-id leaf on a shared system prompt), and every request's table
-    would stay in fresh, never-reused memory."""
+    (neither it nor any array it views is writeable), and it would pin little else: the
+    buffer it views holds at most one more `a` or one more memory page (4 KiB) beyond it,
+    or is `lasting` (a buffer that lives as long as the tree anyway). A leaf viewing a
+    request's whole page table would pin the ids of the matched prefix too (2,048 ids kept
+    alive for a 384-id leaf on a shared system prompt), and every request's table would
+    stay in fresh, never-reused memory."""
     size = a.nbytes
     while True:
         if a.flags.writeable:
             return False
         base = a.base
         if base is None:
-            return a is lasting or a.nbytes <= 2 * size
+            return a is lasting or a.nbytes - size <= max(size, _PAGE_BYTES)
         if type(base) is bytes:
-            return len(base) <= 2 * size
+            return len(base) - size <= max(size, _PAGE_BYTES)
         if not isinstance(base, np.ndarray):
             return False                # some other buffer: maybe writeable through it
         a = base
+
+
+_PAGE_BYTES = 4096
 
 
 def join_pages(parts: list[np.ndarray]) -> np.ndarray:
