@@ -93,6 +93,9 @@ class PageAllocator:
 
     def free(self, pages: np.ndarray | Sequence[int]) -> None:
         """Return pages to the free list. PageAccountingError (nothing changed) on a bad id."""
+        if type(pages) is np.ndarray and pages.shape == _ONE and pages.dtype == _INT32:
+            self._free_one(pages.item())    # a partial last page, every request: the short path
+            return
         p = np.asarray(pages)
         k = p.size
         if k == 0:
@@ -186,3 +189,4 @@ class PageAllocator:
 
 _INT32 = np.dtype(np.int32)
 _SORTED_FREE = 256           # ids from which free sorts them first (see _free_sorted)
+_ONE = (1,)                  # the shape of a one-page free

@@ -299,7 +299,8 @@ class RadixCache:
             pos += m_full * _ITEM
             if m > m_full:
                 cow_node, cow_tokens = partial, m - m_full
-        if ps > 1 and cow_node is None and pos < limit_b and node.cow_index:
+        if ps > 1 and cow_node is None and pos < limit_b and node.cow_index and (
+                missed is None or missed[:_ITEM] in node.cow_index):   # else: no candidate
             cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b, missed)
         if cow_node is not None and cow_node.tier != 1:
             cow_node, cow_tokens = None, 0  # tiers: its KV is not in the pool to copy
