@@ -19,7 +19,7 @@ from radixserve.attention.context import ForwardContext
 
 from .config import ModelConfig
 from .packed_linear import Linear
-from .rope import RotaryEmbedding, apply_rotary
+from .rope import RotaryEmbedding, rotate_in_place
 from .weights import check_weights
 
 
@@ -51,11 +51,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:
-        t = h.shape[0]
-        q, k, v = self.qkv_proj(self.input_layernorm(h)).split(self.split, dim=-1)
-        q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        t, hq, d = h.shape[0], self.num_heads, self.head_dim
+        qkv = self.qkv_proj(self.input_layernorm(h))
+        # q and k are adjacent in each row: rotated together, in place (views of qkv).
+        qk = qkv[:, :self.split[0] + self.split[1]].view(t, hq + self.num_kv_heads, d)
+        rotate_in_place(qk, cos, sin)
+        q, k = qk[:, :hq], qk[:, hq:]
+        v = qkv[:, self.split[0] + self.split[1]:].view(t, self.num_kv_heads, d)
         o = ctx.attention(self.index, q, k, v)
         h = h + self.o_proj(o.reshape(t, -1))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)

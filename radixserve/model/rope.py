@@ -64,3 +64,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """x [T, H, D] -> rotated, same shape: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rotate_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """apply_rotary written back into ``x`` with the same bits (the same products and sums,
+    rounded in the same order), without the concatenated copy: ``x`` may be a view, so q
+    and k of a fused projection rotate in one call."""
+    x1, x2 = x.chunk(2, dim=-1)
+    x1_sin, x2_sin = x1 * sin, x2 * sin
+    x1.mul_(cos).sub_(x2_sin)
+    x2.mul_(cos).add_(x1_sin)
