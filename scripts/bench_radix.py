@@ -162,8 +162,13 @@ def compare(name: str, stream, capacities: dict, page_sizes: list[int], repeats:
         theirs: list[dict] = []
         for _ in range(repeats):                # interleaved, so drift hits both alike
             for ps in page_sizes:
+                gc.collect()                    # see below
                 ours[ps].append(run_stream(stream, ps, cap, policy, via_lease))
             if run_sglang is not None:
+                # Both trees link children and parents (reference cycles): without a
+                # collection here, the pass after another one would pay, inside its timing,
+                # for collecting the previous pass's whole tree.
+                gc.collect()
                 theirs.append(run_sglang(stream, cap, sglang_path, "minimal", policy))
         if theirs:
             ref, ref_median, ref_cpu = per_request_us(theirs)
