@@ -178,10 +178,7 @@ class LazyKey:
         self.tokens = tokens
         self.start = start
         self.num_bytes = n = num_tokens * ITEM_BYTES
-        if type(tokens) is array and tokens.typecode == TYPECODE:   # the engine's ids
-            view = memoryview(tokens).cast("B")
-        else:
-            view = byte_view(tokens)
+        view = byte_view(tokens)
         self.zero_copy = view is not None
         if view is None:
             self.buf = _NO_BYTES

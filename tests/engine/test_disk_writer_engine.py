@@ -200,6 +200,28 @@ class GatedReads:
         return self.inner.read_page(slot)
 
 
+def engine_with_gated_reads(model, tmp_path, prompts):
+    """An engine whose disk writes pass at once and whose disk reads, once `reads` is
+    installed as the reader's source, wait for `gate`: (engine, writer, gate, reads)."""
+    engine, writer, write_gate = engine_with_gate(model, tmp_path, prompts)
+    write_gate.set()
+    gate = threading.Event()
+    return engine, writer, gate, GatedReads(engine.tiers.reader.source, gate)
+
+
+async def serve_onto_disk(engine, writer, prompts) -> list:
+    """Serve `prompts` one by one, then wait until their pages are written to disk; the
+    first token of each reply."""
+    first = []
+    for p in prompts:
+        first.append((await collect(engine.generate(p, GREEDY))).token_ids[0])
+        await wait_idle(engine)
+    await asyncio.to_thread(writer.drain)
+    engine.tiers.collect_io()
+    assert engine.tiers.nodes[DISK]
+    return first
+
+
 def test_disk_reads_run_off_the_event_loop_and_the_request_waits_for_them(
         model_fp32, expected, tmp_path):
     """A's prefix is on disk (durable); its reads are held by a gate. The event loop keeps
@@ -207,24 +229,16 @@ def test_disk_reads_run_off_the_event_loop_and_the_request_waits_for_them(
     disk once the reads pass and replies as without a cache. A watchdog opens the gate
     (and fails the test) if the reads ran on the loop and blocked it."""
     prompts, replies = expected
-    engine, writer, write_gate = engine_with_gate(model_fp32, tmp_path, prompts)
-    write_gate.set()
+    engine, writer, gate, reads = engine_with_gated_reads(model_fp32, tmp_path, prompts)
     tiers = engine.tiers
-    gate = threading.Event()
-    reads = GatedReads(tiers.reader.source, gate)
     watchdog_fired = threading.Event()
     watchdog = threading.Timer(GUARD_S, lambda: (watchdog_fired.set(), gate.set()))
 
     async def main():
         await engine.start()
         try:
-            got = []
-            for p in prompts[:-1]:
-                got.append((await collect(engine.generate(p, GREEDY))).token_ids[0])
-                await wait_idle(engine)
-            await asyncio.to_thread(writer.drain)
-            tiers.collect_io()
-            assert not tiers.pending_writes and tiers.nodes[DISK]
+            got = await serve_onto_disk(engine, writer, prompts[:-1])
+            assert not tiers.pending_writes
             tiers.reader.source = reads
             watchdog.start()
             a = asyncio.create_task(collect(engine.generate(prompts[-1], GREEDY)))
@@ -257,21 +271,13 @@ def test_a_request_aborted_while_its_disk_reads_wait_gives_back_everything(
     It ends with finish reason "abort", every tier's pages are conserved, and after the
     reads pass the same prompt is served correctly (loading from disk again)."""
     prompts, replies = expected
-    engine, writer, write_gate = engine_with_gate(model_fp32, tmp_path, prompts)
-    write_gate.set()
+    engine, writer, gate, reads = engine_with_gated_reads(model_fp32, tmp_path, prompts)
     tiers = engine.tiers
-    gate = threading.Event()
-    reads = GatedReads(tiers.reader.source, gate)
 
     async def main():
         await engine.start()
         try:
-            for p in prompts[:-1]:
-                await collect(engine.generate(p, GREEDY))
-                await wait_idle(engine)
-            await asyncio.to_thread(writer.drain)
-            tiers.collect_io()
-            assert tiers.nodes[DISK]
+            await serve_onto_disk(engine, writer, prompts[:-1])
             tiers.reader.source = reads
             stream = engine.generate(prompts[-1], GREEDY, request_id="a")
             a = asyncio.create_task(collect(stream))
