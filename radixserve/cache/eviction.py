@@ -3,7 +3,7 @@
 The interface
 -------------
 A policy is an object with a `name` and one method, `key(node) -> comparable`. The cache keeps
-its evictable leaves (unlocked nodes without children) in a sortedcontainers SortedKeyList
+its evictable leaves (unlocked nodes without children) in a heap (eviction_queue.py)
 ordered by `(policy.key(node), node.id)` and evicts from the small end, so:
 
 - smaller key = evicted first; equal keys break by node id (older node first), so every
@@ -41,6 +41,9 @@ __all__ = ["EvictionPolicy", "LRUPolicy", "LFUPolicy", "GDSFPolicy", "POLICIES",
 
 class EvictionPolicy(ABC):
     name: str = "custom"
+    # Does `key` read the edge's length (num_tokens, depth, key)? If not, trimming a
+    # leaf's tail on eviction cannot move it in the queue, and the cache skips the re-key.
+    key_reads_size: bool = True
 
     @abstractmethod
     def key(self, node: TreeNode) -> Any:
@@ -51,6 +54,7 @@ class LRUPolicy(EvictionPolicy):
     """Least recently used first."""
 
     name = "lru"
+    key_reads_size = False
 
     def key(self, node: TreeNode) -> Any:
         return node.last_access
@@ -65,6 +69,7 @@ class LFUPolicy(EvictionPolicy):
     """
 
     name = "lfu"
+    key_reads_size = False
 
     def __init__(self, half_life: int = 4096):
         if half_life <= 0:
@@ -85,6 +90,7 @@ class GDSFPolicy(LFUPolicy):
     """
 
     name = "gdsf"
+    key_reads_size = True
 
     def __init__(self, half_life: int = 4096, attention_tokens: int = 4096):
         super().__init__(half_life)

@@ -70,17 +70,17 @@ def check_tree(cache: RadixCache) -> None:
                 if not any(c.tier == 1 for c in node.children.values()):
                     candidates[node.id] = node
                     want_key = (cache.policy.key(node), node.id)
-                    assert node.evict_key == want_key, \
+                    assert node.evict_key is not None and node.evict_key[:2] == want_key, \
                         f"{node}: stale eviction key {node.evict_key} != {want_key}"
                     continue
             assert node.evict_key is None, f"{node} not evictable but keyed {node.evict_key}"
     in_set = {n.id: n for n in cache.iter_evictable()}
-    assert len(in_set) == len(cache._evictable), "a node is in the evictable set twice"
-    assert all(e[:2] == e[2].evict_key for e in cache._evictable), "evictable entry != node key"
+    live = cache._evictable.entries()
+    assert len(in_set) == len(live) == len(cache._evictable), "a node is in the evictable set twice"
     assert in_set.keys() == candidates.keys(), (
         f"evictable set != unlocked leaves: extra {sorted(in_set.keys() - candidates.keys())}, "
         f"missing {sorted(candidates.keys() - in_set.keys())}")
-    keys = [n.evict_key for n in cache.iter_evictable()]
+    keys = [n.evict_key[:2] for n in cache.iter_evictable()]
     assert keys == sorted(keys), "evictable set out of order"
     assert cached == cache.total_tokens, f"total_tokens {cache.total_tokens} != {cached}"
     assert unlocked == cache.evictable_tokens, \

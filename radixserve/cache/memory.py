@@ -75,7 +75,7 @@ class PagedMemory:
             if short > evictable:
                 raise OutOfPages(n, free + evictable)
             parts = self.tree.evict_pages(short * self.page_size)
-            got = sum(len(p) for p in parts)
+            got = sum(map(len, parts))
             if got > short:          # evict frees exactly what whole pages need; be safe anyway
                 extra = join_pages(parts)
                 self._free_list.free(extra[short:])

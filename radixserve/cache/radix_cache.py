@@ -49,9 +49,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
-from sortedcontainers import SortedList
 
 from .eviction import EvictionPolicy, make_policy
+from .eviction_queue import EvictionQueue
 from .token_keys import ITEM_BYTES, LazyKey, TokenIds, count, pack
 from .tree_node import TreeNode
 
@@ -212,10 +212,10 @@ class RadixCache:
         self.page_size = page_size
         self._page_bytes = page_size * _ITEM      # a child's dict key: its first page
         self.policy = make_policy(policy)
+        self._rekey_trimmed = getattr(self.policy, "key_reads_size", True)
         self._ns_roots: dict[str | None, TreeNode] = {}
-        # Unlocked leaves as (policy key, id, node), smallest first; `node.evict_key` holds
-        # the first two while the node is in the set (ids are unique: nodes never compare).
-        self._evictable = SortedList()
+        # Unlocked leaves, smallest policy key first (`node.evict_key` is a queued node's entry).
+        self._evictable = EvictionQueue()
         self._next_id = 1
         self._clock = 0
         self._total = 0
@@ -458,8 +458,8 @@ class RadixCache:
         self._touch(node, hit=False)
         already = base + pos // _ITEM
         if pos < nb:
-            node = self._add_leaf(node, key, pos, pages[first_page + pos // self._page_bytes:],
-                                  head)
+            at = first_page + pos // self._page_bytes
+            node = self._add_leaf(node, key, pos, pages[at:] if at else pages, head)
             parts.append(node.pages)
         elif node.evict_key is not None:
             self._rekey(node)
@@ -475,7 +475,7 @@ class RadixCache:
             pages = np.asarray(pages)
         if pages.dtype is not _INT32 and pages.dtype != _INT32:     # `is`: the usual case
             pages = pages.astype(np.int32)
-        n = count(tokens)
+        n = len(tokens) if type(tokens) is not bytes else count(tokens)
         if pages.ndim != 1 or n != len(pages) * self.page_size:
             raise ValueError(f"insert needs whole pages: {n} tokens, {pages.shape} "
                              f"pages of {self.page_size} tokens")
@@ -493,9 +493,9 @@ class RadixCache:
             pages.flags.writeable = False
         packed, pending = key.edge_from(pos)
         n = len(pages) * self.page_size
-        leaf = self._new_node(packed, pages, parent, parent.depth + n, parent.namespace)
-        leaf._pending = pending
-        leaf.last_access = self._clock
+        leaf = TreeNode(self._next_id, packed, pages, parent, parent.depth + n,
+                        parent.namespace, last_access=self._clock, _pending=pending)
+        self._next_id += 1
         if first is None:
             pb = self._page_bytes
             first = key.upto(pos + pb)[pos:pos + pb].tobytes()
@@ -503,7 +503,7 @@ class RadixCache:
         self._num_nodes += 1
         self._total += n
         self._evictable_tokens += n
-        self._make_evictable(leaf)
+        self._evictable.add(leaf, self.policy.key(leaf))
         return leaf
 
     def _touch(self, node: TreeNode, hit: bool) -> None:
@@ -575,13 +575,15 @@ class RadixCache:
         tiers = self.tiers
         freed: list[np.ndarray] = []
         remaining = num_tokens
-        while remaining > 0 and evictable:
-            leaf = evictable[0][2]
+        while remaining > 0:
+            leaf = evictable.first()
+            if leaf is None:
+                break
             need = -(-remaining // ps)
             npages = len(leaf.pages)
             if npages > need and tiers is None:
                 # Only the tail goes: the leaf stays in the set, re-sorted only if its
-                # policy key changed (LRU's and LFU's do not depend on the length).
+                # policy key may have changed (LRU's and LFU's do not read the length).
                 keep = npages - need
                 gone = need * ps
                 freed.append(leaf.pages[keep:])
@@ -591,10 +593,10 @@ class RadixCache:
                 self._total -= gone
                 self._evictable_tokens -= gone
                 remaining -= gone
-                self._rekey(leaf)
+                if self._rekey_trimmed:
+                    self._rekey(leaf)
                 continue
-            evictable.pop(0)
-            leaf.evict_key = None
+            evictable.pop()
             if npages > need:
                 self._split(leaf, (npages - need) * ps)     # tiers: demote the tail alone
             freed.append(leaf.pages)
@@ -684,7 +686,7 @@ class RadixCache:
 
     def iter_evictable(self) -> Iterator[TreeNode]:
         """The evictable leaves in eviction order (first to go first)."""
-        return (entry[2] for entry in self._evictable)
+        return iter(self._evictable)
 
     def tree_page_ids(self) -> np.ndarray:
         """Every KV-pool page the tree owns (a walk: for conservation checks)."""
@@ -870,18 +872,11 @@ class RadixCache:
         return upper
 
     def _make_evictable(self, node: TreeNode) -> None:
-        key, node_id = self.policy.key(node), node.id
-        node.evict_key = (key, node_id)
-        self._evictable.add((key, node_id, node))
+        self._evictable.add(node, self.policy.key(node))
 
     def _remove_evictable(self, node: TreeNode) -> None:
-        self._evictable.remove((*node.evict_key, node))
-        node.evict_key = None
+        self._evictable.discard(node)
 
     def _rekey(self, node: TreeNode) -> None:
         """Re-sort an evictable leaf whose fields changed (accessed, split or trimmed)."""
-        new_key = (self.policy.key(node), node.id)
-        if new_key != node.evict_key:
-            self._remove_evictable(node)
-            node.evict_key = new_key
-            self._evictable.add((*new_key, node))
+        self._evictable.rekey(node, self.policy.key(node))

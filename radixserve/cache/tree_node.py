@@ -42,7 +42,8 @@ class TreeNode:
     lock_ref: int = 0              # locks held at this node or below
     last_access: int = 0           # the cache's logical clock at the last match/insert
     hit_count: int = 0             # match_prefix calls that used this node's tokens
-    evict_key: Any = None          # (policy key, id) while in the evictable set, else None
+    evict_key: Any = None          # its EvictionQueue entry (policy key, id, ...) while
+                                   #   it is an evictable leaf, else None
     cow_index: dict[int, list[TreeNode]] | None = None  # page_size > 1: children by 1st token
     _pending: tuple | None = None  # (list, start, stop) of the ids until `key` is read
     filed_as: bytes = b""           # its key in parent.children (its first page, packed)
