@@ -92,7 +92,7 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     An explicitly requested flashinfer on a machine without CUDA or without the package is an
     error; a shape or dtype flashinfer cannot run falls back to torch with a warning.
     """
-    from radixserve.attention.torch_backend import TorchAttentionBackend
+    from radixserve.attention.torch_backend import TorchAttentionBackend, cpu_has_amx
 
     torch_backend = TorchAttentionBackend
     if deterministic:
@@ -106,8 +106,10 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     device = torch.device(device)
     common = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                   sm_scale=sm_scale)
-    torch_kw = common if deterministic else dict(common,
-                                                 cascade_prefills=dtype == torch.float32)
+    # Prefills join shared-prefix groups where attention is one fused pass (fp32, or bf16 /
+    # fp16 through SDPA's kernel on AMX); elsewhere the blocked per-span path is faster.
+    cascade_prefills = dtype == torch.float32 or cpu_has_amx()
+    torch_kw = common if deterministic else dict(common, cascade_prefills=cascade_prefills)
     if name == "torch":
         return torch_backend(**torch_kw)
 

@@ -1,8 +1,9 @@
 """Causal prefill attention in query blocks, with bf16/fp16 matmuls: the CPU low-precision path.
 
-CPU SDPA runs its flash kernel with fp32 GEMMs whatever the input dtype; on a machine with
-bf16 matrix units that is ~4x below the bf16 matmul rate, so a fresh 1,088-token prompt
-spent ~14 ms per layer in attention. Here each block of `block` queries does one batched
+Used where the CPU has no AMX: there CPU SDPA's flash kernel was measured ~1.5x slower than
+this (a fresh 1,088-token prompt spent ~14 ms per layer in attention). With AMX the kernel's
+GEMMs run on the tiles and it is ~2x faster than this path, which the torch backend then
+leaves aside (`cpu_has_amx`). Here each block of `block` queries does one batched
 matmul against the keys it can see (its causal prefix only: half the work of a full
 square), masks its diagonal sub-block, takes a softmax (fp32 inside, low-precision out, as
 transformers' eager attention rounds its probabilities) and one matmul with V: ~1.5-2x

@@ -90,6 +90,19 @@ def attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return out, lse
 
 
+def flash_attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                          mask: torch.Tensor | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """attend_with_lse for 4-D q [B, H, R, D], k/v [B, H, S, D] through torch's fused CPU
+    flash-attention kernel, which returns the log-sum-exp itself: one pass over K/V with
+    an online softmax, no score tensors. On AMX its GEMMs run at the bf16 rate (about twice
+    attend_with_lse's speed at decode shapes); probabilities are rounded to q's dtype before
+    the product with V, as attend_with_lse rounds them."""
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+    return o, lse
+
+
 def _rows(mask: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
     """Rows [r0, r1) of a mask, which may broadcast over rows (size 1 there)."""
     return mask if mask.shape[-2] == 1 else mask[..., r0:r1, :]

@@ -162,6 +162,20 @@ def test_cascade_equals_dense(name, heads, page_size, dtype):
     assert (plain.double() - ref).abs().max().item() < TOL[dtype]
 
 
+@pytest.mark.parametrize("sdpa", [False, True], ids=["matmuls", "sdpa"])
+@pytest.mark.parametrize("name", ["decode_groups", "prefill_groups", "mixed"])
+def test_both_low_precision_kernels_equal_dense(name, sdpa):
+    """bf16 cascade parts run torch's fused flash kernel (with its lse) on AMX machines and
+    matmuls + softmax elsewhere: both are checked whatever this machine has."""
+    spec = SPECS[name]
+    pool = pool_for(spec, 4, 2, torch.bfloat16)
+    built = build(spec, pool, 6, seed=11)
+    out, prepared = run(built, pool, (6, 2), spec.min_shared_pages * 4, sdpa_low_precision=sdpa)
+    assert prepared.shared
+    err = (out.double() - dense_attention(built.scenario)).abs().max().item()
+    assert err < TOL[torch.bfloat16], f"max abs error {err}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_groups_of_decodes_only_when_prefills_stay_out(dtype):
     """cascade_prefills=False (the bf16/fp16 engine setting): prefills keep the plain path."""
@@ -177,12 +191,18 @@ def test_groups_of_decodes_only_when_prefills_stay_out(dtype):
     assert err < TOL[dtype], f"max abs error {err}"
 
 
-def test_create_backend_keeps_prefills_out_of_groups_below_fp32():
+@pytest.mark.parametrize("amx", [False, True])
+def test_create_backend_groups_low_precision_prefills_only_on_amx(monkeypatch, amx):
+    """bf16 prefills join shared-prefix groups (and use SDPA's fused kernel) only where
+    that kernel runs on AMX; fp32 always joins."""
+    import radixserve.attention.torch_backend as tb
     from radixserve.attention.backend import create_backend
 
+    monkeypatch.setattr(tb, "cpu_has_amx", lambda: amx)
     kw = dict(num_qo_heads=6, num_kv_heads=2, head_dim=32, device="cpu")
     assert create_backend("torch", dtype=torch.float32, **kw).cascade_prefills
-    assert not create_backend("torch", dtype=torch.bfloat16, **kw).cascade_prefills
+    bf16 = create_backend("torch", dtype=torch.bfloat16, **kw)
+    assert bf16.cascade_prefills is amx and bf16.sdpa_low_precision is amx
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

@@ -43,6 +43,17 @@ def test_paged_equals_dense(scenario, heads, page_size, dtype):
     assert err < TOL[dtype], f"max abs error {err}"
 
 
+
+@pytest.mark.parametrize("sdpa", [False, True], ids=["blocked", "sdpa"])
+@pytest.mark.parametrize("scenario", ["ragged_prefills", "prefix_plus_suffix", "long_prefills"])
+def test_both_low_precision_prefill_kernels_equal_dense(scenario, sdpa):
+    """bf16 prefills run torch's SDPA on AMX machines and the blocked path elsewhere: both
+    are checked here whatever this machine has."""
+    pool = KVPool(1, 600 // 4 + 8, 4, 2, 32, torch.bfloat16, "cpu")
+    sc, out = run(pool, (6, 2), SCENARIOS[scenario], seed=7, sdpa_low_precision=sdpa)
+    err = (out.double() - dense_attention(sc)).abs().max().item()
+    assert err < TOL[torch.bfloat16], f"max abs error {err}"
+
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_new_kv_lands_in_its_slots(page_size):
     pool = KVPool(2, 400 // page_size + 8, page_size, 2, 16, torch.float32, "cpu")
