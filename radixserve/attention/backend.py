@@ -106,10 +106,12 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     device = torch.device(device)
     common = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                   sm_scale=sm_scale)
-    # Prefills join shared-prefix groups where attention is one fused pass (fp32, or bf16 /
-    # fp16 through SDPA's kernel on AMX); elsewhere the blocked per-span path is faster.
-    cascade_prefills = dtype == torch.float32 or cpu_has_amx()
-    torch_kw = common if deterministic else dict(common, cascade_prefills=cascade_prefills)
+    # One decision per machine: bf16/fp16 attention through SDPA's fused kernel where it runs
+    # on AMX; prefills then join shared-prefix groups (as in fp32), elsewhere the blocked
+    # per-span path is faster than the cascade one.
+    fused = cpu_has_amx()
+    torch_kw = common if deterministic else dict(
+        common, sdpa_low_precision=fused, cascade_prefills=dtype == torch.float32 or fused)
     if name == "torch":
         return torch_backend(**torch_kw)
 

@@ -57,6 +57,7 @@ DEFAULT_MAX_GATHER_ELEMS = 2**20
 # Groups sharing fewer tokens than this are not worth a separate pass (and its merge).
 DEFAULT_MIN_SHARED_TOKENS = 64
 
+
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX tiles (oneDNN then runs bf16 GEMMs on them)."""
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
@@ -100,6 +101,11 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         # costs page faults comparable to the attention itself. Steps run one at a time.
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._ws = Workspace()                  # the cascade path's temporaries, likewise
+
+    def _fused(self, dtype: torch.dtype) -> bool:
+        """Whether attention in `dtype` goes through torch's fused flash kernel (fp32 prefills
+        use SDPA regardless; this is the bf16/fp16 choice)."""
+        return self.sdpa_low_precision and dtype != torch.float32
 
     # ---------------------------------------------------------------- per step
     def prepare(self, meta: AttentionMetadata) -> TorchPlan:
@@ -214,7 +220,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
             kb, vb = self._gather(kv_pool, layer, p.rows, dt)
             ks, vs = kb.view(hkv, -1, d), vb.view(hkv, -1, d)
         ks, vs = ks.to(dt), vs.to(dt)
-        if dt != torch.float32 and not self.sdpa_low_precision:
+        if dt != torch.float32 and not self._fused(dt):
             # bf16/fp16 without AMX: matmuls at the low-precision rate (SDPA ran ~1.5x slower).
             causal_attention_blocked(q[p.start:p.end], ks, vs, self.sm_scale, out[p.start:p.end])
             return
@@ -308,7 +314,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         kv_shape = (c.batch, hkv, c.w_max, d)
         k_w, v_w = kb.view(kv_shape).to(dt), vb.view(kv_shape).to(dt)
         mask = plans.additive(c.mask, torch.float32)
-        if self.sdpa_low_precision and dt != torch.float32:
+        if self._fused(dt):
             o, o_lse = flash_attend_with_lse(qh, k_w, v_w, self.sm_scale, mask)
         else:
             o, o_lse = attend_with_lse(

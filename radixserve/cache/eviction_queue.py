@@ -48,18 +48,14 @@ class EvictionQueue:
         """Take `node` (queued now) out: its entry goes stale."""
         node.evict_key = None
         self._live -= 1
-        stale = len(self._heap) - self._live
-        if stale > _COMPACT_FLOOR and stale > self._live:
-            self._compact()
+        self._maybe_compact()
 
     def rekey(self, node: TreeNode, key: Any) -> None:
         """Move `node` (queued now) to `key`; nothing to do when the key is unchanged."""
         if key != node.evict_key[0]:
             entry = node.evict_key = (key, node.id, next(self._seq), node)
             heappush(self._heap, entry)
-            stale = len(self._heap) - self._live
-            if stale > _COMPACT_FLOOR and stale > self._live:
-                self._compact()
+            self._maybe_compact()
 
     def first(self) -> TreeNode | None:
         """The node to evict next (it stays queued), or None when the queue is empty."""
@@ -90,7 +86,7 @@ class EvictionQueue:
     def __iter__(self) -> Iterator[TreeNode]:
         """The queued nodes in eviction order, lazily (a copy of the heap, popped as read:
         reading the first k costs O(n + k log n), not a sort of all of them)."""
-        heap = [e for e in self._heap if e[3].evict_key is e]
+        heap = self.entries()
         heapify(heap)
         while heap:
             yield heappop(heap)[3]
@@ -99,6 +95,9 @@ class EvictionQueue:
         """The live entries (unordered), for invariant checks."""
         return [e for e in self._heap if e[3].evict_key is e]
 
-    def _compact(self) -> None:
-        self._heap = self.entries()
-        heapify(self._heap)
+    def _maybe_compact(self) -> None:
+        """Rebuild the heap from its live entries once stale ones outnumber them."""
+        stale = len(self._heap) - self._live
+        if stale > _COMPACT_FLOOR and stale > self._live:
+            self._heap = self.entries()
+            heapify(self._heap)

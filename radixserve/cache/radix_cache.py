@@ -475,7 +475,7 @@ class RadixCache:
             pages = np.asarray(pages)
         if pages.dtype is not _INT32 and pages.dtype != _INT32:     # `is`: the usual case
             pages = pages.astype(np.int32)
-        n = len(tokens) if type(tokens) is not bytes else count(tokens)
+        n = count(tokens)
         if pages.ndim != 1 or n != len(pages) * self.page_size:
             raise ValueError(f"insert needs whole pages: {n} tokens, {pages.shape} "
                              f"pages of {self.page_size} tokens")
@@ -493,9 +493,8 @@ class RadixCache:
             pages.flags.writeable = False
         packed, pending = key.edge_from(pos)
         n = len(pages) * self.page_size
-        leaf = TreeNode(self._next_id, packed, pages, parent, parent.depth + n,
-                        parent.namespace, last_access=self._clock, _pending=pending)
-        self._next_id += 1
+        leaf = self._new_node(packed, pages, parent, parent.depth + n, parent.namespace,
+                              last_access=self._clock, pending=pending)
         if first is None:
             pb = self._page_bytes
             first = key.upto(pos + pb)[pos:pos + pb].tobytes()
@@ -503,7 +502,7 @@ class RadixCache:
         self._num_nodes += 1
         self._total += n
         self._evictable_tokens += n
-        self._evictable.add(leaf, self.policy.key(leaf))
+        self._make_evictable(leaf)
         return leaf
 
     def _touch(self, node: TreeNode, hit: bool) -> None:
@@ -711,8 +710,10 @@ class RadixCache:
         return edge[:self._page_bytes]
 
     def _new_node(self, key: bytes, pages: np.ndarray, parent: TreeNode | None,
-                  depth: int, namespace: str | None) -> TreeNode:
-        node = TreeNode(self._next_id, key, pages, parent, depth, namespace)
+                  depth: int, namespace: str | None, last_access: int = 0,
+                  pending: tuple | None = None) -> TreeNode:
+        node = TreeNode(self._next_id, key, pages, parent, depth, namespace,
+                        last_access=last_access, _pending=pending)
         self._next_id += 1
         return node
 

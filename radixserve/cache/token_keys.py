@@ -178,14 +178,6 @@ class LazyKey:
         self.tokens = tokens
         self.start = start
         self.num_bytes = n = num_tokens * ITEM_BYTES
-        if type(tokens) is array and tokens.typecode == TYPECODE:  # the engine's ids: inline
-            self.zero_copy = True
-            view = memoryview(tokens).cast("B")
-            if start or len(view) != n:
-                first = start * ITEM_BYTES
-                view = view[first:first + n]
-            self.buf = view
-            return
         view = byte_view(tokens)
         self.zero_copy = view is not None
         if view is None:
