@@ -53,10 +53,11 @@ from radixserve.attention.quant_decode import folded_decode_attention
 # SDPA. Measured at 64 decodes x ~1,100 tokens (9/3 heads, D 64, bf16, one thread): 17.6 ms
 # per layer with 1M-element chunks vs 22.7 ms with one 32M-element chunk.
 DEFAULT_MAX_GATHER_ELEMS = 2**20
-# Where window chunks run the fused flash kernel (AMX), twice that: 64 decodes' private
-# windows then go in one chunk and 8 groups' shared prefixes in one kernel call (24 work
-# items, even across 2 threads, against calls of 15 and 9): the decode step at batch 64
-# 1.13x faster (docs/benchmarks.md, "Larger chunks on AMX"), prefill steps unchanged.
+# Where bf16/fp16 window chunks run the fused flash kernel (AMX; create_backend picks),
+# twice that: 64 decodes' private windows then go in one chunk and 8 groups' shared prefixes
+# in one kernel call (24 work items, even across 2 threads, against calls of 15 and 9): the
+# decode step at batch 64 1.13x faster (docs/benchmarks.md, "Larger chunks on AMX"),
+# prefill steps unchanged.
 DEFAULT_MAX_GATHER_ELEMS_FUSED = 2**21
 
 # Groups sharing fewer tokens than this are not worth a separate pass (and its merge).
@@ -78,7 +79,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
 
     def __init__(self, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  sm_scale: float | None = None,
-                 max_gather_elems: int | None = None, cascade: bool = True,
+                 max_gather_elems: int = DEFAULT_MAX_GATHER_ELEMS, cascade: bool = True,
                  cascade_prefills: bool = True,
                  min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS,
                  max_score_elems: int = DEFAULT_MAX_SCORE_ELEMS,
@@ -91,6 +92,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         self.head_dim = head_dim
         self.group = num_qo_heads // num_kv_heads
         self.sm_scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
+        self.max_gather_rows = max(1, max_gather_elems // head_dim)
         self.cascade = cascade                  # False: the plain per-sequence paths only
         # False: only decodes join shared-prefix groups. For bf16/fp16 prefills the blocked
         # per-span path is faster than the cascade one on CPU (scripts/bench_attention.py).
@@ -101,10 +103,6 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         # blocked path's speed there), the blocked path elsewhere (where SDPA was ~1.5x slower).
         self.sdpa_low_precision = (cpu_has_amx() if sdpa_low_precision is None
                                    else sdpa_low_precision)
-        if max_gather_elems is None:
-            max_gather_elems = (DEFAULT_MAX_GATHER_ELEMS_FUSED if self.sdpa_low_precision
-                                else DEFAULT_MAX_GATHER_ELEMS)
-        self.max_gather_rows = max(1, max_gather_elems // head_dim)
         # Gather scratch reused across layers and steps: a fresh multi-MB buffer per layer
         # costs page faults comparable to the attention itself. Steps run one at a time.
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
