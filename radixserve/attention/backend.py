@@ -93,7 +93,7 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     error; a shape or dtype flashinfer cannot run falls back to torch with a warning.
     """
     from radixserve.attention.torch_backend import (DEFAULT_MAX_GATHER_ELEMS,
-                                                    DEFAULT_MAX_GATHER_ELEMS_FUSED,
+                                                    DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION,
                                                     TorchAttentionBackend, cpu_has_amx)
 
     torch_backend = TorchAttentionBackend
@@ -110,13 +110,12 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
                   sm_scale=sm_scale)
     # One decision per machine: bf16/fp16 attention through SDPA's fused kernel where it runs
     # on AMX; prefills then join shared-prefix groups (as in fp32), elsewhere the blocked
-    # per-span path is faster than the cascade one; that kernel's window chunks gather more.
+    # per-span path is faster than the cascade one. bf16/fp16 chunks gather more.
     fused = cpu_has_amx()
-    low_fused = fused and dtype != torch.float32
     torch_kw = common if deterministic else dict(
         common, sdpa_low_precision=fused, cascade_prefills=dtype == torch.float32 or fused,
-        max_gather_elems=DEFAULT_MAX_GATHER_ELEMS_FUSED if low_fused else
-        DEFAULT_MAX_GATHER_ELEMS)
+        max_gather_elems=DEFAULT_MAX_GATHER_ELEMS if dtype == torch.float32 else
+        DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION)
     if name == "torch":
         return torch_backend(**torch_kw)
 

@@ -38,14 +38,16 @@ def causal_attention_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     # [Hkv, g, n, D]: the queries of one K/V head, scaled once (exact for D = 64, 256).
     qh = (q * scale).view(n, hkv, g, d).permute(1, 2, 0, 3)
     kt = k.transpose(1, 2)                                   # [Hkv, D, kv_len]
-    above = torch.ones(block, block, dtype=torch.bool, device=q.device).triu(1)
+    # -inf above the diagonal, 0 elsewhere: added to the diagonal block's scores (x + 0 = x,
+    # the bits masked_fill_ gives), ~2x faster than masked_fill_ with a broadcast bool mask.
+    future = torch.full((block, block), float("-inf"), dtype=q.dtype,
+                        device=q.device).triu_(1)
     for s in range(0, n, block):
         e = min(n, s + block)
         b = e - s
         end = offset + e                                     # keys this block can see
         scores = torch.bmm(qh[:, :, s:e].reshape(hkv, g * b, d), kt[:, :, :end])
-        scores.view(hkv, g, b, end)[..., offset + s:end].masked_fill_(above[:b, :b],
-                                                                      float("-inf"))
+        scores.view(hkv, g, b, end)[..., offset + s:end].add_(future[:b, :b])
         probs = torch.softmax(scores, dim=-1)
         o = torch.bmm(probs, v[:, :end])                     # [Hkv, g * b, D]
         out[s:e].view(b, hkv, g, d).copy_(o.view(hkv, g, b, d).permute(2, 0, 1, 3))

@@ -76,7 +76,7 @@ def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kc = k.view(b, h, chunks, split, d)
     # Scores in q's dtype with the scale applied to q first (as causal_blocks does; exact
     # for power-of-two scales such as head_dim 64's).
-    scores = torch.matmul((q * scale).unsqueeze(2), kc.transpose(-1, -2))  # [b, h, C, R, S]
+    scores = _row_invariant_matmul((q * scale).unsqueeze(2), kc.transpose(-1, -2))
     if mask is not None and masked_from < chunks:
         scores[:, :, masked_from:].add_(mask)
     # Per chunk: softmax (fp32 inside, rounded to q's dtype, as the default path) and its
@@ -84,7 +84,29 @@ def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     # (finite) mask value: a uniform softmax over finite keys, weighted exactly 0 below.
     probs = torch.softmax(scores, -1)
     lse = row_max(scores).float() - row_max(probs).float().log()     # [b, h, C, R]
-    return torch.matmul(probs, v.view(b, h, chunks, split, d)), lse  # o: [b, h, C, R, D]
+    return _row_invariant_matmul(probs, v.view(b, h, chunks, split, d)), lse  # [b, h, C, R, D]
+
+
+# Fewer rows than this take another fp32 GEMM kernel (MKL's small-M path), whose bits differ.
+_MIN_FP32_ROWS = 8
+
+
+def _row_invariant_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul(a, b)`` in a's dtype, each row's bits independent of the other rows
+    (a [..., R, K], b [..., K, N]). oneDNN's bf16 kernels are; its fp16 ones are not on CPUs
+    without fp16 arithmetic (AVX512-BF16 only: rare 1-ulp flips by a row's position in the
+    block), so fp16 multiplies in fp32 and rounds once, as the fp16 kernel rounds its fp32
+    sums. fp32 (and fp16 so) pads fewer than ``_MIN_FP32_ROWS`` rows (decodes) to that many
+    with zeros: then every row goes through the same kernel. CPU only; elsewhere a plain
+    matmul (deterministic mode on CUDA is flashinfer's)."""
+    if a.dtype == torch.bfloat16 or a.device.type != "cpu":
+        return torch.matmul(a, b)
+    rows = a.shape[-2]
+    a32, b32 = a.float(), b.float()
+    if rows < _MIN_FP32_ROWS:
+        pad = a32.new_zeros(*a32.shape[:-2], _MIN_FP32_ROWS - rows, a32.shape[-1])
+        a32 = torch.cat([a32, pad], dim=-2)
+    return torch.matmul(a32, b32)[..., :rows, :].to(a.dtype)
 
 
 def merge_chunks(o: torch.Tensor, lse: torch.Tensor,

@@ -51,14 +51,15 @@ from radixserve.attention.quant_decode import folded_decode_attention
 # Upper bound on one decode chunk's gathered K (and again V), in elements: 1M elements is
 # 2 MiB per tensor in bf16, so a chunk's K and V stay cache-resident between the gather and
 # SDPA. Measured at 64 decodes x ~1,100 tokens (9/3 heads, D 64, bf16, one thread): 17.6 ms
-# per layer with 1M-element chunks vs 22.7 ms with one 32M-element chunk.
+# per layer with 1M-element chunks vs 22.7 ms with one 32M-element chunk. fp32 keeps it;
+# bf16/fp16 chunks gather twice as much (below).
 DEFAULT_MAX_GATHER_ELEMS = 2**20
-# Where bf16/fp16 window chunks run the fused flash kernel (AMX; create_backend picks),
-# twice that: 64 decodes' private windows then go in one chunk and 8 groups' shared prefixes
-# in one kernel call (24 work items, even across 2 threads, against calls of 15 and 9): the
-# decode step at batch 64 1.13x faster (docs/benchmarks.md, "Larger chunks on AMX"),
-# prefill steps unchanged.
-DEFAULT_MAX_GATHER_ELEMS_FUSED = 2**21
+# bf16/fp16 chunks (create_backend picks), twice that: 64 decodes' private windows then go
+# in one chunk and 8 groups' shared prefixes in one call. Decode step at batch 64 1.13x
+# faster on AMX (the fused kernel: 24 work items, even across 2 threads, against calls of
+# 15 and 9); on AVX512-BF16 without AMX (matmuls) bench_engine 1.08x cache on, 1.04x off
+# (docs/benchmarks.md, "Larger chunks").
+DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION = 2**21
 
 # Groups sharing fewer tokens than this are not worth a separate pass (and its merge).
 DEFAULT_MIN_SHARED_TOKENS = 64
@@ -70,7 +71,7 @@ def cpu_has_amx() -> bool:
     return bool(probe()) if probe is not None else False
 
 
-__all__ = ["DEFAULT_MAX_GATHER_ELEMS", "DEFAULT_MAX_GATHER_ELEMS_FUSED",
+__all__ = ["DEFAULT_MAX_GATHER_ELEMS", "DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION",
            "DEFAULT_MIN_SHARED_TOKENS", "TorchAttentionBackend", "TorchPlan"]
 
 

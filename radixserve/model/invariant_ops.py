@@ -45,8 +45,10 @@ class RowBlocks:
     pad_big_from: int = BIG_ROWS[0] // 4  # a rest of at least this many rows: one padded tile
 
     @classmethod
-    def for_dtype(cls, dtype: torch.dtype, big_rows: tuple[int, ...] = BIG_ROWS) -> RowBlocks:
-        return cls(min_rows=_MIN_ROWS.get(dtype, SMALL_ROWS), big_rows=big_rows)
+    def for_dtype(cls, dtype: torch.dtype, big_rows: tuple[int, ...] = BIG_ROWS,
+                  min_rows: int | None = None) -> RowBlocks:
+        return cls(min_rows=_MIN_ROWS.get(dtype, SMALL_ROWS) if min_rows is None else min_rows,
+                   big_rows=big_rows)
 
     @classmethod
     def safe(cls) -> RowBlocks:
@@ -137,16 +139,41 @@ def check_row_invariance(linear: nn.Linear, row_blocks: RowBlocks, seed: int = 0
     return True
 
 
-def choose_row_blocks(linear: nn.Linear) -> RowBlocks:
-    """The measured blocks for the weight's dtype when ``check_row_invariance`` confirms them
-    on this machine at this thread count: 1,024- and 2,048-row tiles, else 1,024 only, else
-    ``RowBlocks.safe()`` (e.g. 3 threads made oneDNN split the 1024-row tile of a 576-wide
-    output differently)."""
+# Small-chunk sizes checked over many rows by small_chunks_agree (every size would cost
+# ~4x the calls for no kernel shape not already among these).
+_SMALL_SIZES = (1, 2, 3, 5, 8, 13, 17, SMALL_ROWS - 1)
+
+
+def small_chunks_agree(linear: nn.Linear, min_rows: int, seed: int = 1) -> bool:
+    """Whether chunks of fewer than ``SMALL_ROWS`` rows, padded to ``min_rows``, give every
+    row exactly what ``SMALL_ROWS``-row chunks give, each size over all of ~128k random
+    outputs (32-256 rows). A kernel that sums in another order shows only as rare 1-ulp
+    flips in bf16 (on an AVX512-BF16 CPU without AMX, 1- and 2-row calls of the 1,536-wide
+    down projection differ so), which the few rows per size that ``check_row_invariance``
+    takes can miss."""
+    g = torch.Generator().manual_seed(seed)
     weight = linear.weight
-    for big_rows in (BIG_ROWS, BIG_ROWS[:1]):
-        blocks = RowBlocks.for_dtype(weight.dtype, big_rows)
-        if check_row_invariance(linear, blocks):
-            return blocks
+    rows = max(SMALL_ROWS, min(256, 2**17 // weight.shape[0]))
+    x = torch.randn(rows, weight.shape[1], generator=g).to(weight.dtype).to(weight.device)
+    reference = blocked_linear(x, linear, RowBlocks(SMALL_ROWS, min_rows, ()))
+    return all(torch.equal(blocked_linear(x, linear, RowBlocks(n, min_rows, ())), reference)
+               for n in _SMALL_SIZES if max(n, min_rows) < SMALL_ROWS)
+
+
+def choose_row_blocks(linear: nn.Linear) -> RowBlocks:
+    """The measured blocks for the weight's dtype when this machine confirms them at this
+    thread count (``small_chunks_agree``, then ``check_row_invariance``): small chunks padded
+    to the dtype's measured ``min_rows``, else always to ``SMALL_ROWS`` (one kernel shape);
+    with 1,024- and 2,048-row tiles, else 1,024 only; else ``RowBlocks.safe()`` (e.g. 3
+    threads made oneDNN split the 1024-row tile of a 576-wide output differently)."""
+    weight = linear.weight
+    for min_rows in dict.fromkeys((_MIN_ROWS.get(weight.dtype, SMALL_ROWS), SMALL_ROWS)):
+        if not small_chunks_agree(linear, min_rows):
+            continue
+        for big_rows in (BIG_ROWS, BIG_ROWS[:1]):
+            blocks = RowBlocks.for_dtype(weight.dtype, big_rows, min_rows)
+            if check_row_invariance(linear, blocks):
+                return blocks
     log.warning("linear %s in %s: row blocks %s are not row-invariant here; using fixed "
                 "32-row tiles", tuple(weight.shape), weight.dtype, blocks)
     return RowBlocks.safe()

@@ -203,9 +203,11 @@ def test_create_backend_groups_low_precision_prefills_only_on_amx(monkeypatch, a
     assert create_backend("torch", dtype=torch.float32, **kw).cascade_prefills
     bf16 = create_backend("torch", dtype=torch.bfloat16, **kw)
     assert bf16.cascade_prefills is amx and bf16.sdpa_low_precision is amx
-    # and larger window chunks where the fused kernel runs them
-    gather = tb.DEFAULT_MAX_GATHER_ELEMS_FUSED if amx else tb.DEFAULT_MAX_GATHER_ELEMS
-    assert bf16.max_gather_rows == gather // 32
+    # and larger gather chunks in bf16 on every CPU; fp32 keeps the smaller ones
+    assert bf16.max_gather_rows == tb.DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION // 32
+    fp32 = create_backend("torch", dtype=torch.float32, **kw)
+    assert fp32.max_gather_rows == tb.DEFAULT_MAX_GATHER_ELEMS // 32
+    assert tb.DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION > tb.DEFAULT_MAX_GATHER_ELEMS
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

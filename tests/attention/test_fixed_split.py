@@ -44,7 +44,7 @@ def run_step(seqs, page_size: int, dtype: torch.dtype, seed: int = 0, split: int
     return list(out.split([n for *_, n in seqs]))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_query_output_independent_of_how_it_is_computed(dtype):
     length = 300
     q, k, v = make_seq(length, 1, dtype)

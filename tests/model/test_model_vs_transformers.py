@@ -105,5 +105,9 @@ def test_bfloat16_tracks_float32(model_fp32, model_bf16):
         got = r16.step([(r16.new_seq(len(ids)), ids)])
         assert got.dtype == torch.float32
         assert ref[0, int(got.argmax())] >= ref.max() - 0.25
-        assert (got - ref).abs().max().item() < 1.5
-        assert (got - ref).abs().mean().item() < 0.5
+        # Centred: a constant added to every logit changes no probability, and on an
+        # AVX512-BF16 CPU without AMX bf16 lifts them all by ~0.5 (mean |diff| 0.55 for
+        # PROMPTS[0], centred 0.09; transformers' own bf16 there: 0.18, centred 0.07).
+        diff = (got - got.mean()) - (ref - ref.mean())
+        assert diff.abs().max().item() < 1.5
+        assert diff.abs().mean().item() < 0.5
