@@ -87,26 +87,28 @@ def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _row_invariant_matmul(probs, v.view(b, h, chunks, split, d)), lse  # [b, h, C, R, D]
 
 
-# Fewer rows than this take another fp32 GEMM kernel (MKL's small-M path), whose bits differ.
-_MIN_FP32_ROWS = 8
+# Rows per fp32 matmul call where a row's bits must not depend on the call (see below).
+_ROW_TILE = 32
 
 
 def _row_invariant_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.matmul(a, b)`` in a's dtype, each row's bits independent of the other rows
-    (a [..., R, K], b [..., K, N]). oneDNN's bf16 kernels are; its fp16 ones are not on CPUs
-    without fp16 arithmetic (AVX512-BF16 only: rare 1-ulp flips by a row's position in the
-    block), so fp16 multiplies in fp32 and rounds once, as the fp16 kernel rounds its fp32
-    sums. fp32 (and fp16 so) pads fewer than ``_MIN_FP32_ROWS`` rows (decodes) to that many
-    with zeros: then every row goes through the same kernel. CPU only; elsewhere a plain
-    matmul (deterministic mode on CUDA is flashinfer's)."""
+    (a [..., R, K], b [..., K, N]). oneDNN's bf16 kernels are so (checked by the tests on AMX
+    and AVX512-BF16 CPUs). fp16 is not on a CPU without fp16 arithmetic (AVX512-BF16 only:
+    rare 1-ulp flips by a row's position in the call), nor is fp32 (MKL takes other kernels
+    for a few rows): those multiply in fp32 in tiles of exactly ``_ROW_TILE`` rows, zero-padded
+    (one kernel shape, invariant by construction, as the linears' fixed tiles), and fp16
+    rounds the fp32 sums once, as its own kernel does. CPU only; elsewhere a plain matmul
+    (deterministic mode on CUDA is flashinfer's)."""
     if a.dtype == torch.bfloat16 or a.device.type != "cpu":
         return torch.matmul(a, b)
-    rows = a.shape[-2]
-    a32, b32 = a.float(), b.float()
-    if rows < _MIN_FP32_ROWS:
-        pad = a32.new_zeros(*a32.shape[:-2], _MIN_FP32_ROWS - rows, a32.shape[-1])
-        a32 = torch.cat([a32, pad], dim=-2)
-    return torch.matmul(a32, b32)[..., :rows, :].to(a.dtype)
+    *lead, rows, k = a.shape
+    tiles = -(-rows // _ROW_TILE)
+    a32 = a.float()
+    if tiles * _ROW_TILE != rows:
+        a32 = torch.cat([a32, a32.new_zeros(*lead, tiles * _ROW_TILE - rows, k)], dim=-2)
+    out = torch.matmul(a32.unflatten(-2, (tiles, _ROW_TILE)), b.float().unsqueeze(-3))
+    return out.flatten(-3, -2)[..., :rows, :].to(a.dtype)
 
 
 def merge_chunks(o: torch.Tensor, lse: torch.Tensor,
