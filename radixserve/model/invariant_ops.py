@@ -13,8 +13,11 @@ smallest big size that holds it when it is large enough that padding is cheaper 
 small calls, else in chunks of at most ``small_rows`` (padded up to ``min_rows``). One
 2,048-row call costs 0.5-0.9x two 1,024-row calls here (oneDNN reorders an unpacked weight
 on every call), and a full prefill step is 2,048 rows. Every block shape used is one that
-``check_row_invariance`` found equal to the small chunks on this machine; when none does,
-``RowBlocks.safe()`` (fixed 32-row tiles, always padded: one kernel shape) is used instead.
+``check_row_invariance`` found equal to the small chunks on this machine, and the small
+chunks' own padding one that ``small_chunks_agree`` found equal to 32-row calls (on an
+AVX512-BF16 CPU without AMX, bf16's 1- and 2-row calls of the down projection are not:
+its small chunks are padded to 32 there); when none does, ``RowBlocks.safe()`` (fixed
+32-row tiles, always padded: one kernel shape) is used instead.
 """
 
 from __future__ import annotations
