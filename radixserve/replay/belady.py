@@ -136,6 +136,29 @@ class BeladyPolicy(EvictionPolicy):
         return -self.next_use(node.key, self.now)
 
 
+class DeadFirstPolicy(BeladyPolicy):
+    """LRU, except that pages no later request uses go first: an offline bound.
+
+    What a perfect "dead on arrival" predictor (admission filter) could add to LRU, with
+    LRU's order everywhere else. It knows only *whether* a page is used again, not when;
+    the gap between it and Belady is what only a prediction of reuse times could close.
+    Page at a time, as Belady: a leaf whose tail is dead loses that tail first and is then
+    ranked by its new last page.
+    """
+
+    name = "dead-first"
+
+    def key(self, node) -> int:
+        dead = self.next_use(node.key, self.now) >= NEVER
+        return node.last_access - NEVER if dead else node.last_access
+
+
+# The replay's offline policies: they read the trace's future, so they need the whole
+# request order in advance (no cluster simulation, where routing decides it).
+OFFLINE_POLICIES: dict[str, type[BeladyPolicy]] = {
+    BeladyPolicy.name: BeladyPolicy, DeadFirstPolicy.name: DeadFirstPolicy}
+
+
 class PageAtATimeMemory(PagedMemory):
     """PagedMemory that evicts one page per ranking, for the Belady optimal.
 
@@ -186,9 +209,11 @@ class TokenUnitPolicy(EvictionPolicy):
 
 def make_policy(name: str, workload: Workload,
                 capacity_pages: int | None = None) -> EvictionPolicy:
-    """A fresh policy for one replay: "belady" is built here, the others by the cache."""
-    if name == "belady":
-        return BeladyPolicy(*NextUseIndex.for_workload(workload, capacity_pages))
+    """A fresh policy for one replay: the offline ones (OFFLINE_POLICIES) are built here,
+    the others by the cache."""
+    offline = OFFLINE_POLICIES.get(name)
+    if offline is not None:
+        return offline(*NextUseIndex.for_workload(workload, capacity_pages))
     policy = cache_policy(name)
     if workload.space.mode == "block":
         if hasattr(policy, "tokens_per_key"):    # reads sizes itself (the adaptive policy)

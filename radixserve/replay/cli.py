@@ -36,8 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cache capacity in tokens, or a comma list for a sweep; "
                         "suffixes k, M, G (and Ki, Mi, Gi); 'inf' for unbounded")
     parser.add_argument("--policy", default="lru",
-                        help="comma list of eviction policies: lru, lfu, gdsf, belady "
-                        "(default lru; the Belady optimal is added unless --no-optimal)")
+                        help="comma list of eviction policies: lru, lfu, gdsf, adaptive, "
+                        "and the offline bounds belady (the optimal) and dead-first (LRU "
+                        "that evicts pages never used again first) (default lru; the Belady "
+                        "optimal is added unless --no-optimal)")
     parser.add_argument("--no-optimal", action="store_true",
                         help="skip the offline-optimal (Belady) replay of each capacity")
     parser.add_argument("--concurrency", type=int, default=1,

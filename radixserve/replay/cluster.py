@@ -20,6 +20,7 @@ import numpy as np
 
 from radixserve.routing import LoadBound, RouteRequest, make_router
 
+from .belady import OFFLINE_POLICIES
 from .replayer import HitCounts, ReplayConfig, _Run
 from .workload import Workload
 
@@ -58,9 +59,10 @@ class ClusterConfig:
     def __post_init__(self):
         if self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
-        if self.policy == "belady" and self.replicas > 1:
-            raise ValueError("the Belady optimal needs each replica's future requests, which "
-                             "depend on the routing: not available with --replicas > 1")
+        if self.policy in OFFLINE_POLICIES and self.replicas > 1:
+            raise ValueError(f"the offline policy {self.policy!r} needs each replica's future "
+                             "requests, which depend on the routing: not available with "
+                             "--replicas > 1")
 
 
 @dataclass(slots=True)

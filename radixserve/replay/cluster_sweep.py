@@ -10,7 +10,7 @@ from radixserve.routing import ROUTERS, LoadBound
 from .cluster import ClusterConfig, ServiceModel, route_requests, simulate_cluster
 from .cluster_report import ClusterReport
 from .replayer import ReplayConfig, replay
-from .report import OPTIMAL
+from .belady import OFFLINE_POLICIES
 from .sweep import SweepOptions, prepare, progress_bar
 
 
@@ -59,10 +59,10 @@ def run_cluster_sweep(opts: SweepOptions, cluster: ClusterOptions,
                       warn: Callable[[str], None] = lambda _: None) -> ClusterReport:
     if any(cap is None for cap in opts.capacities):
         raise ValueError("a cluster simulation needs a finite --capacity-tokens per replica")
-    policies = [p for p in opts.policies if p != OPTIMAL]
+    policies = [p for p in opts.policies if p not in OFFLINE_POLICIES]
     if len(policies) < len(opts.policies):
-        warn("the Belady optimal is left out of the cluster simulation (each replica's "
-             "future requests depend on the routing)")
+        warn("the offline policies (belady, dead-first) are left out of the cluster "
+             "simulation (each replica's future requests depend on the routing)")
     if not policies:
         raise ValueError("no online policy to simulate (the cluster cannot run belady)")
     prep = prepare(opts, warn)

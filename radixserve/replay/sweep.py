@@ -43,7 +43,9 @@ def resolve_mode(fmt: str, mode: str, page_size: int, block_size: int | None) ->
 def check_policies(policies: list[str]) -> None:
     from radixserve.cache.eviction import POLICIES
 
-    known = set(POLICIES) | {OPTIMAL}
+    from .belady import OFFLINE_POLICIES
+
+    known = set(POLICIES) | set(OFFLINE_POLICIES)
     for p in policies:
         if p not in known:
             raise ValueError(f"unknown policy {p!r}; choose from {sorted(known)}")

@@ -122,7 +122,7 @@ def test_pow2_and_consistent_hash_spread_sessions(tmp_path):
 
 
 def test_belady_is_refused_in_a_cluster():
-    with pytest.raises(ValueError, match="Belady"):
+    with pytest.raises(ValueError, match="offline policy 'belady'"):
         ClusterConfig(4, "pow2", 100, "belady")
 
 
