@@ -5,11 +5,19 @@
 (~10 s each) and shared by all tests: treat it as read-only. fp32 is for exact comparisons
 (transformers, cached vs uncached); bf16 is the dtype "auto" picks on CPUs with fast bf16.
 A missing package fails with the command that installs it.
+
+`load_script`: imports `scripts/<name>.py` as module `<name>`, once per session.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -24,3 +32,17 @@ def model_fp32():
 def model_bf16():
     from radixserve.model import load_model
     return load_model(DEFAULT_MODEL, dtype="bfloat16")
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """A function name -> the module of scripts/<name>.py, registered in sys.modules (a
+    script's dataclasses look their module up there)."""
+    def load(name: str):
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        return sys.modules[name]
+    return load

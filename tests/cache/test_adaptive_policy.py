@@ -4,7 +4,6 @@ bounded state, and that it beats LRU where reuse odds differ by class."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -172,23 +171,13 @@ def test_token_mode_equals_block_mode(page_size):
     assert (block.hit_tokens, block.hit_requests) == (token.hit_tokens, token.hit_requests)
 
 
-def _gen_traces():
-    if "gen_traces" not in sys.modules:     # (dataclasses need the module registered)
-        spec = importlib.util.spec_from_file_location("gen_traces",
-                                                      REPO / "scripts" / "gen_traces.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["gen_traces"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["gen_traces"]
-
-
-def test_beats_lru_on_rag_traffic(tmp_path):
+def test_beats_lru_on_rag_traffic(tmp_path, load_script):
     """Popular documents vs unique questions: the questions' class is learned to be dead."""
     from radixserve.replay.replayer import ReplayConfig, replay
     from radixserve.replay.traces import read_trace
     from radixserve.replay.workload import Workload
 
-    gen = _gen_traces()
+    gen = load_script("gen_traces")
     assert gen.main(["--out", str(tmp_path), "--workloads", "rag", "--requests", "1500"]) == 0
     work = Workload(read_trace(str(tmp_path / "rag.jsonl"), block_size=16), "block", 16)
     lru = replay(work, ReplayConfig(250_000, "lru"))
@@ -196,10 +185,10 @@ def test_beats_lru_on_rag_traffic(tmp_path):
     assert adaptive.hit_tokens > lru.hit_tokens * 1.03, (adaptive.hit_tokens, lru.hit_tokens)
 
 
-def test_generated_traces_are_deterministic_and_valid(tmp_path):
+def test_generated_traces_are_deterministic_and_valid(tmp_path, load_script):
     from radixserve.replay.traces import read_trace
 
-    gen = _gen_traces()
+    gen = load_script("gen_traces")
     for out in (tmp_path / "a", tmp_path / "b"):
         assert gen.main(["--out", str(out), "--requests", "200", "--seed", "3"]) == 0
     for name in ("chat", "agent", "fewshot", "rag", "mixed"):

@@ -2,41 +2,30 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import pytest
 
 
-def _script():
-    if "trace_signals" not in sys.modules:  # (dataclasses need the module registered)
-        spec = importlib.util.spec_from_file_location("trace_signals",
-                                                      REPO / "scripts" / "trace_signals.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["trace_signals"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["trace_signals"]
+@pytest.fixture
+def ts(load_script):
+    return load_script("trace_signals")
 
 
-def test_next_use_gaps_count_block_accesses_to_the_next_use():
-    ts = _script()
+def test_next_use_gaps_count_block_accesses_to_the_next_use(ts):
     assert ts.next_use_gaps([[1, 2], [1, 3], [2]]) == [2, 3, math.inf, math.inf, math.inf]
 
 
-def test_power_of_4_buckets_name_their_bounds():
-    ts = _script()
+def test_power_of_4_buckets_name_their_bounds(ts):
     assert [ts.power_of_4_bucket(x, 64) for x in (0, 3, 4, 15, 16, 63, 64, 10**6)] == \
         ["< 4", "< 4", "< 16", "< 16", "< 64", "< 64", ">= 64", ">= 64"]
 
 
-def test_short_replies_reused_long_replies_not():
+def test_short_replies_reused_long_replies_not(ts):
     """Requests with 8-token replies come back (their next turn extends them), those with
     2,000-token replies never do: the reply-length signal separates them completely, and
     seen blocks' reuse gaps are bucketed."""
-    ts = _script()
     requests, replies = [], []
     for conv in range(20):
         base = 1000 * conv
@@ -57,8 +46,7 @@ def test_short_replies_reused_long_replies_not():
     assert seen == {"< 16": {"blocks": 40, "reused": 0.0, "reused_within": 0.0}}
 
 
-def test_cli_reads_a_hash_trace(tmp_path, capsys):
-    ts = _script()
+def test_cli_reads_a_hash_trace(ts, tmp_path, capsys):
     path = tmp_path / "t.jsonl"
     lines = [{"timestamp": i, "input_length": 1024, "output_length": 4, "hash_ids": [7, 8 + i]}
              for i in range(3)]
