@@ -16,9 +16,19 @@ input dtype); fp32 inputs should keep using SDPA, which is exact there.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["DEFAULT_BLOCK", "causal_attention_blocked"]
+
+
+@functools.lru_cache(maxsize=16)
+def _future_mask(block: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """-inf above the diagonal, 0 elsewhere (read only): added to a diagonal block's scores
+    (x + 0 = x, the bits masked_fill_ gives), ~2x faster than masked_fill_ with a broadcast
+    bool mask. Made once per shape, not once per layer and span."""
+    return torch.full((block, block), float("-inf"), dtype=dtype, device=device).triu_(1)
 
 DEFAULT_BLOCK = 128   # query rows per block: 64-256 measured within 10%; 128 the best
 
@@ -38,10 +48,7 @@ def causal_attention_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     # [Hkv, g, n, D]: the queries of one K/V head, scaled once (exact for D = 64, 256).
     qh = (q * scale).view(n, hkv, g, d).permute(1, 2, 0, 3)
     kt = k.transpose(1, 2)                                   # [Hkv, D, kv_len]
-    # -inf above the diagonal, 0 elsewhere: added to the diagonal block's scores (x + 0 = x,
-    # the bits masked_fill_ gives), ~2x faster than masked_fill_ with a broadcast bool mask.
-    future = torch.full((block, block), float("-inf"), dtype=q.dtype,
-                        device=q.device).triu_(1)
+    future = _future_mask(block, q.dtype, q.device)
     for s in range(0, n, block):
         e = min(n, s + block)
         b = e - s
