@@ -10,11 +10,13 @@ from .memory import PagedMemory
 from .page_allocator import OutOfPages, PageAccountingError, PageAllocator
 from .prefix_lease import CopyOrder, PrefixLease
 from .radix_cache import EMPTY_PAGES, CacheLockedError, InsertResult, MatchResult, RadixCache
+from .tier_types import Move, Tier, TierHooks
 from .tiers import DemoteOrder, LoadOrder, LowerTiers
 from .tree_node import TreeNode
 
 __all__ = [
     "CacheLockedError", "CopyOrder", "DemoteOrder", "EMPTY_PAGES", "LoadOrder", "LowerTiers", "EvictionPolicy", "GDSFPolicy", "InsertResult",
+    "Move", "Tier", "TierHooks",
     "LFUPolicy", "LRUPolicy", "MatchResult", "OutOfPages", "POLICIES", "PageAccountingError",
     "PageAllocator", "PagedMemory", "PrefixLease", "RadixCache", "TreeNode", "make_policy",
 ]

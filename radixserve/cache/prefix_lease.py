@@ -44,6 +44,7 @@ import numpy as np
 from .memory import PagedMemory
 from .page_allocator import OutOfPages
 from .radix_cache import EMPTY_PAGES, MatchResult, join_pages
+from .tier_types import Tier
 from .token_keys import TokenIds, prefix
 from .tree_node import TreeNode
 
@@ -111,7 +112,7 @@ class PrefixLease:
             self._cow = (match.cow_page, match.cow_tokens)
         return match
 
-    def load(self, match: MatchResult, max_tier: int = 3) -> int:
+    def load(self, match: MatchResult, max_tier: Tier = Tier.DISK) -> int:
         """Bring the host/disk part of this lease's match (`match.lower`) into the pool.
 
         Right after `acquire`: pool pages are allocated for the nodes that can come (tiers
@@ -122,7 +123,7 @@ class PrefixLease:
         raised; the caller computes those tokens instead).
         """
         tiers = self.tree.tiers
-        if tiers is None or not match.lower or self._cow is not None or \
+        if not match.lower or self._cow is not None or \
                 self.num_tree_pages != len(self.pages):
             return 0
         plan = tiers.plan_load(match.lower, max_tier)

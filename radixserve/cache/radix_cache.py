@@ -46,20 +46,19 @@ tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from .eviction import EvictionPolicy, make_policy
 from .eviction_queue import EvictionQueue
+from .invariants import check_tree
+from .tier_types import Tier, TierHooks
 from .token_keys import ITEM_BYTES, LazyKey, TokenIds, count, pack
 from .tree_node import TreeNode
 
-if TYPE_CHECKING:
-    from .tiers import LowerTiers
-
-__all__ = ["CacheLockedError", "InsertResult", "MatchResult", "RadixCache", "EMPTY_PAGES",
-           "join_pages"]
+__all__ = ["CacheLockedError", "InsertResult", "MatchResult", "PoolOnly", "RadixCache",
+           "EMPTY_PAGES", "join_pages"]
 
 EMPTY_PAGES = np.empty(0, dtype=np.int32)
 EMPTY_PAGES.flags.writeable = False
@@ -67,6 +66,7 @@ _INT32 = np.dtype(np.int32)
 _ITEM = ITEM_BYTES
 _FIRST_WINDOW = 512         # tokens compared at once before the windows grow
 _WHOLE_EDGE = 4096          # edges up to this many tokens are compared in one window
+_POOL = Tier.POOL           # (a module constant: read on hot paths)
 
 
 class CacheLockedError(RuntimeError):
@@ -83,7 +83,7 @@ class MatchResult:
     lower: tuple = ()       # tiers: the host/disk nodes continuing the match past `node`,
                             #   whole edges, in order (not locked; PrefixLease.load)
 
-    def lower_tokens(self, tier: int | None = None) -> int:
+    def lower_tokens(self, tier: Tier | None = None) -> int:
         """Tokens of the match held by lower tiers (by one tier when given)."""
         return sum(n.num_tokens for n in self.lower if tier is None or n.tier == tier)
 
@@ -227,9 +227,20 @@ class RadixCache:
         self._lasting_ids: np.ndarray | None = None     # see keep_views_into
         # Handle for a match in a namespace that holds nothing: locking it is a no-op.
         self._empty_root = TreeNode(0, b"", EMPTY_PAGES, None, 0, None)
-        # Host/disk tiers below the KV pool (cache/tiers.py attaches itself); None: evicted
-        # pages are dropped. The O(1) counters above count the KV pool's (tier 1) tokens.
-        self.tiers: LowerTiers | None = None
+        # What happens below the KV pool (tier_types.TierHooks): by default nothing, an
+        # evicted page is gone; LowerTiers (tiers.py) attaches host/disk tiers. The O(1)
+        # counters above count the KV pool's tokens only.
+        self.tiers: TierHooks = PoolOnly(self)
+
+    def attach_tiers(self, hooks: TierHooks) -> None:
+        """Put tiers below the KV pool (before anything is cached; once)."""
+        if not isinstance(self.tiers, PoolOnly) or self.num_nodes:
+            raise ValueError("attach the tiers to an empty tree without tiers")
+        self.tiers = hooks
+
+    @property
+    def has_lower_tiers(self) -> bool:
+        return not isinstance(self.tiers, PoolOnly)
 
     def keep_views_into(self, ids: np.ndarray) -> None:
         """Keep page-id arrays that view `ids` (read-only, alive as long as the tree: the
@@ -294,7 +305,7 @@ class RadixCache:
         if partial is not None:
             # The match ends inside this edge (its first page matched, so m >= page_size).
             m_full = m - m % ps
-            node = self._split(partial, m_full)
+            node = self.split_at(partial, m_full)
             parts.append(node.pages)
             pos += m_full * _ITEM
             if m > m_full:
@@ -302,12 +313,12 @@ class RadixCache:
         if ps > 1 and cow_node is None and pos < limit_b and node.cow_index and (
                 missed is None or missed[:_ITEM] in node.cow_index):   # else: no candidate
             cow_node, cow_tokens = self._best_cow(node, key, pos, limit_b, missed)
-        if cow_node is not None and cow_node.tier != 1:
+        if cow_node is not None and cow_node.tier != _POOL:
             cow_node, cow_tokens = None, 0  # tiers: its KV is not in the pool to copy
         handle = cow_node or node
         self._touch(handle, hit=True)
         lower: tuple = ()
-        if handle.tier != 1:                # tiers: the match runs on past the KV pool
+        if handle.tier != _POOL:                # tiers: the match runs on past the KV pool
             handle, lower, parts = self._lower_tail(handle, parts)
             pos = handle.depth * _ITEM
         if handle.evict_key is not None:
@@ -322,7 +333,7 @@ class RadixCache:
         """Split a match path ending in a lower tier at the last KV-pool node: (that node,
         the lower nodes after it, the KV-pool part of `parts`)."""
         lower = []
-        while node.tier != 1:
+        while node.tier != _POOL:
             lower.append(node)
             node = node.parent
         lower.reverse()
@@ -448,11 +459,11 @@ class RadixCache:
                                                                     first_page)
         if partial is not None:             # the key leaves the tree inside this edge
             m -= m % self.page_size
-            node = self._split(partial, m)
+            node = self.split_at(partial, m)
             same_pages = False
             parts.append(node.pages)
             pos += m * _ITEM
-        if node.tier != 1:                  # tiers: the path runs into host/disk nodes
+        if node.tier != _POOL:              # tiers: the path runs into host/disk nodes
             self._promote_path(node, pages, parts)
             same_pages = False
         self._touch(node, hit=False)
@@ -532,7 +543,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 if node.evict_key is not None:
                     self._remove_evictable(node)
-                if node.tier == 1:
+                if node.tier == _POOL:
                     freed_from_pool += node.num_tokens
             node.lock_ref += 1
             node = node.parent
@@ -545,10 +556,9 @@ class RadixCache:
         released = 0
         while node.depth:
             node.lock_ref -= 1
-            if node.lock_ref == 0 and node.tier == 1:
+            if node.lock_ref == 0 and node.tier == _POOL:
                 released += node.num_tokens
-                if not node.children or (self.tiers is not None
-                                         and self._no_pool_children(node)):
+                if not node.children or self._no_pool_children(node):
                     self._make_evictable(node)
             node = node.parent
         self._evictable_tokens += released
@@ -557,9 +567,10 @@ class RadixCache:
     def evict(self, num_tokens: int) -> np.ndarray:
         """Free at least `num_tokens` tokens' worth of pages (fewer only if nothing is left).
 
-        Takes unlocked leaves in policy order; a leaf larger than what is still needed loses
-        only its tail pages (its head, the more shared part, stays). Returns the freed ids;
-        the caller gives them to the allocator.
+        Takes unlocked leaves in policy order and hands each to the tier hooks, which free
+        some of its pages: without lower tiers a leaf larger than what is still needed loses
+        only its tail pages (its head, the more shared part, stays); with them, that tail is
+        split off and demoted. Returns the freed ids; the caller gives them to the allocator.
         """
         return join_pages(self.evict_pages(num_tokens))
 
@@ -571,37 +582,16 @@ class RadixCache:
         self._clock += 1
         ps = self.page_size
         evictable = self._evictable
-        tiers = self.tiers
+        evict_leaf = self.tiers.evict_leaf
         freed: list[np.ndarray] = []
         remaining = num_tokens
         while remaining > 0:
             leaf = evictable.first()
             if leaf is None:
                 break
-            need = -(-remaining // ps)
-            npages = len(leaf.pages)
-            if npages > need and tiers is None:
-                # Only the tail goes: the leaf stays in the set, re-sorted only if its
-                # policy key may have changed (LRU's and LFU's do not read the length).
-                keep = npages - need
-                gone = need * ps
-                freed.append(leaf.pages[keep:])
-                leaf.pages = leaf.pages[:keep]
-                leaf.truncate(keep * ps)
-                leaf.depth -= gone
-                self._total -= gone
-                self._evictable_tokens -= gone
-                remaining -= gone
-                if self._rekey_trimmed:
-                    self._rekey(leaf)
-                continue
-            evictable.pop()
-            if npages > need:
-                self._split(leaf, (npages - need) * ps)     # tiers: demote the tail alone
-            freed.append(leaf.pages)
-            remaining -= leaf.num_tokens
-            if tiers is None or not tiers.demote(leaf):
-                self._remove_leaf(leaf)
+            pages = evict_leaf(leaf, -(-remaining // ps))
+            freed.append(pages)
+            remaining -= len(pages) * ps
         self._evicted_tokens += num_tokens - remaining
         return freed
 
@@ -613,8 +603,7 @@ class RadixCache:
                 f"by running requests; wait until they finish (or abort them)")
         pages = self.tree_page_ids()
         nodes = list(self.iter_nodes())
-        if self.tiers is not None:
-            self.tiers.forget(nodes)
+        self.tiers.forget(nodes)
         for node in nodes:
             node.parent = None          # stale: a late lock() on it raises
             node.evict_key = None
@@ -634,9 +623,8 @@ class RadixCache:
             raise CacheLockedError(
                 f"cannot flush namespace {namespace!r}: {locked} cached tokens are locked by "
                 f"running requests; wait until they finish (or abort them)")
-        pool = [n for n in nodes if n.tier == 1]
-        if self.tiers is not None:
-            self.tiers.forget([n for n in nodes if n.tier != 1])
+        pool = [n for n in nodes if n.tier == _POOL]
+        self.tiers.forget([n for n in nodes if n.tier != _POOL])
         for node in nodes:
             if node.evict_key is not None:
                 self._remove_evictable(node)
@@ -690,19 +678,25 @@ class RadixCache:
     def tree_page_ids(self) -> np.ndarray:
         """Every KV-pool page the tree owns (a walk: for conservation checks)."""
         return np.concatenate([EMPTY_PAGES, *(n.pages for n in self.iter_nodes()
-                                              if n.tier == 1)])
+                                              if n.tier == _POOL)])
+
+    def namespace_roots(self) -> dict[str | None, TreeNode]:
+        """Each namespace's root node (read-only use: for walks and checks)."""
+        return self._ns_roots
+
+    def evictable_entries(self) -> list[tuple]:
+        """The evictable set's live entries, unordered (for invariant checks)."""
+        return self._evictable.entries()
+
+    @property
+    def num_evictable(self) -> int:
+        """Leaves in the evictable set (its own count, for invariant checks)."""
+        return len(self._evictable)
 
     def check_invariants(self) -> None:
         """Recount everything and compare with the O(1) counters; AssertionError on a mismatch."""
-        from .invariants import check_tree
-
         check_tree(self)
-
-    def summary(self, top_k: int = 20) -> dict:
-        """Bounded, JSON-serializable: counters and the top prefixes by size and by hits."""
-        from .summary import build_summary
-
-        return build_summary(self, top_k)
+        self.tiers.check()
 
     # ------------------------------------------------------------------ tree surgery
     def child_key(self, edge: bytes) -> bytes:
@@ -728,8 +722,9 @@ class RadixCache:
                 parent.cow_index = {}
             parent.cow_index.setdefault(first[:_ITEM], []).append(child)
 
-    def _remove_leaf(self, leaf: TreeNode) -> None:
-        """Detach an evicted leaf; its parent may become an evictable leaf (or an empty root)."""
+    def remove_leaf(self, leaf: TreeNode) -> None:
+        """Detach an evicted pool leaf (out of the evictable set: `withdraw`); its parent may
+        become an evictable leaf (or an empty root)."""
         parent = self._detach(leaf)
         k = leaf.num_tokens
         self._total -= k
@@ -740,7 +735,7 @@ class RadixCache:
                     self._make_evictable(parent)
             else:
                 del self._ns_roots[parent.namespace]
-        elif self.tiers is not None:
+        else:
             self._check_pool_leaf(parent)
 
     def _detach(self, leaf: TreeNode) -> TreeNode:
@@ -758,13 +753,36 @@ class RadixCache:
         self._num_nodes -= 1
         return parent
 
-    # ------------------------------------------------------------------ tiers (tiers.py)
+    # ------------------------------------------------------------------ surgery for tier hooks
+    # What TierHooks implementations (PoolOnly below, LowerTiers in tiers.py) do to the tree:
+    # withdraw, trim_tail, remove_leaf, leave_pool, enter_pool, drop_lower, split_at.
     @staticmethod
     def _no_pool_children(node: TreeNode) -> bool:
         for child in node.children.values():
-            if child.tier == 1:
+            if child.tier == _POOL:
                 return False
         return True
+
+    def withdraw(self, leaf: TreeNode) -> None:
+        """Take an evictable leaf out of the evictable set (it is being evicted)."""
+        self._evictable.discard(leaf)
+
+    def trim_tail(self, leaf: TreeNode, num_pages: int) -> np.ndarray:
+        """An evictable pool leaf loses its last `num_pages` pages (fewer than it has) and
+        stays evictable; returns their ids."""
+        keep = len(leaf.pages) - num_pages
+        gone = num_pages * self.page_size
+        tail = leaf.pages[keep:]
+        leaf.pages = leaf.pages[:keep]
+        leaf.truncate(keep * self.page_size)
+        leaf.depth -= gone
+        self._total -= gone
+        self._evictable_tokens -= gone
+        # Re-sorted only if its policy key may have changed (LRU's and LFU's do not read
+        # the length).
+        if self._rekey_trimmed:
+            self._rekey(leaf)
+        return tail
 
     def _check_pool_leaf(self, node: TreeNode) -> None:
         """A child of `node` left the KV pool (demoted or dropped): `node` may now be an
@@ -773,17 +791,17 @@ class RadixCache:
         if not node.depth:
             if not node.children:
                 del self._ns_roots[node.namespace]
-        elif (node.tier == 1 and node.lock_ref == 0 and node.evict_key is None
+        elif (node.tier == _POOL and node.lock_ref == 0 and node.evict_key is None
               and self._no_pool_children(node)):
             self._make_evictable(node)
 
-    def _leave_pool(self, node: TreeNode) -> None:
+    def leave_pool(self, node: TreeNode) -> None:
         """An evicted KV-pool leaf stays in the tree in a lower tier (LowerTiers.demote)."""
         self._total -= node.num_tokens
         self._evictable_tokens -= node.num_tokens      # evicted leaves are unlocked
         self._check_pool_leaf(node.parent)
 
-    def _drop_lower(self, leaf: TreeNode) -> None:
+    def drop_lower(self, leaf: TreeNode) -> None:
         """Remove a childless host/disk node from the tree (its slots are the caller's)."""
         self._check_pool_leaf(self._detach(leaf))
 
@@ -792,7 +810,7 @@ class RadixCache:
         again, so the tree takes the caller's KV-pool pages for them (frees their slots)
         and `parts` (one entry per edge of the path) gets those pages."""
         path = []
-        while node.tier != 1:
+        while node.tier != _POOL:
             path.append(node)
             node = node.parent
         path.reverse()
@@ -802,7 +820,7 @@ class RadixCache:
         parts[len(parts) - len(path):] = [x.pages for x in path]
 
     def add_lower(self, parent: TreeNode | None, tokens: TokenIds, ids: np.ndarray,
-                  tier: int, namespace: str | None, last_access: int) -> TreeNode | None:
+                  tier: Tier, namespace: str | None, last_access: int) -> TreeNode | None:
         """A node of a lower tier (ids: that tier's tree ids, whole pages of `tokens`)
         under `parent` (None: the namespace's root), as a restore from the disk index
         rebuilds it: no KV-pool page is taken. None when `parent` has a child filed under
@@ -837,7 +855,7 @@ class RadixCache:
             pages = pages.copy()
             pages.flags.writeable = False
         node.pages = pages
-        node.tier = 1
+        node.tier = _POOL
         parent = node.parent
         if parent.evict_key is not None:     # it has a child in the pool now
             self._remove_evictable(parent)
@@ -846,7 +864,7 @@ class RadixCache:
             self._evictable_tokens += node.num_tokens
             self._check_pool_leaf(node)      # evictable unless a child is in the pool
 
-    def _split(self, child: TreeNode, m: int) -> TreeNode:
+    def split_at(self, child: TreeNode, m: int) -> TreeNode:
         """Cut `child`'s edge after m tokens (a page multiple); return the new upper node."""
         ps = self.page_size
         parent = child.parent
@@ -866,7 +884,7 @@ class RadixCache:
         child.parent = upper
         self._add_child(upper, child)
         self._num_nodes += 1
-        if upper.tier != 1:
+        if upper.tier != _POOL:
             self.tiers.added(upper)
         if child.evict_key is not None:
             self._rekey(child)
@@ -881,3 +899,42 @@ class RadixCache:
     def _rekey(self, node: TreeNode) -> None:
         """Re-sort an evictable leaf whose fields changed (accessed, split or trimmed)."""
         self._evictable.rekey(node, self.policy.key(node))
+
+
+class PoolOnly:
+    """The tree's tier hooks when nothing lies below the KV pool: an evicted page is gone.
+
+    A leaf larger than what eviction still needs loses only its tail pages (its head, the
+    more shared part, stays); a smaller one leaves the tree.
+    """
+
+    def __init__(self, tree: RadixCache):
+        self.tree = tree
+
+    def evict_leaf(self, leaf: TreeNode, need_pages: int) -> np.ndarray:
+        if len(leaf.pages) > need_pages:
+            return self.tree.trim_tail(leaf, need_pages)
+        self.tree.withdraw(leaf)
+        self.tree.remove_leaf(leaf)
+        return leaf.pages
+
+    def added(self, node: TreeNode) -> None:
+        raise AssertionError(f"{node} outside the pool of a tree without lower tiers")
+
+    def release(self, node: TreeNode) -> None:
+        raise AssertionError(f"{node} outside the pool of a tree without lower tiers")
+
+    def forget(self, nodes: Sequence[TreeNode]) -> None:
+        pass
+
+    def check(self) -> None:
+        pass
+
+    def plan_load(self, lower: Sequence[TreeNode], max_tier: int = Tier.DISK) -> None:
+        return None
+
+    def take_moves(self) -> list:
+        return []
+
+    def moves_done(self) -> None:
+        pass

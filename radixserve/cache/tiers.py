@@ -57,27 +57,31 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from .page_allocator import PageAllocator
+from .tier_types import Move, Tier
 
 if TYPE_CHECKING:
     from .radix_cache import RadixCache
     from .tree_node import TreeNode
 
-__all__ = ["POOL", "HOST", "DISK", "TIER_NAMES", "DemoteOrder", "LoadOrder", "LoadPlan",
+__all__ = ["POOL", "HOST", "DISK", "DemoteOrder", "LoadOrder", "LoadPlan",
            "LowerTiers", "PageStore", "ReadPending", "ReadResults", "TierCounters",
            "WriteResults"]
 
-POOL, HOST, DISK = 1, 2, 3
-TIER_NAMES = {POOL: "l1", HOST: "l2", DISK: "l3"}
+POOL, HOST, DISK = Tier.POOL, Tier.HOST, Tier.DISK      # short names for this module's users
 
 
 @dataclass(frozen=True, slots=True)
 class DemoteOrder:
-    """Copy pages down: `src` ids of `src_tier` into `dst` ids of `dst_tier` (tier-local)."""
+    """Copy pages down: `src` slots of `src_tier` into `dst` slots of `dst_tier`."""
 
-    src_tier: int
+    src_tier: Tier
     src: np.ndarray
-    dst_tier: int
+    dst_tier: Tier
     dst: np.ndarray
+
+    @property
+    def move(self) -> Move:
+        return Move(self.src_tier, self.dst_tier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +91,14 @@ class LoadOrder:
     From disk the pages were read (and checked) when the order was made: `payloads` holds
     them, one bytes object per page."""
 
-    src_tier: int
+    src_tier: Tier
     src: np.ndarray
     dst: np.ndarray
     payloads: tuple[bytes, ...] = ()
+
+    @property
+    def move(self) -> Move:
+        return Move(self.src_tier, Tier.POOL)
 
 
 class PageStore(Protocol):
@@ -172,14 +180,13 @@ class LoadPlan:
 
 
 class LowerTiers:
-    """The host and disk tiers of one RadixCache (attaches itself as `tree.tiers`)."""
+    """The host and disk tiers of one RadixCache: its `TierHooks` (attaches itself with
+    `tree.attach_tiers`), and the plans and orders that move pages between tiers."""
 
     def __init__(self, tree: RadixCache, pool_pages: int, host_pages: int = 0,
                  disk_pages: int = 0, disk: PageStore | None = None, page_bytes: int = 0):
         if disk_pages and disk is None:
             raise ValueError("a disk tier needs a page store")
-        if tree.tiers is not None or tree.num_nodes:
-            raise ValueError("attach the tiers to an empty tree without tiers")
         self.tree = tree
         self.page_bytes = page_bytes            # bytes of one page (for the byte counters)
         self.disk = disk
@@ -197,17 +204,17 @@ class LowerTiers:
         self.counters = TierCounters()
         self._moves: list[DemoteOrder | LoadOrder] = []
         self._below = [t for t in (HOST, DISK) if self.alloc[t].num_pages]
-        tree.tiers = self
+        tree.attach_tiers(self)
 
     # ------------------------------------------------------------------ state
-    def capacity_pages(self, tier: int) -> int:
+    def capacity_pages(self, tier: Tier) -> int:
         return self.alloc[tier].num_pages
 
-    def used_pages(self, tier: int) -> int:
+    def used_pages(self, tier: Tier) -> int:
         a = self.alloc[tier]
         return a.num_pages - a.num_free
 
-    def tokens(self, tier: int) -> int:
+    def tokens(self, tier: Tier) -> int:
         return sum(n.num_tokens for n in self.nodes[tier].values())
 
     def take_moves(self) -> list[DemoteOrder | LoadOrder]:
@@ -253,11 +260,24 @@ class LowerTiers:
                 if node.id in self.nodes[DISK]:     # not dropped with an earlier one
                     self._drop_branch(node)
 
-    def local(self, tier: int, ids: np.ndarray) -> np.ndarray:
+    def local(self, tier: Tier, ids: np.ndarray) -> np.ndarray:
         """Tree ids of `tier` as that tier's own slot ids / disk keys."""
         return (ids - self.offset[tier]).astype(np.int32) if tier != POOL else ids
 
     # ------------------------------------------------------------------ demotion
+    def evict_leaf(self, leaf: TreeNode, need_pages: int) -> np.ndarray:
+        """TierHooks: the tree evicts `leaf`; the part it needs (a tail split off when the
+        leaf is larger) is demoted to the first lower tier with room, or dropped."""
+        tree = self.tree
+        tree.withdraw(leaf)
+        npages = len(leaf.pages)
+        if npages > need_pages:
+            tree.split_at(leaf, (npages - need_pages) * tree.page_size)   # the tail alone
+        pages = leaf.pages
+        if not self.demote(leaf):
+            tree.remove_leaf(leaf)
+        return pages
+
     def demote(self, leaf: TreeNode) -> bool:
         """Move an evicted, unlocked pool leaf down (False: no tier had room; drop it)."""
         n = len(leaf.pages)
@@ -268,23 +288,23 @@ class LowerTiers:
             if dst is not None:
                 break
         else:
-            self.counters.dropped_tokens["l1"] += leaf.num_tokens
+            self.counters.dropped_tokens[POOL.label] += leaf.num_tokens
             for child in list(leaf.children.values()):
                 self._drop_branch(child, force=True)
         # Making room may have dropped a child of the leaf, which put the leaf (being
         # evicted, so out of the evictable set) back in: take it out again.
         if leaf.evict_key is not None:
-            self.tree._remove_evictable(leaf)
+            self.tree.withdraw(leaf)
         if dst is None:
             return False
         src = leaf.pages
         self._place(leaf, tier, dst)
-        self.tree._leave_pool(leaf)
+        self.tree.leave_pool(leaf)
         self._moves.append(DemoteOrder(POOL, src, tier, self.local(tier, dst)))
         self._count_in(tier, leaf.num_tokens)
         return True
 
-    def _take(self, tier: int, n: int) -> np.ndarray | None:
+    def _take(self, tier: Tier, n: int) -> np.ndarray | None:
         """`n` free ids of `tier` (making room by pushing its victims down), or None."""
         a = self.alloc[tier]
         if a.num_pages < n or (a.num_free < n and not self._make_room(tier, n)):
@@ -293,7 +313,7 @@ class LowerTiers:
         ids.flags.writeable = False
         return ids
 
-    def _make_room(self, tier: int, n: int) -> bool:
+    def _make_room(self, tier: Tier, n: int) -> bool:
         """Free `n` ids of `tier`: its victims in policy order go down a tier (or are
         dropped from the last one)."""
         a = self.alloc[tier]
@@ -310,7 +330,7 @@ class LowerTiers:
                 return False
         return True
 
-    def _victims(self, tier: int) -> list[TreeNode]:
+    def _victims(self, tier: Tier) -> list[TreeNode]:
         """Nodes of `tier` that may leave it, first to go first: unlocked, not waiting for
         their disk write, and with no child in this tier (the pool and host parts of the
         tree stay prefix-closed)."""
@@ -343,11 +363,11 @@ class LowerTiers:
 
     def _drop(self, node: TreeNode) -> None:
         """Remove a childless lower node from the tree; its ids are freed."""
-        self.counters.dropped_tokens[TIER_NAMES[node.tier]] += node.num_tokens
+        self.counters.dropped_tokens[node.tier.label] += node.num_tokens
         self.release(node)
-        self.tree._drop_lower(node)
+        self.tree.drop_lower(node)
 
-    def _place(self, node: TreeNode, tier: int, ids: np.ndarray) -> None:
+    def _place(self, node: TreeNode, tier: Tier, ids: np.ndarray) -> None:
         node.pages = ids
         node.tier = tier
         self.nodes[tier][node.id] = node
@@ -359,7 +379,7 @@ class LowerTiers:
             not self.pending_writes.isdisjoint(node.pages.tolist())
 
     # ------------------------------------------------------------------ loading
-    def plan_load(self, lower: Sequence[TreeNode], max_tier: int = DISK) -> LoadPlan | None:
+    def plan_load(self, lower: Sequence[TreeNode], max_tier: Tier = DISK) -> LoadPlan | None:
         """The leading nodes of a match's lower part that can come into the pool now (tiers
         up to `max_tier`), locked; None when there are none.
 
@@ -384,7 +404,7 @@ class LowerTiers:
                 got = self._read(node)
                 if len(got) < len(node.pages):
                     if got:
-                        upper = self.tree._split(node, len(got) * self.tree.page_size)
+                        upper = self.tree.split_at(node, len(got) * self.tree.page_size)
                         nodes.append(upper)
                         payloads.append(got)
                     self._drop_branch(node)
@@ -407,7 +427,7 @@ class LowerTiers:
                     for key in self.local(DISK, node.pages).tolist())
         return None if None in got else got
 
-    def _ask_reads(self, lower: Sequence[TreeNode], max_tier: int) -> bool:
+    def _ask_reads(self, lower: Sequence[TreeNode], max_tier: Tier) -> bool:
         """Ask the reader for the disk pages the plan would read and are not read yet;
         True when the plan must wait for some."""
         wait = False
@@ -470,7 +490,7 @@ class LowerTiers:
             i += n
             tier = node.tier
             self._moves.append(LoadOrder(tier, self.local(tier, node.pages), dst, data))
-            self.counters.loaded_tokens[TIER_NAMES[tier]] += node.num_tokens
+            self.counters.loaded_tokens[tier.label] += node.num_tokens
             self._count_out(tier, node.num_tokens)
             self.tree.enter_pool(node, dst)
         return plan.nodes[-1]
@@ -527,7 +547,7 @@ class LowerTiers:
         del self.nodes[tier][node.id]
         self._release_ids(tier, node.pages)
 
-    def _release_ids(self, tier: int, ids: np.ndarray) -> None:
+    def _release_ids(self, tier: Tier, ids: np.ndarray) -> None:
         if tier == DISK and (self.pending_writes or self.reading):
             # A write or read still in flight: the slot waits for it (_settle_orphans).
             waiting = [i for i in ids.tolist() if self._busy(i)]
@@ -563,13 +583,13 @@ class LowerTiers:
         """A split made a new lower node (the upper part of an edge)."""
         self.nodes[node.tier][node.id] = node
 
-    def _count_in(self, tier: int, tokens: int) -> None:
-        name = TIER_NAMES[tier]
+    def _count_in(self, tier: Tier, tokens: int) -> None:
+        name = tier.label
         self.counters.demoted_tokens[name] += tokens
         self.counters.bytes_in[name] += tokens // self.tree.page_size * self.page_bytes
 
-    def _count_out(self, tier: int, tokens: int) -> None:
-        self.counters.bytes_out[TIER_NAMES[tier]] += \
+    def _count_out(self, tier: Tier, tokens: int) -> None:
+        self.counters.bytes_out[tier.label] += \
             tokens // self.tree.page_size * self.page_bytes
 
     # ------------------------------------------------------------------ checks
@@ -581,7 +601,7 @@ class LowerTiers:
             if node.tier != POOL:
                 found[node.tier][node.id] = node
         for tier in (HOST, DISK):
-            name = TIER_NAMES[tier]
+            name = tier.label
             assert found[tier].keys() == self.nodes[tier].keys(), \
                 f"{name}: registry {sorted(self.nodes[tier])} != tree {sorted(found[tier])}"
             a = self.alloc[tier]

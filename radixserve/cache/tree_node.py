@@ -7,6 +7,7 @@ from typing import Any, Hashable
 
 import numpy as np
 
+from .tier_types import Tier
 from .token_keys import ITEM_BYTES, pack_range, unpack
 
 __all__ = ["TreeNode"]
@@ -47,10 +48,11 @@ class TreeNode:
     cow_index: dict[int, list[TreeNode]] | None = None  # page_size > 1: children by 1st token
     _pending: tuple | None = None  # (list, start, stop) of the ids until `key` is read
     filed_as: bytes = b""           # its key in parent.children (its first page, packed)
-    # Tiers (cache/tiers.py): 1 = the KV pool, `pages` are its page ids; 2 = host memory,
-    # 3 = disk, `pages` are that tier's slot ids (offset past the tiers above, so ids of
-    # different tiers never collide). A node's parent is in its tier or a higher one.
-    tier: int = 1
+    # Where `pages` are (tier_types.py): Tier.POOL, the KV pool; HOST or DISK (cache/tiers.py).
+    # `pages` are TreeIds in every tier: one id space, pool pages first, then host slots,
+    # then disk slots, so ids of different tiers never collide. A node's parent is in its
+    # tier or a higher one.
+    tier: Tier = Tier.POOL
 
     @property
     def key(self) -> bytes:

@@ -422,7 +422,9 @@ class Engine(OneProcessStats):
         return s
 
     def cache_summary(self, top_k: int = 20) -> dict:
-        return self.tree.summary(top_k)
+        from radixserve.cache.summary import build_summary
+
+        return build_summary(self.tree, top_k)
 
     def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,
                    reveal: Callable[[str | None], bool]) -> dict:

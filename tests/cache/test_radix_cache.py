@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from radixserve.cache import CacheLockedError, PageAllocator, PagedMemory, RadixCache
+from radixserve.cache.summary import build_summary
 
 
 def pages(*ids):
@@ -439,7 +440,7 @@ def test_summary_is_bounded_and_json_serializable():
         fresh(c, alloc, system + [i] * 40, ns="t1" if i % 2 else None)
     for _ in range(7):
         c.match_prefix(system + [4] * 40)
-    s = c.summary(top_k=5)
+    s = build_summary(c, top_k=5)
     text = json.dumps(s)
     assert len(text) < 8000
     assert len(s["top_by_size"]) == 5 and len(s["top_by_hits"]) == 5
@@ -449,7 +450,7 @@ def test_summary_is_bounded_and_json_serializable():
     assert top["prefix_tokens"] == 64 and top["subtree_tokens"] == 64 + 25 * 40
     assert top["preview"] == system[:8]
     assert s["top_by_hits"][0]["hits"] == 7 and s["top_by_hits"][0]["namespace"] is None
-    assert len(c.summary(top_k=10**9)["top_by_size"]) <= 1000
+    assert len(build_summary(c, top_k=10**9)["top_by_size"]) <= 1000
 
 
 def test_cache_and_replay_packages_import_no_torch():
