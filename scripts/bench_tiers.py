@@ -28,6 +28,7 @@ from radixserve.engine.config import DEFAULT_MODEL, EngineConfig  # noqa: E402
 from radixserve.engine.engine import Engine  # noqa: E402
 from radixserve.engine.sampling_params import SamplingParams  # noqa: E402
 from radixserve.model import load_model  # noqa: E402
+from radixserve.engine.tier_costs import TierCosts  # noqa: E402
 
 TOPICS = ["rivers", "mountains", "capitals", "castles", "deserts", "islands", "bridges",
           "volcanoes", "lakes", "forests", "canals", "harbours", "glaciers", "caves",
@@ -83,7 +84,7 @@ async def run_mode(loaded, config: EngineConfig, args) -> dict:
         stats = engine.stats()
     finally:
         await engine.shutdown()
-    costs = engine.tier_costs.as_dict()
+    costs = engine.tiers.costs.as_dict() if engine.tiers is not None else TierCosts().as_dict()
     return {"replies": replies, "requests": len(replies), "recomputed_tokens": recomputed,
             "cached_tokens": cached, "ttft_p50_s": percentile(ttfts, 0.5),
             "ttft_p90_s": percentile(ttfts, 0.9), "requests_per_s": len(replies) / wall,

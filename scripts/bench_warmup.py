@@ -52,7 +52,7 @@ def one(warmup: int, threads: int, clock_name: str) -> str:
     pages = np.arange(0, 100)
     out = step(pages, 0, list(range(100, 140)))
     for i in range(31):
-        out = step(pages, 40 + i, [out.token_ids[0]])
+        out = step(pages, 40 + i, [out.sample.token_ids[0]])
     short = clock() - t0
     t0 = clock()
     step(np.arange(1000, 3048), 0, list(range(5, 2053)))

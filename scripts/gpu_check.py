@@ -584,14 +584,14 @@ def _decode_run(runner, batch: int, sz: Sizes, seed: int) -> dict:
         rows = range(start, min(batch, start + per_step))
         last += runner.execute(step_batch(
             rows, [t for i in rows for t in prompts[i]], list(range(ctx_len)) * len(rows),
-            [SeqSpan(pages[i], 0, ctx_len) for i in rows])).token_ids
+            [SeqSpan(pages[i], 0, ctx_len) for i in rows])).sample.token_ids
     prefill_s = time.perf_counter() - t0
 
     def decode(k: int) -> list[int]:     # k tokens decoded before this step
         rows = range(batch)
         return runner.execute(step_batch(
             rows, last, [ctx_len + k] * batch,
-            [SeqSpan(pages[i], ctx_len + k, 1) for i in rows])).token_ids
+            [SeqSpan(pages[i], ctx_len + k, 1) for i in rows])).sample.token_ids
 
     for k in range(sz.decode_warmup):
         last = decode(k)

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import torch
 
+from radixserve.cache.tier_types import Move
+
 __all__ = ["CopyEvents", "CudaStreamOps", "PendingCopy", "StreamOps"]
 
 
@@ -67,7 +69,7 @@ class PendingCopy:
     """One order's copies: `done` recorded after them; `keep` holds the tensors they read
     or write (staging rows) alive until then; `started` for timing loads."""
 
-    key: str                    # "l1->l2", "l2->l1"
+    key: Move                   # the order's direction
     tokens: int
     started: Any
     done: Any

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -27,7 +26,9 @@ import torch
 
 from radixserve.attention.copy_stream import CopyEvents, CudaStreamOps, PendingCopy, StreamOps
 from radixserve.attention.kv_pool import KVPool
-from radixserve.attention.page_bytes import bytes_to_pages, pool_tensors, rows_to_bytes
+from radixserve.attention.page_bytes import (bytes_to_pages, page_payload_bytes,
+                                             pages_to_bytes, pool_tensors, rows_to_bytes)
+from radixserve.cache.tier_types import MoveTimes, Tier
 from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
 
 __all__ = ["HostKVPool", "MoveTimes", "PageWriter", "TierMover"]
@@ -54,18 +55,6 @@ class HostKVPool:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
 
-@dataclass
-class MoveTimes:
-    """What one `run` moved: tokens and seconds by direction ("l1->l2", "l3->l1", ...)."""
-
-    tokens: dict[str, int] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def add(self, key: str, tokens: int, seconds: float) -> None:
-        self.tokens[key] = self.tokens.get(key, 0) + tokens
-        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
-
-
 class TierMover:
     """Runs the orders. `streams` (default: a side stream when the pool is on CUDA and
     there is a host tier; None on CPU) moves pool <-> host copies off the compute stream
@@ -88,6 +77,19 @@ class TierMover:
         memory: a save's copy of host pages)."""
         self.events.wait()
 
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page as a disk page holds it."""
+        return page_payload_bytes(self.pool)
+
+    def copy_out(self, tier: Tier, slots: np.ndarray) -> list[bytes]:
+        """Pages of the pool or host memory (`slots` of `tier`) as disk-page bytes, for
+        the cache saver (compute thread; waits for side-stream copies first)."""
+        self.wait_copies()
+        if tier == POOL:
+            return pages_to_bytes(self.pool, slots)
+        return rows_to_bytes(self.host.tensors, slots)
+
     def run(self, moves: Sequence[DemoteOrder | LoadOrder]) -> MoveTimes:
         times = MoveTimes()
         ps = self.pool.page_size
@@ -104,15 +106,13 @@ class TierMover:
             started = time.perf_counter()
             if isinstance(mv, DemoteOrder):
                 self._demote(mv)
-                key = f"l{mv.src_tier}->l{mv.dst_tier}"
                 n = len(mv.src)
             else:
                 self._load(mv)
-                key = f"l{mv.src_tier}->l1"
                 n = len(mv.dst)
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()
-            times.add(key, n * ps, time.perf_counter() - started)
+            times.add(mv.move, n * ps, time.perf_counter() - started)
         return times
 
     # ------------------------------------------------------------------ side stream
@@ -153,8 +153,7 @@ class TierMover:
         # Demote: the forward may overwrite the freed pool pages once the gather read them.
         # Load: the prefill reads the loaded pages.
         compute.wait_event(gathered if demote else done)
-        key = f"l{mv.src_tier}->l{mv.dst_tier}" if demote else f"l{mv.src_tier}->l1"
-        self.events.add(PendingCopy(key, len(mv.src) * page_size, started, done, keep))
+        self.events.add(PendingCopy(mv.move, len(mv.src) * page_size, started, done, keep))
 
     @staticmethod
     def _finished(times: MoveTimes, copies: list[PendingCopy]) -> None:
@@ -163,10 +162,10 @@ class TierMover:
             times.add(c.key, c.tokens, c.started.elapsed_time(c.done) / 1000.0)
 
     # ------------------------------------------------------------------ directions
-    def _tensors(self, tier: int) -> list[torch.Tensor]:
+    def _tensors(self, tier: Tier) -> list[torch.Tensor]:
         return self.pool_tensors if tier == POOL else self.host.tensors
 
-    def _gather(self, tier: int, ids: np.ndarray) -> list[torch.Tensor]:
+    def _gather(self, tier: Tier, ids: np.ndarray) -> list[torch.Tensor]:
         """Each tensor's rows `ids` of a pool or host tier (on that tier's device)."""
         tensors = self._tensors(tier)
         index = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
@@ -174,7 +173,7 @@ class TierMover:
             index = index.to(self.device)
         return [t.index_select(0, index) for t in tensors]
 
-    def _scatter(self, tier: int, ids: np.ndarray, rows: list[torch.Tensor]) -> None:
+    def _scatter(self, tier: Tier, ids: np.ndarray, rows: list[torch.Tensor]) -> None:
         tensors = self._tensors(tier)
         index = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
         if tier == POOL:

@@ -16,7 +16,7 @@ Ids, one name each:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, NewType, Protocol, Sequence
 
@@ -25,7 +25,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .tree_node import TreeNode
 
-__all__ = ["Tier", "Move", "TreeId", "SlotId", "TierHooks", "LOWER_TIERS"]
+__all__ = ["Tier", "Move", "MoveTimes", "TreeId", "SlotId", "TierHooks", "LOWER_TIERS"]
 
 TreeId = NewType("TreeId", int)
 SlotId = NewType("SlotId", int)
@@ -66,6 +66,19 @@ class Move:
     @property
     def is_load(self) -> bool:
         return self.dst == Tier.POOL
+
+
+@dataclass
+class MoveTimes:
+    """What one step's orders moved: tokens and seconds by direction (the runner's
+    TierMover measures them; the engine's tier runtime feeds the load costs with them)."""
+
+    tokens: dict[Move, int] = field(default_factory=dict)
+    seconds: dict[Move, float] = field(default_factory=dict)
+
+    def add(self, key: Move, tokens: int, seconds: float) -> None:
+        self.tokens[key] = self.tokens.get(key, 0) + tokens
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
 
 
 class TierHooks(Protocol):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from radixserve.attention.spans import SeqSpan
 from radixserve.cache.prefix_lease import CopyOrder
+from radixserve.cache.tier_types import MoveTimes
 from radixserve.cache.tiers import DemoteOrder, LoadOrder
 from radixserve.engine.outputs import TokenLogprob
 from radixserve.engine.sampling_params import SamplingParams
@@ -51,6 +52,17 @@ class SampleResult:
 
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]   # None where params.logprobs is None
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What the runner returns for one step: the samples, what the step's tier moves
+    moved and took, and the seconds of the forward pass and sampling (the load-or-compute
+    costs are fed from these: engine/tier_runtime.py)."""
+
+    sample: SampleResult
+    moves: MoveTimes = field(default_factory=MoveTimes)
+    forward_seconds: float = 0.0
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from radixserve.engine.batch import SampleResult
+from radixserve.engine.batch import StepResult
 from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.request import Request
 from radixserve.engine.scheduler import Scheduler, StepPlan
@@ -36,11 +36,11 @@ class EngineCore:
         self.bookkeeping_seconds += time.perf_counter() - started
         return plan
 
-    def complete(self, plan: StepPlan, result: SampleResult) -> None:
+    def complete(self, plan: StepPlan, result: StepResult) -> None:
         """Apply a step's result: scheduler state first, then the outputs, whose stop checks
         say which samples the scheduler retires."""
         started = time.perf_counter()
-        update = self.scheduler.complete(plan, result)
+        update = self.scheduler.complete(plan, result.sample)
         now = time.monotonic()
         self.outputs.finish(update.aborted, "abort", now)
         self.scheduler.finish(self.outputs.on_tokens(update, now))

@@ -22,7 +22,7 @@ from radixserve.cache.radix_cache import CacheLockedError, RadixCache
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
-from radixserve.engine.kv_persistence import open_persistence
+from radixserve.engine.kv_persistence import KVPersistence, open_store
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
                                       NoDiskStore, PinConflict, QueueFull)
 from radixserve.engine.output_processor import OutputProcessor
@@ -34,8 +34,7 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
 from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
-from radixserve.engine.tier_costs import TierCosts
-from radixserve.engine.tier_setup import make_tiers, tier_stats
+from radixserve.engine.tier_setup import make_tiers
 from radixserve.engine.validation import check_request
 from radixserve.model import LoadedModel
 
@@ -50,10 +49,18 @@ class Engine(OneProcessStats):
         self.runner = on_compute_thread(ModelRunner, config, loaded)
         self.page_size = config.page_size
         self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
-        self.tier_costs = TierCosts()
         self.memory = PagedMemory(self.runner.num_pages, self.tree)
+        self._executor = compute_executor()
+        # Held by each step (schedule, forward, complete) and by the disk saves' page copies.
+        self._step_lock = asyncio.Lock()
+        # --kv-disk-dir: one store for the disk tier's pages and the saved cache.
+        store = open_store(config, self.runner)
+        self.tiers = make_tiers(config, self.runner, self.tree, store)
+        self.persistence = (KVPersistence(store, self.tree, self.tiers, self.runner.mover,
+                                          self._on_compute, self._step_lock)
+                            if store is not None else None)
         self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache,
-                                         costs=self.tier_costs)
+                                         tiers=self.tiers)
         self.pool_tokens = self.runner.num_pages * config.page_size
         self.max_model_len = self._max_model_len()
         self.pins = PinBook(self.memory, self._pin_limit())
@@ -68,17 +75,10 @@ class Engine(OneProcessStats):
         self.core = EngineCore(self.scheduler, self.outputs)
         self._ids = itertools.count()
         self._seeds = SampleSeeds(config.seed)
-        self._executor = compute_executor()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._failure: str | None = None
-        # Held by each step (schedule, forward, complete) and by the disk saves' page copies.
-        self._step_lock = asyncio.Lock()
-        self.persistence = open_persistence(config, self.runner, self.tree, self._on_compute,
-                                            self._step_lock)
-        self.tiers = make_tiers(config, self.runner, self.tree, self.persistence.store
-                                if self.persistence is not None else None)
 
     async def _on_compute(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -153,14 +153,10 @@ class Engine(OneProcessStats):
                 and self._failure is None):
             report = await self.persistence.save(save_by)
             log.info("KV disk store: saved on shutdown: %s", report.as_dict())
-        if self.tiers is not None and self.tiers.writer is not None:
-            await asyncio.to_thread(self.tiers.writer.close)    # queued pages written
-            await asyncio.to_thread(self.tiers.reader.close)
-            self.tiers.collect_io()
+        if self.tiers is not None:
+            await self.tiers.close()            # queued pages written first
         if self.persistence is not None:
             self.persistence.store.close()      # another engine may open the directory
-        if self.tiers is not None and self.tiers.disk is not None:
-            self.tiers.disk.close()
 
     async def save_cache(self, deadline: float | None = None) -> dict:
         """Write the cache to --kv-disk-dir now (POST /cache/save); requests keep running.
@@ -371,26 +367,14 @@ class Engine(OneProcessStats):
             log.exception("step %d failed", self.scheduler.step)
             self.core.fail_step(plan, exc)
             return True
-        self._observe_costs(plan.batch)
+        if self.tiers is not None:
+            self.tiers.observe(result, plan.batch.num_tokens)
         try:
             self.core.complete(plan, result)
         except Exception as exc:
             log.exception("completing step %d failed", self.scheduler.step)
             self.core.fail_all(exc)
         return True
-
-    def _observe_costs(self, batch) -> None:
-        """Feed what the step's moves and forward pass took to the load-or-compute choice."""
-        if self.tiers is None:
-            return
-        moves = self.runner.last_moves      # disk loads are timed by the reader (reads)
-        if "l2->l1" in moves.tokens:
-            self.tier_costs.observe_load(2, moves.tokens["l2->l1"], moves.seconds["l2->l1"])
-        if self.tiers.reader is not None:
-            pages, seconds = self.tiers.reader.take_timing()
-            if pages:
-                self.tier_costs.observe_load(3, pages * self.page_size, seconds)
-        self.tier_costs.observe_prefill(batch.num_tokens, self.runner.last_forward_seconds)
 
     # ---- introspection ------------------------------------------------------------
 
@@ -417,7 +401,7 @@ class Engine(OneProcessStats):
             "enabled": not self.config.disable_radix_cache,
         }
         if self.tiers is not None:
-            s.tiers = tier_stats(self.tiers, self.tier_costs)
+            s.tiers = self.tiers.stats()
         s.kv_disk = self.persistence.stats() if self.persistence is not None else None
         return s
 

@@ -30,18 +30,22 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import numpy as np
 
-from radixserve.attention.page_bytes import page_payload_bytes, pages_to_bytes, rows_to_bytes
-from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.kv_tiers import TierMover
 from radixserve.cache.radix_cache import RadixCache
+from radixserve.cache.tier_types import Tier
 from radixserve.cache.tiers import DISK, LowerTiers
 from radixserve.cache.tree_node import TreeNode
-from radixserve.engine.config import DEFAULT_KV_DISK_BYTES
+from radixserve.engine.config import DEFAULT_KV_DISK_BYTES, EngineConfig
+from radixserve.engine.tier_runtime import TierRuntime
 from radixserve.cache.token_keys import ITEM_BYTES, unpack
 from radixserve.storage import DiskPageStore, DiskStoreFull, IndexNode, TierPages
+
+if TYPE_CHECKING:
+    from radixserve.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class RestoreReport:
 
 @dataclass
 class _Node:                    # a tree node as one save pass saw it
-    tier: int                   # 1: pool pages; 2: host slots; 3: disk slots (tree ids)
+    tier: Tier                  # where `pages` (tree ids) are
     node_id: int
     parent_id: int | None
     namespace: str | None
@@ -98,16 +102,20 @@ def _chain(start: bytes, key: bytes | memoryview, page_size: int) -> list[bytes]
 
 
 class KVPersistence:
-    def __init__(self, store: DiskPageStore, tree: RadixCache, runner, compute: Compute,
-                 step_lock: asyncio.Lock):
+    """Saves and restores through the engine's tiers (`tiers`: None or without a disk tier,
+    nothing is saved or restored) and the owner of the KV data (`kv`: the runner's
+    TierMover, which holds the pool and the host slots; None without tiers)."""
+
+    def __init__(self, store: DiskPageStore, tree: RadixCache, tiers: TierRuntime | None,
+                 kv: TierMover | None, compute: Compute, step_lock: asyncio.Lock):
         self.store = store
         self.tree = tree
-        self.runner = runner                # its KV pool, and its tier mover (host slots)
-        self.pool: KVPool = runner.kv_pool
+        self.tiers = tiers
+        self.kv = kv
         self._compute = compute
         self._step_lock = step_lock
         self._copies: dict[bytes, int] = {}     # page path hash -> disk slot of its copy
-        self._batch_pages = max(1, BATCH_BYTES // page_payload_bytes(self.pool))
+        self._batch_pages = max(1, BATCH_BYTES // kv.page_bytes) if kv is not None else 1
         self._saving = asyncio.Lock()
         self.restored: RestoreReport | None = None
         self.last_save: SaveReport | None = None
@@ -126,9 +134,10 @@ class KVPersistence:
 
     @property
     def _tiers(self) -> LowerTiers | None:
-        """The tree's tiers when they have a disk tier (over this store), else None."""
-        tiers = self.tree.tiers
-        return tiers if tiers is not None and tiers.capacity_pages(DISK) else None
+        """The tiers' bookkeeping when they have a disk tier (over this store), else None."""
+        if self.tiers is None or not self.tiers.lower.capacity_pages(DISK):
+            return None
+        return self.tiers.lower
 
     # -- save ---------------------------------------------------------------------------
 
@@ -210,30 +219,24 @@ class KVPersistence:
         """Run tier orders issued since the last step and drain the disk writer's queue
         (the step lock is held): a host slot or pool page a pending order fills holds its
         content only afterwards, and a disk page is on disk only once its write is done."""
-        tiers = self.tree.tiers
+        tiers = self.tiers
         if tiers is None:
             return
         moves = tiers.take_moves()
         if moves:
-            await self._compute(self.runner.mover.run, moves)
-        if tiers.writer is not None and tiers.pending_writes:
-            await asyncio.to_thread(tiers.writer.drain)
+            await self._compute(self.kv.run, moves)
+        await asyncio.to_thread(tiers.drain_writes)
         tiers.moves_done()
 
     def _copy_out(self, todo: list[tuple[bytes, int, int]]) -> list[bytes]:
         """Page bytes of (hash, tier, tree id) entries, in order (compute thread)."""
-        self.runner.mover.wait_copies()     # host slots a side-stream copy still fills
         out: list[bytes | None] = [None] * len(todo)
-        for tier in (1, 2):
+        for tier in (Tier.POOL, Tier.HOST):
             rows = [i for i, t in enumerate(todo) if t[1] == tier]
             if not rows:
                 continue
             ids = np.array([todo[i][2] for i in rows], dtype=np.int64)
-            if tier == 1:
-                payloads = pages_to_bytes(self.pool, ids)
-            else:
-                local = self.tree.tiers.local(tier, ids)
-                payloads = rows_to_bytes(self.runner.mover.host.tensors, local)
+            payloads = self.kv.copy_out(tier, self.tiers.lower.local(tier, ids))
             for i, payload in zip(rows, payloads):
                 out[i] = payload
         return out
@@ -320,11 +323,10 @@ class KVPersistence:
         return report
 
 
-def open_persistence(config, runner, tree: RadixCache, compute: Compute,
-                     step_lock: asyncio.Lock) -> KVPersistence | None:
-    """The persistence of `--kv-disk-dir`, or None (no flag, or the directory refused:
-    the store logged why in one line). Its store, bounded by --kv-disk-bytes, is also the
-    disk tier's (tier_setup.make_tiers)."""
+def open_store(config: EngineConfig, runner: ModelRunner) -> DiskPageStore | None:
+    """The store of `--kv-disk-dir`, or None (no flag, or the directory refused: the store
+    logged why in one line). Bounded by --kv-disk-bytes, it holds the disk tier's pages
+    (tier_setup.make_tiers) and the saved cache (KVPersistence)."""
     if not config.kv_disk_dir:
         return None
     if config.disable_radix_cache:
@@ -332,12 +334,10 @@ def open_persistence(config, runner, tree: RadixCache, compute: Compute,
         return None
     store = DiskPageStore(config.kv_disk_dir, engine_fingerprint(config, runner),
                           config.kv_disk_bytes or DEFAULT_KV_DISK_BYTES)
-    if not store.usable:
-        return None
-    return KVPersistence(store, tree, runner, compute, step_lock)
+    return store if store.usable else None
 
 
-def engine_fingerprint(config, runner):
+def engine_fingerprint(config: EngineConfig, runner: ModelRunner):
     """What pages on disk depend on: the weights, dtype, page size and KV layout."""
     from radixserve.model.registry import resolve_model_path
     from radixserve.storage import model_fingerprint

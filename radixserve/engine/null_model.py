@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.radix_cache import RadixCache
-from radixserve.engine.batch import SampleResult, StepBatch
+from radixserve.engine.batch import SampleResult, StepBatch, StepResult
 from radixserve.engine.core import EngineCore
 from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.outputs import EngineStats
@@ -50,7 +50,7 @@ class NullRunner:
         self.token = token
         self.steps = 0
 
-    def execute(self, batch: StepBatch) -> SampleResult:
+    def execute(self, batch: StepBatch) -> StepResult:
         check_batch(batch, self.page_size)
         self.steps += 1
         n = len(batch.sample_rows)
@@ -58,7 +58,7 @@ class NullRunner:
             tokens = [self.token] * n
         else:
             tokens = [self.rng.randrange(FIRST_ORDINARY_TOKEN, self.vocab_size) for _ in range(n)]
-        return SampleResult(tokens, [None] * n)
+        return StepResult(SampleResult(tokens, [None] * n))
 
 
 def check_batch(batch: StepBatch, page_size: int) -> None:

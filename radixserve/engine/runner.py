@@ -19,8 +19,9 @@ from radixserve.attention.context import ForwardContext
 from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.kv_quant import describe_kv_cache
-from radixserve.attention.kv_tiers import HostKVPool, MoveTimes, PageWriter, TierMover
-from radixserve.engine.batch import SampleResult, StepBatch
+from radixserve.attention.kv_tiers import HostKVPool, PageWriter, TierMover
+from radixserve.cache.tier_types import MoveTimes
+from radixserve.engine.batch import SampleResult, StepBatch, StepResult
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
 from radixserve.engine.sampler import Sampler
@@ -101,8 +102,6 @@ class ModelRunner:
                               fixed_scale=self.backend.fixed_kv_scale)
         self.sampler = Sampler()
         self.mover: TierMover | None = None     # host/disk tiers (attach_tiers)
-        self.last_moves = MoveTimes()           # what the last step's moves took
-        self.last_forward_seconds = 0.0         # the last step's forward + sampling
 
     def attach_tiers(self, host_pages: int, disk: PageWriter | None) -> None:
         """Host slots (pinned on CUDA) and the disk writer (its queue) the cache's tier
@@ -134,18 +133,18 @@ class ModelRunner:
         self.execute(batch)
 
     @torch.inference_mode()
-    def execute(self, batch: StepBatch) -> SampleResult:
+    def execute(self, batch: StepBatch) -> StepResult:
+        """The step's tier moves (in issue order), then copy-on-write, the forward pass and
+        sampling; what each took comes back with the samples."""
         # The worker thread starts on CUDA device 0: make the model's device current so
         # kernels that launch on the current device/stream (flashinfer's) use the right one.
         guard = (torch.cuda.device(self.device) if self.device.type == "cuda"
                  else contextlib.nullcontext())
         with guard:
-            if batch.moves:                 # tiers: demotions and loads, in issue order
-                self.last_moves = self.mover.run(batch.moves)
-            else:
-                self.last_moves = MoveTimes()
+            # tiers: demotions and loads, in issue order
+            moves = self.mover.run(batch.moves) if batch.moves else MoveTimes()
             if not batch.spans:
-                return SampleResult(token_ids=[], logprobs=[])
+                return StepResult(SampleResult(token_ids=[], logprobs=[]), moves)
             started = time.perf_counter()
             for order in batch.copies:      # copy-on-write pages this step computes into
                 self.kv_pool.copy_prefix(order.src_page, order.dst_page, order.num_tokens)
@@ -160,5 +159,4 @@ class ModelRunner:
                 result = SampleResult(token_ids=[], logprobs=[])
             else:
                 result = self.sampler.sample(logits, batch.sample_params, batch.generators)
-            self.last_forward_seconds = time.perf_counter() - started
-            return result
+            return StepResult(result, moves, time.perf_counter() - started)

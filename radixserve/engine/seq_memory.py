@@ -9,23 +9,24 @@ errors all go through it, so a page is returned exactly once whatever path a req
 
 from __future__ import annotations
 
-import time
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.tiers import ReadPending
 from radixserve.engine.request import SeqState
-from radixserve.engine.tier_costs import TierCosts
+
+if TYPE_CHECKING:
+    from radixserve.engine.tier_runtime import TierRuntime
 
 LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
 
 
 class SequenceMemory:
     def __init__(self, memory: PagedMemory, use_cache: bool,
-                 costs: TierCosts | None = None):
+                 tiers: TierRuntime | None = None):
         self.memory = memory
-        self.costs = costs or TierCosts()
+        self.tiers = tiers          # host/disk tiers: what loads a match's lower part
         self.tree = memory.tree
         self.page_size = memory.page_size
         self.use_cache = use_cache
@@ -61,35 +62,22 @@ class SequenceMemory:
         match = lease.acquire(seq.token_ids,
                               max_tokens=len(seq.token_ids) - 1 if reuse_cache else 0)
         seq.lease = lease
-        if match is not None and match.lower:
+        if match is not None and match.lower and self.tiers is not None:
             try:
-                self._load(lease, match)
+                self.tiers.load(lease, match)
             except ReadPending:         # its disk pages are being read: admit it later
                 self.release(seq, keep=False)
                 raise
         seq.num_computed = lease.matched_tokens
         return seq.num_computed
 
-    def _load(self, lease: PrefixLease, match) -> None:
-        max_tier = self.costs.max_tier()
-        if max_tier == 1:
-            return
-        tiers = self.tree.tiers
-        # Without a reader thread the disk reads happen in here (with one, the engine
-        # times them from the reader); the runner times the copies.
-        on_disk = match.lower_tokens(3) if max_tier >= 3 and tiers.reader is None else 0
-        started = time.perf_counter()
-        lease.load(match, max_tier)
-        if on_disk:
-            self.costs.observe_load(3, on_disk, time.perf_counter() - started)
-
     def take_moves(self) -> list:
         """Tier moves issued since the last call, for the next step (in this order)."""
-        return self.tree.tiers.take_moves() if self.tree.tiers is not None else []
+        return self.tiers.take_moves() if self.tiers is not None else []
 
     def moves_done(self) -> None:
-        if self.tree.tiers is not None:
-            self.tree.tiers.moves_done()
+        if self.tiers is not None:
+            self.tiers.moves_done()
 
     def reserve(self, seq: SeqState, new_tokens: int) -> None:
         """Make the page table cover `new_tokens` more tokens (raises OutOfPages).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixserve.cache.tiers import DISK, HOST, POOL
+from radixserve.cache.tier_types import LOWER_TIERS, Tier
 
 MIN_PREFILL_TOKENS = 32
 SMOOTHING = 0.2
@@ -24,21 +24,21 @@ def _blend(old: float | None, new: float) -> float:
 @dataclass
 class TierCosts:
     prefill_s_per_token: float | None = None
-    load_s_per_token: dict[int, float | None] = field(
-        default_factory=lambda: {HOST: None, DISK: None})
+    load_s_per_token: dict[Tier, float | None] = field(
+        default_factory=lambda: {tier: None for tier in LOWER_TIERS})
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= MIN_PREFILL_TOKENS and seconds > 0:
             self.prefill_s_per_token = _blend(self.prefill_s_per_token, seconds / tokens)
 
-    def observe_load(self, tier: int, tokens: int, seconds: float) -> None:
+    def observe_load(self, tier: Tier, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds >= 0:
             self.load_s_per_token[tier] = _blend(self.load_s_per_token[tier], seconds / tokens)
 
-    def max_tier(self) -> int:
+    def max_tier(self) -> Tier:
         """The lowest tier still worth loading from (POOL: load nothing, compute)."""
-        best = POOL
-        for tier in (HOST, DISK):
+        best = Tier.POOL
+        for tier in LOWER_TIERS:
             load = self.load_s_per_token[tier]
             if load is not None and self.prefill_s_per_token is not None \
                     and load >= self.prefill_s_per_token:
@@ -48,4 +48,4 @@ class TierCosts:
 
     def as_dict(self) -> dict:
         return {"prefill_s_per_token": self.prefill_s_per_token,
-                "load_s_per_token": {f"l{t}": v for t, v in self.load_s_per_token.items()}}
+                "load_s_per_token": {t.label: v for t, v in self.load_s_per_token.items()}}

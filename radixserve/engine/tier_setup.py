@@ -2,7 +2,7 @@
 
 The cache's bookkeeping (cache/tiers.py: LowerTiers) and the runner's data (host slots,
 the disk writer thread: storage/disk_writer.py) are sized here from the same page size in
-bytes.
+bytes, and handed to the one object that owns them at run time (tier_runtime.py).
 The disk tier lives in the persistence's store (one directory, one byte budget), through
 TierPages: its pages are the ones a save indexes and a restart restores.
 """
@@ -10,17 +10,22 @@ TierPages: its pages are the ones a save indexes and a restart restores.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from radixserve.attention.page_bytes import page_payload_bytes
 from radixserve.cache.radix_cache import RadixCache
-from radixserve.cache.tiers import DISK, HOST, TIER_NAMES, LowerTiers
+from radixserve.cache.tiers import LowerTiers
 from radixserve.engine.compute_thread import on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.tier_costs import TierCosts
+from radixserve.engine.tier_runtime import TierRuntime
 from radixserve.storage import DiskPageStore, TierPages
 from radixserve.storage.disk_reader import DiskReader
 from radixserve.storage.disk_writer import DiskWriter
 from radixserve.storage.checked_blob import HEADER
+
+if TYPE_CHECKING:
+    from radixserve.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +38,11 @@ def tier_pages(tokens: int | None, nbytes: int | None, page_size: int, page_byte
     return 0
 
 
-def make_tiers(config: EngineConfig, runner, tree: RadixCache,
-               store: DiskPageStore | None) -> LowerTiers | None:
-    """The engine's LowerTiers (None when no tier is configured or the cache is off); the
-    runner gets the host slots and the disk writer. `store`: the persistence's store of
-    --kv-disk-dir (None: no flag, or the directory was refused and is left untouched)."""
+def make_tiers(config: EngineConfig, runner: ModelRunner, tree: RadixCache,
+               store: DiskPageStore | None) -> TierRuntime | None:
+    """The engine's tier runtime (None when no tier is configured or the cache is off); the
+    runner gets the host slots and the disk writer. `store`: the store of --kv-disk-dir
+    (None: no flag, or the directory was refused and is left untouched)."""
     if config.disable_radix_cache:
         return None
     ps = config.page_size
@@ -52,29 +57,12 @@ def make_tiers(config: EngineConfig, runner, tree: RadixCache,
     log.info("KV tiers: host %d tokens (%.1f MiB), disk %d tokens (%.1f MiB)",
              host_pages * ps, host_pages * page_bytes / 2**20, disk_pages * ps,
              disk_pages * page_bytes / 2**20)
-    tiers = LowerTiers(tree, runner.num_pages, host_pages, disk_pages, disk, page_bytes)
-    tiers.writer = writer
-    tiers.reader = DiskReader(disk) if disk is not None else None    # reads off the loop
-    return tiers
+    lower = LowerTiers(tree, runner.num_pages, host_pages, disk_pages, disk, page_bytes)
+    reader = DiskReader(disk) if disk is not None else None     # reads off the loop
+    lower.writer, lower.reader = writer, reader
+    return TierRuntime(lower, TierCosts(), disk, reader, writer)
 
 
 def disk_tier_pages(store: DiskPageStore, page_bytes: int) -> int:
     """Disk-tier slots: as many page files as the store's byte budget holds."""
     return (store.capacity_bytes or 0) // (page_bytes + HEADER.size)
-
-
-def tier_stats(tiers: LowerTiers, costs: TierCosts) -> dict:
-    """For /cache/stats and /metrics: capacity, use and movement of each lower tier."""
-    c = tiers.counters
-    out = {"corrupt_pages": c.corrupt_pages, "dropped_tokens": dict(c.dropped_tokens),
-           "costs": costs.as_dict(), "pending_disk_writes": len(tiers.pending_writes),
-           "failed_disk_writes": c.failed_writes}
-    ps = tiers.tree.page_size
-    for tier in (HOST, DISK):
-        name = TIER_NAMES[tier]
-        out[name] = {"capacity_tokens": tiers.capacity_pages(tier) * ps,
-                     "cached_tokens": tiers.used_pages(tier) * ps,
-                     "demoted_tokens": c.demoted_tokens[name],
-                     "loaded_tokens": c.loaded_tokens[name],
-                     "bytes_in": c.bytes_in[name], "bytes_out": c.bytes_out[name]}
-    return out

@@ -9,6 +9,7 @@ import torch
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.kv_tiers import HostKVPool, TierMover
 from radixserve.attention.page_bytes import page_payload_bytes as page_nbytes, pool_tensors
+from radixserve.cache.tier_types import Move
 from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
 from radixserve.kv_sizing import KVFormat
 
@@ -41,7 +42,7 @@ def test_pages_round_trip_through_host_and_disk(kv):
         t.view(torch.uint8)[:2].fill_(0)             # the pool pages are reused meanwhile
     times = mover.run([LoadOrder(DISK, ids(7, 9), ids(4, 5),
                                  (disk.pages[7], disk.pages[9]))])
-    assert times.tokens == {"l3->l1": 8}
+    assert times.tokens == {Move(DISK, POOL): 8}
     after = [t[4:6] for t in pool_tensors(pool)]
     for a, b in zip(before, after):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
@@ -133,8 +134,8 @@ def test_side_stream_copies_are_pending_until_their_event_completes():
     assert mover.run([]).tokens == {} and mover.events.pending == 1
     done.complete = True
     times = mover.run([])
-    assert mover.events.pending == 0 and times.tokens == {"l1->l2": 8}
-    assert times.seconds["l1->l2"] == pytest.approx(0.002)
+    assert mover.events.pending == 0 and times.tokens == {Move(POOL, HOST): 8}
+    assert times.seconds[Move(POOL, HOST)] == pytest.approx(0.002)
 
     # A load: host -> pool on the side stream; compute waits for all of it.
     ops.events.clear()

@@ -217,7 +217,7 @@ def test_execute_samples_the_requested_spans_last_tokens(tiny_loaded):
     rng = np.random.default_rng(1)
     for spans, sample_rows in steps:
         batch = _greedy_batch(spans, rng, sample_rows)
-        got = runner.execute(batch).token_ids
+        got = runner.execute(batch).sample.token_ids
         meta = build_metadata(spans, 1, "cpu")
         ctx = ForwardContext.prepare(ref.backend, meta, ref.kv_pool)
         logits = ref.model(torch.tensor(batch.input_ids), torch.tensor(batch.positions), ctx,

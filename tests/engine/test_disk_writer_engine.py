@@ -67,7 +67,7 @@ def test_steps_run_while_the_writer_is_held_and_pages_become_files_after(
         model_fp32, expected, tmp_path):
     prompts, replies = expected
     engine, writer, gate = engine_with_gate(model_fp32, tmp_path, prompts)
-    tiers = engine.tiers
+    tiers = engine.tiers.lower
 
     async def main():
         await engine.start()
@@ -122,7 +122,7 @@ def test_a_failed_write_drops_the_page_and_replies_stay_correct(model_fp32, expe
     engine, writer, gate = engine_with_gate(model_fp32, tmp_path, prompts,
                                             error=OSError(28, "No space left on device"))
     gate.set()
-    tiers = engine.tiers
+    tiers = engine.tiers.lower
 
     async def main():
         await engine.start()
@@ -217,8 +217,8 @@ async def serve_onto_disk(engine, writer, prompts) -> list:
         first.append((await collect(engine.generate(p, GREEDY))).token_ids[0])
         await wait_idle(engine)
     await asyncio.to_thread(writer.drain)
-    engine.tiers.collect_io()
-    assert engine.tiers.nodes[DISK]
+    engine.tiers.lower.collect_io()
+    assert engine.tiers.lower.nodes[DISK]
     return first
 
 
@@ -230,7 +230,7 @@ def test_disk_reads_run_off_the_event_loop_and_the_request_waits_for_them(
     (and fails the test) if the reads ran on the loop and blocked it."""
     prompts, replies = expected
     engine, writer, gate, reads = engine_with_gated_reads(model_fp32, tmp_path, prompts)
-    tiers = engine.tiers
+    tiers = engine.tiers.lower
     watchdog_fired = threading.Event()
     watchdog = threading.Timer(GUARD_S, lambda: (watchdog_fired.set(), gate.set()))
 
@@ -272,7 +272,7 @@ def test_a_request_aborted_while_its_disk_reads_wait_gives_back_everything(
     reads pass the same prompt is served correctly (loading from disk again)."""
     prompts, replies = expected
     engine, writer, gate, reads = engine_with_gated_reads(model_fp32, tmp_path, prompts)
-    tiers = engine.tiers
+    tiers = engine.tiers.lower
 
     async def main():
         await engine.start()

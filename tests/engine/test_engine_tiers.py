@@ -87,7 +87,7 @@ def test_recompute_when_loading_is_measured_slower(model_fp32, uncached):
     prompts, expected = uncached
     pool = pool_for(prompts) + 16
     engine = make_engine(model_fp32, kv_cache_tokens=pool, kv_host_tokens=8 * pool)
-    engine.tier_costs.observe_load(2, 1, 1000.0)        # loading "measured" very slow
+    engine.tiers.costs.observe_load(2, 1, 1000.0)        # loading "measured" very slow
     results = run_in_turn(engine, prompts)
     assert [r.token_ids[0] for r in results] == expected
     assert engine.stats().tiers["l2"]["loaded_tokens"] == 0

@@ -151,7 +151,7 @@ def test_one_store_restored_as_disk_tier_nodes(model_fp32, tmp_path):
     assert report.complete
     # Pages the disk tier held were indexed from its files: only the pool's were written.
     assert report.pages_written * PAGE_SIZE <= small
-    assert report.pages_kept * PAGE_SIZE == first.tiers.tokens(DISK) > 0
+    assert report.pages_kept * PAGE_SIZE == first.tiers.lower.tokens(DISK) > 0
     # The copies of pool pages took disk-tier slots: the tier's use counts both.
     assert l3["cached_tokens"] == (report.pages_kept + report.pages_written) * PAGE_SIZE
     used = sum(p.stat().st_size for p in (kv / "pages").glob("*.page"))
