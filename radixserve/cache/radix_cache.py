@@ -53,6 +53,7 @@ import numpy as np
 from .eviction import EvictionPolicy, make_policy
 from .eviction_queue import EvictionQueue
 from .invariants import check_tree
+from .namespaces import in_namespace
 from .tier_types import Tier, TierHooks
 from .token_keys import ITEM_BYTES, LazyKey, TokenIds, count, pack
 from .tree_node import TreeNode
@@ -646,11 +647,7 @@ class RadixCache:
                 "nodes": len(nodes)}
 
     def _namespace_roots(self, namespace: str | None) -> list[TreeNode]:
-        if namespace is None:
-            return [r for ns, r in self._ns_roots.items() if ns is None]
-        nested = namespace + "/"
-        return [r for ns, r in self._ns_roots.items()
-                if ns is not None and (ns == namespace or ns.startswith(nested))]
+        return [r for ns, r in self._ns_roots.items() if in_namespace(ns, namespace)]
 
     @staticmethod
     def _subtree(root: TreeNode) -> Iterator[TreeNode]:

@@ -27,7 +27,8 @@ from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy,
                                       NoDiskStore, PinConflict, QueueFull)
 from radixserve.engine.output_processor import OutputProcessor
 from radixserve.engine.outputs import EngineStats, OneProcessStats, RequestOutput
-from radixserve.engine.pins import PinBook, PinInfo, in_namespace
+from radixserve.cache.namespaces import in_namespace
+from radixserve.engine.pins import PinBook, PinInfo
 from radixserve.engine.request import Request, new_request
 from radixserve.engine.runner import ModelRunner
 from radixserve.engine.sampling_params import SamplingParams

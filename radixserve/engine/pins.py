@@ -27,14 +27,6 @@ from radixserve.engine.errors import PinConflict, PinLimitExceeded, UnknownPin
 from radixserve.engine.request import Request
 
 
-def in_namespace(namespace: str | None, scope: str | None) -> bool:
-    """True when `namespace` is `scope` or nested under it (`scope/...`), as a namespace
-    flush counts them; the default namespace (None) holds only itself."""
-    if scope is None or namespace is None:
-        return namespace == scope
-    return namespace == scope or namespace.startswith(scope + "/")
-
-
 @dataclass(frozen=True)
 class PinInfo:
     """What a caller learns about a pin (no token contents)."""

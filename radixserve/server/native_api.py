@@ -16,7 +16,8 @@ from aiohttp import web
 
 from radixserve.cache.summary import namespace_id
 from radixserve.engine.outputs import RequestOutput
-from radixserve.engine.pins import PinInfo, in_namespace
+from radixserve.cache.namespaces import in_namespace
+from radixserve.engine.pins import PinInfo
 from radixserve.server import protocol as P
 from radixserve.server.body import read_json
 from radixserve.server.errors import ApiError
