@@ -90,7 +90,7 @@ async def run_mode(loaded, config: EngineConfig, args) -> dict:
             "ttft_p90_s": percentile(ttfts, 0.9), "requests_per_s": len(replies) / wall,
             "prefill_s_per_token": costs["prefill_s_per_token"],
             "load_s_per_token": costs["load_s_per_token"],
-            "tiers": stats.tiers or None}
+            "tiers": stats.tiers.as_dict() if stats.tiers is not None else None}
 
 
 def estimate_kv_tokens(loaded, args) -> int:

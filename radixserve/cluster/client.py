@@ -68,11 +68,8 @@ def sum_stats(snapshots: Sequence[EngineStats]) -> EngineStats:
                 setattr(total, f.name, getattr(total, f.name) + value)
         for reason, n in s.requests_finished.items():
             total.requests_finished[reason] = total.requests_finished.get(reason, 0) + n
-        for key, value in s.cache.items():
-            if isinstance(value, bool):
-                total.cache[key] = total.cache.get(key, True) and value
-            else:
-                total.cache[key] = total.cache.get(key, 0) + value
+        if s.cache is not None:
+            total.cache = s.cache if total.cache is None else total.cache.merged(s.cache)
         total.page_size = s.page_size
     return total
 

@@ -22,6 +22,7 @@ from radixserve.cache.radix_cache import CacheLockedError, RadixCache
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
+from radixserve.engine.cache_stats import CacheStats
 from radixserve.engine.kv_persistence import KVPersistence, open_store
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
                                       NoDiskStore, PinConflict, QueueFull)
@@ -392,15 +393,15 @@ class Engine(OneProcessStats):
         s.pinned_tokens = self.pins.pinned_tokens
         s.pinned_prefixes = self.pins.count
         s.pinned_tokens_limit = self.pins.limit
-        s.cache = {
-            "cached_tokens": self.tree.total_tokens,
-            "evictable_tokens": self.tree.evictable_tokens,
-            "locked_tokens": self.tree.locked_tokens,
-            "nodes": self.tree.num_nodes,
-            "query_tokens": s.prefix_query_tokens,
-            "hit_tokens": s.prefix_hit_tokens,
-            "enabled": not self.config.disable_radix_cache,
-        }
+        s.cache = CacheStats(
+            cached_tokens=self.tree.total_tokens,
+            evictable_tokens=self.tree.evictable_tokens,
+            locked_tokens=self.tree.locked_tokens,
+            nodes=self.tree.num_nodes,
+            query_tokens=s.prefix_query_tokens,
+            hit_tokens=s.prefix_hit_tokens,
+            enabled=not self.config.disable_radix_cache,
+        )
         if self.tiers is not None:
             s.tiers = self.tiers.stats()
         s.kv_disk = self.persistence.stats() if self.persistence is not None else None

@@ -39,6 +39,7 @@ from radixserve.cache.radix_cache import RadixCache
 from radixserve.cache.tier_types import Tier
 from radixserve.cache.tiers import DISK, LowerTiers
 from radixserve.cache.tree_node import TreeNode
+from radixserve.engine.cache_stats import DiskStats
 from radixserve.engine.config import DEFAULT_KV_DISK_BYTES, EngineConfig
 from radixserve.engine.tier_runtime import TierRuntime
 from radixserve.cache.token_keys import ITEM_BYTES, unpack
@@ -121,16 +122,16 @@ class KVPersistence:
         self.last_save: SaveReport | None = None
         self.saves = 0
 
-    def stats(self) -> dict:
+    def stats(self) -> DiskStats:
         """For /cache/stats and /metrics."""
-        return {"dir": str(self.store.directory), "used_bytes": self.store.used_bytes(),
-                "capacity_bytes": self.store.capacity_bytes,
-                "pages": len(self.store.page_keys()),
-                "corrupt_pages": self.store.corrupt_pages,
-                "stale_pages": self.store.stale_pages,
-                "restored_tokens": self.restored.tokens if self.restored else 0,
-                "saves": self.saves,
-                "last_save": self.last_save.as_dict() if self.last_save else None}
+        return DiskStats(dir=str(self.store.directory), used_bytes=self.store.used_bytes(),
+                         capacity_bytes=self.store.capacity_bytes,
+                         pages=len(self.store.page_keys()),
+                         corrupt_pages=self.store.corrupt_pages,
+                         stale_pages=self.store.stale_pages,
+                         restored_tokens=self.restored.tokens if self.restored else 0,
+                         saves=self.saves,
+                         last_save=self.last_save.as_dict() if self.last_save else None)
 
     @property
     def _tiers(self) -> LowerTiers | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixserve.engine.cache_stats import CacheStats, DiskStats, TierStats
+
 
 @dataclass(slots=True)
 class TokenLogprob:
@@ -61,9 +63,9 @@ class EngineStats:
     pinned_tokens: int = 0         # tokens of the pinned prefixes (engine/pins.py), summed
     pinned_prefixes: int = 0
     pinned_tokens_limit: int = 0   # --max-pinned-tokens in effect
-    cache: dict = field(default_factory=dict)   # RadixCache counters (cached/evictable/locked tokens, nodes)
-    tiers: dict = field(default_factory=dict)   # host/disk tiers (engine/tier_setup.tier_stats)
-    kv_disk: dict | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
+    cache: CacheStats | None = None     # RadixCache counters (None: not filled in yet)
+    tiers: TierStats | None = None      # host/disk tiers (TierRuntime.stats); None: none
+    kv_disk: DiskStats | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
 
 
 class OneProcessStats:

@@ -25,7 +25,7 @@ LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
 class SequenceMemory:
     def __init__(self, memory: PagedMemory, use_cache: bool,
                  tiers: TierRuntime | None = None):
-        self.memory = memory
+        self.pool = memory         # the KV pool's pages and the tree (PagedMemory)
         self.tiers = tiers          # host/disk tiers: what loads a match's lower part
         self.tree = memory.tree
         self.page_size = memory.page_size
@@ -38,7 +38,7 @@ class SequenceMemory:
 
     def available_pages(self) -> int:
         """Pages an allocation could get now: free + evictable (see PagedMemory)."""
-        return self.memory.available_pages()
+        return self.pool.available_pages()
 
     def cached_prefix_len(self, seq: SeqState) -> int:
         """How much of the sequence the tree holds now (for scheduling priority)."""
@@ -58,7 +58,7 @@ class SequenceMemory:
         (nothing held) while disk pages it would load are being read off this thread.
         """
         assert seq.lease is None
-        lease = PrefixLease(self.memory, seq.request.namespace, self.use_cache)
+        lease = PrefixLease(self.pool, seq.request.namespace, self.use_cache)
         match = lease.acquire(seq.token_ids,
                               max_tokens=len(seq.token_ids) - 1 if reuse_cache else 0)
         seq.lease = lease
@@ -89,7 +89,7 @@ class SequenceMemory:
         missing = -(-(seq.num_computed + new_tokens) // self.page_size) - len(lease.pages)
         if missing <= 0:
             return
-        if self.memory.num_free > self.lookahead_floor:
+        if self.pool.num_free > self.lookahead_floor:
             missing += self.lookahead_pages
         lease.grow(missing)
 
@@ -110,5 +110,5 @@ class SequenceMemory:
 
     def check(self, live: Iterable[SeqState]) -> None:
         """Page conservation: free + tree + private pages of live sequences == total."""
-        self.memory.check_conservation([s.private_pages for s in live])
+        self.pool.check_conservation([s.private_pages for s in live])
         self.tree.check_invariants()

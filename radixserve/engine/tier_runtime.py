@@ -18,6 +18,7 @@ from radixserve.cache.radix_cache import MatchResult
 from radixserve.cache.tier_types import LOWER_TIERS, Move, Tier
 from radixserve.cache.tiers import DemoteOrder, LoadOrder, LowerTiers
 from radixserve.engine.batch import StepResult
+from radixserve.engine.cache_stats import LowerTierStats, TierStats
 from radixserve.engine.tier_costs import TierCosts
 from radixserve.storage.disk_reader import DiskReader
 from radixserve.storage.disk_writer import DiskWriter
@@ -81,21 +82,22 @@ class TierRuntime:
         if self.writer is not None and self.lower.pending_writes:
             self.writer.drain()
 
-    def stats(self) -> dict:
+    def stats(self) -> TierStats:
         """For /cache/stats and /metrics: capacity, use and movement of each lower tier."""
         tiers, c = self.lower, self.lower.counters
-        out = {"corrupt_pages": c.corrupt_pages, "dropped_tokens": dict(c.dropped_tokens),
-               "costs": self.costs.as_dict(), "pending_disk_writes": len(tiers.pending_writes),
-               "failed_disk_writes": c.failed_writes}
         ps = self.page_size
+        by_tier = {}
         for tier in LOWER_TIERS:
             name = tier.label
-            out[name] = {"capacity_tokens": tiers.capacity_pages(tier) * ps,
-                         "cached_tokens": tiers.used_pages(tier) * ps,
-                         "demoted_tokens": c.demoted_tokens[name],
-                         "loaded_tokens": c.loaded_tokens[name],
-                         "bytes_in": c.bytes_in[name], "bytes_out": c.bytes_out[name]}
-        return out
+            by_tier[name] = LowerTierStats(
+                capacity_tokens=tiers.capacity_pages(tier) * ps,
+                cached_tokens=tiers.used_pages(tier) * ps,
+                demoted_tokens=c.demoted_tokens[name], loaded_tokens=c.loaded_tokens[name],
+                bytes_in=c.bytes_in[name], bytes_out=c.bytes_out[name])
+        return TierStats(corrupt_pages=c.corrupt_pages, dropped_tokens=dict(c.dropped_tokens),
+                         costs=self.costs.as_dict(),
+                         pending_disk_writes=len(tiers.pending_writes),
+                         failed_disk_writes=c.failed_writes, **by_tier)
 
     # ------------------------------------------------------------------ end
     async def close(self) -> None:

@@ -140,8 +140,8 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
     print(f"radixserve: {describe_pool(engine)}", flush=True)
     disk = engine.stats().kv_disk
     if disk is not None:
-        print(f"radixserve: KV disk store {disk['dir']}: restored {disk['restored_tokens']} "
-              f"tokens, {disk['pages']} pages on disk", flush=True)
+        print(f"radixserve: KV disk store {disk.dir}: restored {disk.restored_tokens} "
+              f"tokens, {disk.pages} pages on disk", flush=True)
     print(f"radixserve: {timer.summary()}", flush=True)
     print(f"radixserve: cache view on http://{host}:{port}/ui", flush=True)
     runner = getattr(engine, "runner", None)     # None: replicas behind Ray Serve

@@ -65,10 +65,10 @@ class EngineCollector(Collector):
         if s.kv_disk is not None:                    # --kv-disk-dir
             yield CounterMetricFamily("radixserve_kv_disk_corrupt_pages",
                                       "KV pages on disk that failed their checksum (dropped, "
-                                      "recomputed)", value=s.kv_disk["corrupt_pages"])
+                                      "recomputed)", value=s.kv_disk.corrupt_pages)
             yield GaugeMetricFamily("radixserve_kv_disk_bytes", "Bytes of KV pages on disk",
-                                    value=s.kv_disk["used_bytes"])
-        if s.tiers:                                  # --kv-host-tokens / --kv-disk-dir
+                                    value=s.kv_disk.used_bytes)
+        if s.tiers is not None:                      # --kv-host-tokens / --kv-disk-dir
             yield from tier_metrics(s)
 
 
@@ -79,31 +79,31 @@ def tier_metrics(s: EngineStats) -> Iterator[Metric]:
     hits = CounterMetricFamily("radixserve_kv_tier_hits_tokens",
                                "Prompt tokens served from the cache, by the tier they were in",
                                labels=["tier"])
-    loaded = sum(t[n]["loaded_tokens"] for n in lower)
+    loaded = sum(t.tier(n).loaded_tokens for n in lower)
     hits.add_metric(["l1"], max(0, s.prefix_hit_tokens - loaded))
     for n in lower:
-        hits.add_metric([n], t[n]["loaded_tokens"])
+        hits.add_metric([n], t.tier(n).loaded_tokens)
     yield hits
     for key, doc in (("demoted_tokens", "Tokens written down into a tier"),
                      ("loaded_tokens", "Tokens loaded from a tier into the KV pool")):
         family = CounterMetricFamily(f"radixserve_kv_tier_{key}", doc, labels=["tier"])
         for n in lower:
-            family.add_metric([n], t[n][key])
+            family.add_metric([n], getattr(t.tier(n), key))
         yield family
     moved = CounterMetricFamily("radixserve_kv_tier_bytes", "Bytes moved into and out of a tier",
                                 labels=["tier", "direction"])
     for n in lower:
-        moved.add_metric([n, "in"], t[n]["bytes_in"])
-        moved.add_metric([n, "out"], t[n]["bytes_out"])
+        moved.add_metric([n, "in"], t.tier(n).bytes_in)
+        moved.add_metric([n, "out"], t.tier(n).bytes_out)
     yield moved
     yield CounterMetricFamily("radixserve_kv_tier_unreadable_pages",
                               "Disk-tier pages missing or failing their checksum (recomputed)",
-                              value=t["corrupt_pages"])
+                              value=t.corrupt_pages)
     held = GaugeMetricFamily("radixserve_kv_tier_tokens", "Tokens held and capacity by tier",
                              labels=["tier", "kind"])
     for n in lower:
-        held.add_metric([n, "cached"], t[n]["cached_tokens"])
-        held.add_metric([n, "capacity"], t[n]["capacity_tokens"])
+        held.add_metric([n, "cached"], t.tier(n).cached_tokens)
+        held.add_metric([n, "capacity"], t.tier(n).capacity_tokens)
     yield held
 
 

@@ -128,7 +128,7 @@ def cache_stats_body(state: ServerState) -> dict:
 def stats_body(s) -> dict:
     tokens_total = s.pages_total * s.page_size
     return {
-        "cache": dict(s.cache),
+        "cache": s.cache.as_dict() if s.cache is not None else {},
         "prefix_cache": {
             "query_tokens": s.prefix_query_tokens,
             "hit_tokens": s.prefix_hit_tokens,
@@ -147,7 +147,7 @@ def stats_body(s) -> dict:
             "usage": 1.0 - (s.pages_free / s.pages_total) if s.pages_total else 0.0,
         },
         "requests": {"running": s.running, "waiting": s.waiting, "preemptions": s.preemptions},
-        "kv_disk": s.kv_disk,
+        "kv_disk": s.kv_disk.as_dict() if s.kv_disk is not None else None,
         "tiers": tier_body(s),
         "pins": {"pinned_tokens": s.pinned_tokens, "pinned_prefixes": s.pinned_prefixes,
                  "max_pinned_tokens": s.pinned_tokens_limit},
@@ -156,11 +156,11 @@ def stats_body(s) -> dict:
 
 def tier_body(s) -> dict | None:
     """Hits by tier (l1: the KV pool) and each lower tier's use and movement."""
-    if not s.tiers:
+    if s.tiers is None:
         return None
-    loaded = {n: s.tiers[n]["loaded_tokens"] for n in ("l2", "l3")}
+    loaded = {n: s.tiers.tier(n).loaded_tokens for n in ("l2", "l3")}
     hits = {"l1": max(0, s.prefix_hit_tokens - sum(loaded.values())), **loaded}
-    return {"hit_tokens": hits, **s.tiers}
+    return {"hit_tokens": hits, **s.tiers.as_dict()}
 
 
 def pin_entries(pins: list[PinInfo]) -> list[P.PinEntry]:

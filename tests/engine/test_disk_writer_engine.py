@@ -142,7 +142,7 @@ def test_a_failed_write_drops_the_page_and_replies_stay_correct(model_fp32, expe
             assert tiers.counters.loaded_tokens["l3"] == 0
             assert not tiers.nodes[DISK] and not tiers.pending_writes
             assert tiers.alloc[DISK].num_free == tiers.capacity_pages(DISK)
-            assert engine.stats().tiers["failed_disk_writes"] == tiers.counters.failed_writes
+            assert engine.stats().tiers.failed_disk_writes == tiers.counters.failed_writes
         finally:
             await engine.shutdown()
     asyncio.run(main())

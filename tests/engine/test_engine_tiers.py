@@ -67,8 +67,8 @@ def test_a_prefix_demoted_to_host_memory_is_loaded_back(model_fp32, uncached, pa
     results = run_in_turn(engine, prompts)
     assert [r.token_ids[0] for r in results] == expected
     stats = engine.stats()
-    assert stats.tiers["l2"]["demoted_tokens"] > 0
-    assert stats.tiers["l2"]["loaded_tokens"] > 0
+    assert stats.tiers.l2.demoted_tokens > 0
+    assert stats.tiers.l2.loaded_tokens > 0
     system = len(chat_ids(engine, "")) - 8      # the system prompt's tokens, roughly
     again = results[-1].final.usage.cached_tokens
     assert again >= system, (again, system)
@@ -76,11 +76,11 @@ def test_a_prefix_demoted_to_host_memory_is_loaded_back(model_fp32, uncached, pa
     engine.check_invariants()
     # /cache/stats and /metrics split the hits by tier.
     body = stats_body(stats)["tiers"]
-    assert body["hit_tokens"]["l2"] == stats.tiers["l2"]["loaded_tokens"]
+    assert body["hit_tokens"]["l2"] == stats.tiers.l2.loaded_tokens
     assert body["hit_tokens"]["l1"] + body["hit_tokens"]["l2"] == stats.prefix_hit_tokens
     text = generate_latest(ServerMetrics(engine.stats).registry).decode()
     assert f'radixserve_kv_tier_loaded_tokens_total{{tier="l2"}} ' \
-           f'{float(stats.tiers["l2"]["loaded_tokens"])}' in text
+           f'{float(stats.tiers.l2.loaded_tokens)}' in text
 
 
 def test_recompute_when_loading_is_measured_slower(model_fp32, uncached):
@@ -90,8 +90,8 @@ def test_recompute_when_loading_is_measured_slower(model_fp32, uncached):
     engine.tiers.costs.observe_load(2, 1, 1000.0)        # loading "measured" very slow
     results = run_in_turn(engine, prompts)
     assert [r.token_ids[0] for r in results] == expected
-    assert engine.stats().tiers["l2"]["loaded_tokens"] == 0
-    assert engine.stats().tiers["l2"]["demoted_tokens"] > 0
+    assert engine.stats().tiers.l2.loaded_tokens == 0
+    assert engine.stats().tiers.l2.demoted_tokens > 0
 
 
 def test_8bit_kv_scales_travel_with_the_pages(model_fp32):
@@ -105,7 +105,7 @@ def test_8bit_kv_scales_travel_with_the_pages(model_fp32):
     engine = make_engine(model_fp32, kv_cache_dtype="fp8_e4m3", kv_cache_tokens=pool,
                          kv_host_tokens=8 * pool)
     results = run_in_turn(engine, prompts)
-    assert engine.stats().tiers["l2"]["loaded_tokens"] > 0
+    assert engine.stats().tiers.l2.loaded_tokens > 0
     assert [r.token_ids[0] for r in results] == expected
 
 
@@ -157,5 +157,5 @@ def test_a_flipped_byte_on_disk_is_recomputed(model_fp32, uncached, tmp_path):
     assert flipped
     assert [r.token_ids[0] for r in results] == expected
     stats = engine.stats().tiers
-    assert stats["corrupt_pages"] == 1          # the first bad page ends the load
-    assert stats["l3"]["loaded_tokens"] == 0
+    assert stats.corrupt_pages == 1          # the first bad page ends the load
+    assert stats.l3.loaded_tokens == 0

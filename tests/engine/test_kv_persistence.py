@@ -51,9 +51,9 @@ def test_restart_hits_the_system_prompt_on_the_first_request(model_fp32, tmp_pat
     # Restored as disk-tier nodes: the whole pages are loaded (a partial page of a node
     # outside the pool is not copied-on-write, as for any tier load).
     assert result.final.usage.cached_tokens == shared - shared % PAGE_SIZE
-    assert second.stats().tiers["l3"]["loaded_tokens"] >= shared - shared % PAGE_SIZE
+    assert second.stats().tiers.l3.loaded_tokens >= shared - shared % PAGE_SIZE
     stats = second.stats().kv_disk
-    assert stats["corrupt_pages"] == 0 and stats["restored_tokens"] >= shared - PAGE_SIZE
+    assert stats.corrupt_pages == 0 and stats.restored_tokens >= shared - PAGE_SIZE
 
 
 def test_a_flipped_byte_is_recomputed(model_fp32, tmp_path, uncached):
@@ -67,7 +67,7 @@ def test_a_flipped_byte_is_recomputed(model_fp32, tmp_path, uncached):
     [result] = run_all(second, prompts[1:2], GREEDY)
     assert result.token_ids[0] == expected[1]             # as without the cache (fp32)
     assert result.final.usage.cached_tokens == 3 * PAGE_SIZE   # pages before the bad one
-    assert second.stats().kv_disk["corrupt_pages"] == 1
+    assert second.stats().kv_disk.corrupt_pages == 1
     assert not victim.exists()
 
 
@@ -120,7 +120,7 @@ def test_host_tier_contents_are_saved_and_restored(model_fp32, tmp_path):
     first = make_engine(model_fp32, page_size=PAGE_SIZE, kv_cache_tokens=small,
                         kv_host_tokens=16384, kv_disk_dir=str(tmp_path / "kv"))
     run_in_turn(first, prompts)
-    assert first.stats().tiers["l2"]["demoted_tokens"] > 0   # A went to host memory
+    assert first.stats().tiers.l2.demoted_tokens > 0   # A went to host memory
     report = first.persistence.last_save
     assert report.complete and report.pages_written * PAGE_SIZE > small  # more than L1 holds
     second = make_engine(model_fp32, page_size=PAGE_SIZE, kv_disk_dir=str(tmp_path / "kv"))
@@ -145,15 +145,15 @@ def test_one_store_restored_as_disk_tier_nodes(model_fp32, tmp_path):
     first = make_engine(model_fp32, page_size=PAGE_SIZE, kv_cache_tokens=small,
                         kv_disk_dir=str(kv), kv_disk_bytes=budget)
     run_in_turn(first, prompts)
-    l3 = first.stats().tiers["l3"]
-    assert l3["demoted_tokens"] > 0
+    l3 = first.stats().tiers.l3
+    assert l3.demoted_tokens > 0
     report = first.persistence.last_save
     assert report.complete
     # Pages the disk tier held were indexed from its files: only the pool's were written.
     assert report.pages_written * PAGE_SIZE <= small
     assert report.pages_kept * PAGE_SIZE == first.tiers.lower.tokens(DISK) > 0
     # The copies of pool pages took disk-tier slots: the tier's use counts both.
-    assert l3["cached_tokens"] == (report.pages_kept + report.pages_written) * PAGE_SIZE
+    assert l3.cached_tokens == (report.pages_kept + report.pages_written) * PAGE_SIZE
     used = sum(p.stat().st_size for p in (kv / "pages").glob("*.page"))
     assert 0 < used <= budget
 
@@ -166,7 +166,7 @@ def test_one_store_restored_as_disk_tier_nodes(model_fp32, tmp_path):
             restored = second.persistence.restored
             second.check_invariants()
             at_start = (second.tree.total_tokens, second.memory.num_free,
-                        second.stats().tiers["l3"]["cached_tokens"])
+                        second.stats().tiers.l3.cached_tokens)
             result = await collect(second.generate(prompts[0], GREEDY))
             await wait_idle(second)
             second.check_invariants()
@@ -181,5 +181,5 @@ def test_one_store_restored_as_disk_tier_nodes(model_fp32, tmp_path):
     assert result.token_ids[0] == expected
     assert result.final.usage.cached_tokens >= len(prompts[0]) - 2 * PAGE_SIZE
     stats = second.stats()
-    assert stats.tiers["l3"]["loaded_tokens"] >= len(prompts[0]) - 2 * PAGE_SIZE
-    assert stats.tiers["corrupt_pages"] == 0
+    assert stats.tiers.l3.loaded_tokens >= len(prompts[0]) - 2 * PAGE_SIZE
+    assert stats.tiers.corrupt_pages == 0
