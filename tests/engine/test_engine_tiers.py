@@ -118,9 +118,9 @@ def test_a_prefix_demoted_to_disk_is_loaded_back(model_fp32, uncached, tmp_path,
     results = run_in_turn(engine, prompts)
     assert [r.token_ids[0] for r in results] == expected
     tiers = engine.stats().tiers
-    assert tiers["l3"]["demoted_tokens"] > 0 and tiers["l3"]["loaded_tokens"] > 0
+    assert tiers.l3.demoted_tokens > 0 and tiers.l3.loaded_tokens > 0
     assert results[-1].final.usage.cached_tokens >= len(chat_ids(engine, "")) - 8
-    assert tiers["corrupt_pages"] == 0
+    assert tiers.corrupt_pages == 0
 
 
 def test_a_flipped_byte_on_disk_is_recomputed(model_fp32, uncached, tmp_path):
