@@ -145,9 +145,9 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
               f"tokens, {disk['pages']} pages on disk", flush=True)
     print(f"radixserve: {timer.summary()}", flush=True)
     print(f"radixserve: cache view on http://{host}:{port}/ui", flush=True)
-    runner = getattr(engine, "runner", None)     # None: replicas behind Ray Serve
-    if runner is not None:
-        print(f"radixserve: {runner.describe_kv_cache()}", flush=True)
+    kv_line = engine.describe_kv_cache()          # None: replicas behind Ray Serve
+    if kv_line is not None:
+        print(f"radixserve: {kv_line}", flush=True)
     save_by = None              # with a disk store, the last half of the grace is the save's
     try:
         await stop.wait()
