@@ -37,17 +37,14 @@ def namespace_seed(namespace: str | None) -> bytes:
                            digest_size=DIGEST_BYTES).digest()
 
 
-def chain(previous: bytes, block: bytes | memoryview) -> bytes:
-    """The hash of a block (its packed tokens) given the hash of everything before it."""
-    return hashlib.blake2b(block, key=previous, digest_size=DIGEST_BYTES).digest()
-
-
 def chain_blocks(start: bytes, key: bytes, block_tokens: int) -> list[bytes]:
-    """The hashes of each whole block of packed tokens `key`, chained from `start`."""
+    """The hashes of each whole block of packed tokens `key`, chained from `start`: block
+    i's is blake2b-16 of its bytes keyed by block i-1's (by `start` for the first)."""
     step = block_tokens * ITEM_BYTES
     hashes, h = [], start
+    blake2b = hashlib.blake2b          # looked up once: this loop is the walk's whole cost
     for i in range(0, len(key) - step + 1, step):
-        h = chain(h, key[i:i + step])
+        h = blake2b(key[i:i + step], key=h, digest_size=DIGEST_BYTES).digest()
         hashes.append(h)
     return hashes
 

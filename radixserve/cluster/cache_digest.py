@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 
 from radixserve.cache.path_hash import walk_path_hashes
 
-from .prefix_hashes import to_int
-
 if TYPE_CHECKING:
     from radixserve.cache.radix_cache import RadixCache
 
@@ -72,7 +70,7 @@ def walk_hashes(cache: "RadixCache", block_tokens: int,
     """Every whole block's routing hash in `cache`, and whether `max_blocks` cut it short."""
     out: set[int] = set()
     for _, hashes in walk_path_hashes(cache, block_tokens):
-        out.update(map(to_int, hashes))
+        out.update([int.from_bytes(h[:8], "little") for h in hashes])     # to_int's, inline
         if len(out) >= max_blocks:
             return frozenset(out), True
     return frozenset(out), False
