@@ -48,18 +48,26 @@ def _imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, str | 
     """Every import statement with its kind: MODULE_LEVEL, LAZY, or None (TYPE_CHECKING)."""
     out: list[tuple[ast.Import | ast.ImportFrom, str | None]] = []
 
-    def visit(node: ast.AST, kind: str | None) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                out.append((child, kind))
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                visit(child, kind and LAZY)
-            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                visit(child, None)
-            else:
-                visit(child, kind)
+    def visit(statements: list[ast.stmt], kind: str | None) -> None:
+        for stmt in statements:         # statements only: imports are never expressions
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                out.append((stmt, kind))
+                continue
+            inner = kind
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = kind and LAZY
+            elif isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test):
+                visit(stmt.body, None)
+                visit(stmt.orelse, kind)
+                continue
+            for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+                for part in getattr(stmt, name, None) or []:
+                    if isinstance(part, ast.stmt):
+                        visit([part], inner)
+                    else:               # except handlers and match cases hold statements
+                        visit(part.body, inner)
 
-    visit(tree, MODULE_LEVEL)
+    visit(tree.body, MODULE_LEVEL)
     return out
 
 
