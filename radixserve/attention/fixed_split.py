@@ -34,6 +34,7 @@ from radixserve.attention import torch_plans as plans
 from radixserve.attention.cascade import CascadeGroup
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.metadata import AttentionMetadata
+from radixserve.attention.row_tiles import ROW_TILE, pad_rows
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.attention.torch_plans import StepTables, head_major_rows
 
@@ -87,27 +88,21 @@ def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _row_invariant_matmul(probs, v.view(b, h, chunks, split, d)), lse  # [b, h, C, R, D]
 
 
-# Rows per fp32 matmul call where a row's bits must not depend on the call (see below).
-_ROW_TILE = 32
-
-
 def _row_invariant_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.matmul(a, b)`` in a's dtype, each row's bits independent of the other rows
     (a [..., R, K], b [..., K, N]). oneDNN's bf16 kernels are so (checked by the tests on AMX
     and AVX512-BF16 CPUs). fp16 is not on a CPU without fp16 arithmetic (AVX512-BF16 only:
     rare 1-ulp flips by a row's position in the call), nor is fp32 (MKL takes other kernels
-    for a few rows): those multiply in fp32 in tiles of exactly ``_ROW_TILE`` rows, zero-padded
+    for a few rows): those multiply in fp32 in tiles of exactly ``ROW_TILE`` rows, zero-padded
     (one kernel shape, invariant by construction, as the linears' fixed tiles), and fp16
     rounds the fp32 sums once, as its own kernel does. CPU only; elsewhere a plain matmul
     (deterministic mode on CUDA is flashinfer's)."""
     if a.dtype == torch.bfloat16 or a.device.type != "cpu":
         return torch.matmul(a, b)
-    *lead, rows, k = a.shape
-    tiles = -(-rows // _ROW_TILE)
-    a32 = a.float()
-    if tiles * _ROW_TILE != rows:
-        a32 = torch.cat([a32, a32.new_zeros(*lead, tiles * _ROW_TILE - rows, k)], dim=-2)
-    out = torch.matmul(a32.unflatten(-2, (tiles, _ROW_TILE)), b.float().unsqueeze(-3))
+    rows = a.shape[-2]
+    tiles = -(-rows // ROW_TILE)
+    a32 = pad_rows(a.float(), tiles * ROW_TILE)
+    out = torch.matmul(a32.unflatten(-2, (tiles, ROW_TILE)), b.float().unsqueeze(-3))
     return out.flatten(-3, -2)[..., :rows, :].to(a.dtype)
 
 

@@ -1,8 +1,8 @@
 """A replica's cache as a set of chained block hashes: a read-only walk of its radix tree.
 
-The walk visits each node once (parents before children, `RadixCache.iter_nodes`) and
-carries, per node, the chain hash so far and the tokens of an unfinished block, so a block
-that spans several edges hashes exactly as `prompt_hashes` hashes the same prompt. It
+The walk (cache/path_hash.py: `walk_path_hashes`, the one the disk store's saves use too)
+visits each node once, parents before children, so a block that spans several edges
+hashes exactly as `prompt_hashes` hashes the same prompt. It
 touches no node (no clock, no hit count) and must run on the thread that owns the tree
 (the engine's event loop) with no await in between, so the tree cannot change under it.
 Cost: one blake2b per cached block (about a microsecond), bounded by `max_blocks`.
@@ -14,9 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from radixserve.cache.token_keys import ITEM_BYTES
-
-from .prefix_hashes import chain, namespace_seed, to_int
+from radixserve.cache.path_hash import walk_path_hashes
 
 if TYPE_CHECKING:
     from radixserve.cache.radix_cache import RadixCache
@@ -69,23 +67,10 @@ class DigestMaker:
 
 def walk_hashes(cache: "RadixCache", block_tokens: int,
                 max_blocks: int = DEFAULT_MAX_BLOCKS) -> tuple[frozenset[int], bool]:
-    """Every whole block's chained hash in `cache`, and whether `max_blocks` cut it short."""
-    step = block_tokens * ITEM_BYTES
-    carry: dict[int, tuple[bytes, bytes]] = {}      # node id -> (chain hash, unfinished block)
+    """Every whole block's routing hash in `cache`, and whether `max_blocks` cut it short."""
     out: set[int] = set()
-    for node in cache.iter_nodes():
-        parent = node.parent
-        if parent is None or not parent.depth:
-            h, rest = namespace_seed(node.namespace), b""
-        else:
-            h, rest = carry[parent.id]
-        data = rest + node.key if rest else node.key
-        whole = len(data) - len(data) % step
-        for start in range(0, whole, step):
-            h = chain(h, data[start:start + step])
-            out.add(to_int(h))
+    for _, hashes in walk_path_hashes(cache, block_tokens):
+        out.update([int.from_bytes(h[:8], "little") for h in hashes])     # to_int's, inline
         if len(out) >= max_blocks:
             return frozenset(out), True
-        if node.children:
-            carry[node.id] = (h, data[whole:])
     return frozenset(out), False

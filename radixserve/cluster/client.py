@@ -1,7 +1,7 @@
 """RayEngineClient: the engine interface the HTTP front end uses, served by Ray replicas.
 
-It offers what the server calls on an `Engine` (tokenizer, config, max_model_len,
-generate, abort, stats, flush_cache, start/shutdown), so the front end code is unchanged:
+It is an `EngineClient` (server/engine_client.py), as a local `Engine` is, so the front
+end code is unchanged:
 `generate` streams from a replica through the DeploymentHandle (`.options(stream=True)`),
 with the prompt's block hashes in a `RouteInfo` for the router.
 
@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
-from radixserve.engine.errors import CacheBusy, NoDiskStore, PinConflict, UnknownPin
+from radixserve.engine.errors import CacheBusy, NoDiskStore, PinConflict, UnknownPin, Unsupported
 from radixserve.engine.outputs import EngineStats, RequestOutput
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -83,22 +83,29 @@ class RayEngineClient:
     max_retries: int = 2
     control_timeout_s: float = 10.0
     tokenizer: Any = None
-    config: ClientConfig | None = None
     max_model_len: int = 0
     teardown: Callable[[], None] | None = None
     _live: dict[str, Any] = field(default_factory=dict)      # request id -> response stream
+    _config: ClientConfig | None = None                      # set by `start`
+
+    @property
+    def config(self) -> ClientConfig:
+        """The served model's facts, as the replicas describe them (after `start`)."""
+        if self._config is None:
+            raise RuntimeError("RayEngineClient.start() has not run")
+        return self._config
 
     # ---- lifecycle ------------------------------------------------------------------
 
     async def start(self, ready_timeout_s: float = 600.0) -> None:
         """Ask one replica for the model's facts; wait until the router sees every replica.
         (Once: the server calls it again after listening, as it does an Engine's.)"""
-        if self.config is not None:
+        if self._config is not None:
             return
         info: ReplicaInfo = await self.handle.control.remote(RouteInfo(), "describe")
         self.tokenizer = info.tokenizer
         self.max_model_len = info.max_model_len
-        self.config = ClientConfig(info.model, info.max_model_len, self.num_replicas)
+        self._config = ClientConfig(info.model, info.max_model_len, self.num_replicas)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ready_timeout_s
         while len(self.replica_ids()) < self.num_replicas:
@@ -188,7 +195,7 @@ class RayEngineClient:
 
     @property
     def ready(self) -> bool:
-        return self.config is not None
+        return self._config is not None
 
     @property
     def error(self) -> str | None:
@@ -234,12 +241,21 @@ class RayEngineClient:
         raise PinConflict("pinning prefixes is not supported with --replicas: serve without "
                           "--replicas to pin", code="pinning_unsupported")
 
-    def unpin(self, pin_id: str):
+    async def unpin(self, pin_id: str):
         raise UnknownPin(f"no pinned prefix has the id {pin_id[:100]!r} (pinning is not "
                          f"supported with --replicas)")
 
     def pinned(self) -> list:
         return []
+
+    def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,
+                   reveal: Callable[[str | None], bool]) -> dict:
+        raise Unsupported("the cache tree view is not supported with --replicas: each "
+                          "replica has its own tree")
+
+    def describe_kv_cache(self) -> None:
+        """None: each replica prints its own KV cache line."""
+        return None
 
     # ---- control: stats and flush ------------------------------------------------------
 

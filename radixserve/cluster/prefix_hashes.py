@@ -1,20 +1,20 @@
-"""Chained prefix hashes of routing blocks: how replicas publish their caches and how the
-router names a prompt.
+"""Routing-block hashes: how replicas publish their caches and how the router names a
+prompt.
 
-A prompt of tokens t is cut into blocks of `block_tokens`; block i's hash covers the
-namespace and every token up to the end of block i (hash_i = H(hash_{i-1}, block_i), with
-hash_{-1} = H(namespace)). Equal hashes therefore mean equal namespaced prefixes, a prefix
-match is a walk over the hashes, and two namespaces never share a hash, so no tenant can
-even be routed by another's cache. Only whole blocks are hashed: a replica that holds a
-partial block is credited with the whole blocks before it (page-aligned, never over).
+A block's routing hash is the first 8 bytes of its path hash (cache/path_hash.py: chained
+over the namespace and every token up to the block's end), as an int. Equal hashes
+therefore mean equal namespaced prefixes, a prefix match is a walk over the hashes, and two
+namespaces never share a hash, so no tenant can even be routed by another's cache. Only
+whole blocks are hashed: a replica that holds a partial block is credited with the whole
+blocks before it (page-aligned, never over).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
-from radixserve.cache.token_keys import ITEM_BYTES, TokenIds, pack
+from radixserve.cache.path_hash import prompt_path_hashes
+from radixserve.cache.token_keys import TokenIds
 
 DEFAULT_BLOCK_TOKENS = 16
 
@@ -25,31 +25,14 @@ def routing_block_tokens(page_size: int) -> int:
     return page_size if page_size >= DEFAULT_BLOCK_TOKENS else DEFAULT_BLOCK_TOKENS
 
 
-def namespace_seed(namespace: str | None) -> bytes:
-    """The chain's start for a namespace (None, the shared namespace, included)."""
-    tag = b"\x00" if namespace is None else b"\x01" + namespace.encode()
-    return hashlib.blake2b(tag, digest_size=8).digest()
-
-
-def chain(previous: bytes, block: bytes) -> bytes:
-    """The hash of a block given the hash of everything before it."""
-    return hashlib.blake2b(block, digest_size=8, key=previous).digest()
-
-
 def to_int(digest: bytes) -> int:
-    return int.from_bytes(digest, "little")
+    """A path hash as a routing hash (its first 8 bytes)."""
+    return int.from_bytes(digest[:8], "little")
 
 
 def prompt_hashes(tokens: TokenIds, block_tokens: int, namespace: str | None) -> list[int]:
-    """The chained hash of each whole block of `tokens`, in order."""
-    key = pack(tokens)
-    step = block_tokens * ITEM_BYTES
-    h = namespace_seed(namespace)
-    out = []
-    for start in range(0, len(key) - step + 1, step):
-        h = chain(h, key[start:start + step])
-        out.append(to_int(h))
-    return out
+    """The routing hash of each whole block of `tokens`, in order."""
+    return [to_int(h) for h in prompt_path_hashes(tokens, block_tokens, namespace)]
 
 
 def matched_blocks(hashes: Sequence[int], held: set[int] | frozenset[int]) -> int:

@@ -94,17 +94,17 @@ class EngineReplica:
     async def control(self, route: RouteInfo, op: str, arg: Any = 0.0) -> Any:
         await self._ready()
         if op == "namespace_stats":            # arg: the namespace
-            counts = self.engine.namespace_stats(arg)
+            counts = await self.engine.namespace_stats(arg)
             return NamespaceReply(self.snapshot(), counts)
         if op == "flush_namespace":            # CacheBusy while one of its pages is locked
-            freed = self.engine.flush_namespace(arg)
+            freed = await self.engine.flush_namespace(arg)
             return NamespaceReply(self.snapshot(), freed)
         if op == "describe":
             e = self.engine
             return ReplicaInfo(self._replica_id(), e.tokenizer, e.config.model, e.max_model_len,
                                e.page_size, e.pool_tokens)
         if op == "flush":
-            self.engine.flush_cache()          # CacheBusy if anything is running
+            await self.engine.flush_cache()    # CacheBusy if anything is running
         elif op == "check":
             self.engine.check_invariants()
         elif op == "exit":                     # tests and benchmarks: a replica that dies

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 from radixserve.cache.eviction import POLICIES
 from radixserve.kv_sizing import KV_DTYPE_CHOICES
-from radixserve.planner.cli import parse_size, parse_tokens
+from radixserve.units import parse_bytes, parse_tokens
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_KV_DISK_BYTES = 16 * 2**30
@@ -72,7 +72,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", default=d.attention_backend,
                    choices=["auto", "torch", "flashinfer"])
     g.add_argument("--page-size", type=int, default=d.page_size)
-    g.add_argument("--kv-cache-tokens", type=int, default=None,
+    g.add_argument("--kv-cache-tokens", type=parse_tokens, default=None,
                    help="KV pool size in tokens (default: from available memory)")
     g.add_argument("--kv-cache-memory-fraction", type=float, default=d.kv_cache_memory_fraction)
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_DTYPE_CHOICES,
@@ -92,7 +92,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queue-len", type=int, default=d.max_queue_len)
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--debug-invariants", action="store_true")
-    g.add_argument("--max-pinned-tokens", type=int, default=None,
+    g.add_argument("--max-pinned-tokens", type=parse_tokens, default=None,
                    help="tokens that POST /cache/pin may keep in the KV pool, never evicted "
                         "(default: a quarter of the pool; 0: pinning off). Lowered so that "
                         "a request of the full context still fits beside them")
@@ -104,7 +104,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help="host-memory tier below the KV pool, in tokens (e.g. 256k): evicted "
                         "prefixes are copied there and loaded back (default: none; "
                         "docs/tiers.md)")
-    g.add_argument("--kv-host-bytes", type=parse_size, default=None,
+    g.add_argument("--kv-host-bytes", type=parse_bytes, default=None,
                    help="the host tier's size in bytes instead (e.g. 8GiB)")
     g.add_argument("--weights-cache-dir", default=None,
                    help="where a GGUF's dequantized weights are kept between starts (default: "
@@ -120,7 +120,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         "memory (evicted prefixes written there, checksummed, and loaded "
                         "back) and the cache kept across restarts: written on SIGTERM and "
                         "POST /cache/save, back as disk-tier nodes at start (docs/tiers.md)")
-    g.add_argument("--kv-disk-bytes", type=parse_size, default=None,
+    g.add_argument("--kv-disk-bytes", type=parse_bytes, default=None,
                    help=f"at most this many bytes of pages in --kv-disk-dir, e.g. 20GiB, for "
                         f"the disk tier and the saved cache together (default "
                         f"{DEFAULT_KV_DISK_BYTES // 2**30}GiB)")

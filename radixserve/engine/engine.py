@@ -289,7 +289,7 @@ class Engine(OneProcessStats):
             raise
         return info if first else dataclasses.replace(info, created=False)
 
-    def unpin(self, pin_id: str) -> PinInfo:
+    async def unpin(self, pin_id: str) -> PinInfo:
         """Release a pin (UnknownPin when no pin has this id): its pages stay cached and
         become evictable."""
         return self.pins.unpin(pin_id)
@@ -419,7 +419,11 @@ class Engine(OneProcessStats):
 
         return build_tree(self.tree, limit, namespace, label_key=label_key, reveal=reveal)
 
-    def flush_cache(self) -> None:
+    def describe_kv_cache(self) -> str:
+        """The start-up line on the KV cache's dtypes and capacity gain."""
+        return self.runner.describe_kv_cache()
+
+    async def flush_cache(self) -> None:
         """Empty the tree; pinned prefixes (and their paths) stay."""
         if self.scheduler.has_work():
             raise CacheBusy(f"{self.scheduler.num_live} requests are running")
@@ -431,7 +435,7 @@ class Engine(OneProcessStats):
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
 
-    def flush_namespace(self, namespace: str | None) -> int:
+    async def flush_namespace(self, namespace: str | None) -> int:
         """Drop one namespace's cached prefixes (and those nested under it); the pages
         freed. Requests of other namespaces may keep running; refused (CacheBusy) while a
         pin or a request holds prefixes in it."""
@@ -444,7 +448,7 @@ class Engine(OneProcessStats):
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
 
-    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+    async def namespace_stats(self, namespace: str | None) -> dict[str, int]:
         return self.tree.namespace_counts(namespace)
 
     def check_invariants(self) -> None:

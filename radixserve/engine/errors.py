@@ -30,6 +30,11 @@ class NoDiskStore(EngineError):
     """A disk operation (POST /cache/save) on an engine without --kv-disk-dir (HTTP 409)."""
 
 
+class Unsupported(EngineError):
+    """An operation this engine's setup does not offer (HTTP 409), e.g. the tree view with
+    --replicas, where there is no one tree."""
+
+
 class EngineStopped(EngineError):
     """The engine is shutting down and accepts no new requests (HTTP 503)."""
 

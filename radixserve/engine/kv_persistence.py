@@ -26,7 +26,6 @@ a page of the tree maps to its copy however the tree's edges were split since.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import numpy as np
 
 from radixserve.attention.kv_tiers import TierMover
+from radixserve.cache.path_hash import walk_path_hashes
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.cache.tier_types import Tier
 from radixserve.cache.tiers import DISK, LowerTiers
@@ -42,7 +42,7 @@ from radixserve.cache.tree_node import TreeNode
 from radixserve.engine.cache_stats import DiskStats
 from radixserve.engine.config import DEFAULT_KV_DISK_BYTES, EngineConfig
 from radixserve.engine.tier_runtime import TierRuntime
-from radixserve.cache.token_keys import ITEM_BYTES, unpack
+from radixserve.cache.token_keys import unpack
 from radixserve.storage import DiskPageStore, DiskStoreFull, IndexNode, TierPages
 
 if TYPE_CHECKING:
@@ -85,21 +85,6 @@ class _Node:                    # a tree node as one save pass saw it
     pages: np.ndarray
     hashes: list[bytes]         # each page's path hash
     last_access: int
-
-
-def _seed(namespace: str | None) -> bytes:
-    return hashlib.blake2b(f"radixserve-kv-path\0{namespace!r}".encode(),
-                           digest_size=16).digest()
-
-
-def _chain(start: bytes, key: bytes | memoryview, page_size: int) -> list[bytes]:
-    """Path hashes of the pages of an edge whose packed tokens are `key`."""
-    step = page_size * ITEM_BYTES
-    hashes, h = [], start
-    for i in range(0, len(key), step):
-        h = hashlib.blake2b(key[i:i + step], key=h, digest_size=16).digest()
-        hashes.append(h)
-    return hashes
 
 
 class KVPersistence:
@@ -202,15 +187,10 @@ class KVPersistence:
 
     def _walk(self) -> list[_Node]:
         """The tree's nodes, parents first, with their pages' path hashes (event loop)."""
-        ends: dict[int, bytes] = {}
         nodes = []
-        for node in self.tree.iter_nodes():
+        for node, hashes in walk_path_hashes(self.tree, self.tree.page_size):
             parent = node.parent
             below_root = parent is None or parent.depth == 0
-            start = _seed(node.namespace) if below_root else ends[parent.id]
-            hashes = _chain(start, node.key, self.tree.page_size)
-            if hashes:
-                ends[node.id] = hashes[-1]
             nodes.append(_Node(node.tier, node.id, None if below_root else parent.id,
                                node.namespace,
                                node.key, node.pages, hashes, node.last_access))

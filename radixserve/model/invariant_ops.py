@@ -30,11 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.attention.row_tiles import ROW_TILE, pad_rows
+
 log = logging.getLogger(__name__)
 
 # Smallest chunk that computes like a 1-row call, per dtype (measured, see module doc).
 _MIN_ROWS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 32}
-SMALL_ROWS = 32
+SMALL_ROWS = ROW_TILE           # the small chunk: the tile fixed-split attention uses too
 BIG_ROWS = (1024, 2048)         # tile sizes tried, smallest first (checked per weight shape)
 
 
@@ -91,8 +93,7 @@ def blocked_linear(x: torch.Tensor, linear: nn.Linear,
     out = x.new_empty(rows, linear.weight.shape[0])
     for start, real, call_rows in row_blocks.blocks(rows):
         part = x[start:start + real]
-        if call_rows > real:
-            part = torch.cat([part, part.new_zeros(call_rows - real, part.shape[1])])
+        part = pad_rows(part, call_rows)
         call = (linear if call_rows <= row_blocks.small_rows
                 else lambda t: F.linear(t, linear.weight, linear.bias))
         if call_rows == real == rows:

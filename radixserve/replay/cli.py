@@ -14,6 +14,7 @@ import json
 import sys
 
 from radixserve.routing import LoadBound, load_bound_arg
+from radixserve.units import parse_bytes
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -99,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="host-memory tier size (suffixes as --capacity-tokens)")
     tiers.add_argument("--disk-capacity-tokens", default=None, metavar="TOKENS",
                        help="disk tier size (suffixes as --capacity-tokens)")
-    tiers.add_argument("--kv-bytes-per-token", type=int, default=131072, metavar="BYTES",
+    tiers.add_argument("--kv-bytes-per-token", type=parse_bytes, default=131072, metavar="BYTES",
                        help="KV bytes per token, for the bytes moved (default 131072: "
                        "Llama-3-8B in fp16)")
 

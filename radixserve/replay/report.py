@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
+
+from radixserve.units import parse_tokens
 
 from .replayer import ReplayStats
 
 OPTIMAL = "belady"
 BASELINE = "lru"     # the policy the "gap closed" column measures from
 
-_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9,
-           "ki": 2**10, "mi": 2**20, "gi": 2**30}
-_CAPACITY = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmg]i?)?\s*$", re.IGNORECASE)
-
 
 def parse_capacity(text: str) -> int | None:
-    """'1M' -> 1_000_000, '500k', '1.5M', '64Ki', '8192'; 'inf' / 'unbounded' -> None."""
+    """A token count as `radixserve.units.parse_tokens` reads it ('1M' -> 1_000_000,
+    '500k', '1.5M', '64Ki', '8192'); 'inf' / 'unbounded' -> None."""
     if text.strip().lower() in ("inf", "unbounded", "none"):
         return None
-    m = _CAPACITY.match(text)
-    if not m:
-        raise ValueError(f"bad capacity {text!r} (examples: 8192, 500k, 1.5M, 64Ki, inf)")
-    value = float(m.group(1)) * _SUFFIX[(m.group(2) or "").lower()]
-    if not math.isfinite(value):
-        raise ValueError(f"bad capacity {text!r}")
-    return int(value)
+    return parse_tokens(text)
 
 
 def parse_capacities(text: str) -> list[int | None]:

@@ -26,6 +26,7 @@ from radixserve.phase_timer import PhaseTimer
 from radixserve.server.app import RunningServer, bound_address, drain_and_stop, start_server
 from radixserve.server.auth import AuthConfig
 from radixserve.server.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
+from radixserve.units import parse_bytes
 
 API_KEY_ENV = "RADIXSERVE_API_KEY"
 
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", default=None,
                    help="the model name clients send and see (default: --model)")
     defaults = ServerConfig()
-    g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+    g.add_argument("--max-body-bytes", type=parse_bytes, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies get 413, as soon as the limit is passed")
     g.add_argument("--header-timeout-s", type=float, default=defaults.header_timeout_s,
                    help="a connection that has not sent a request's headers this long after "
@@ -144,9 +145,9 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
               f"tokens, {disk.pages} pages on disk", flush=True)
     print(f"radixserve: {timer.summary()}", flush=True)
     print(f"radixserve: cache view on http://{host}:{port}/ui", flush=True)
-    runner = getattr(engine, "runner", None)     # None: replicas behind Ray Serve
-    if runner is not None:
-        print(f"radixserve: {runner.describe_kv_cache()}", flush=True)
+    kv_line = engine.describe_kv_cache()          # None: replicas behind Ray Serve
+    if kv_line is not None:
+        print(f"radixserve: {kv_line}", flush=True)
     save_by = None              # with a disk store, the last half of the grace is the save's
     try:
         await stop.wait()

@@ -1,14 +1,16 @@
 """What the server needs from an engine: the protocol it types against.
 
-`radixserve.engine.engine.Engine` satisfies it, and so does the model-free fake engine of
-the server tests; the server never reaches past it (no `getattr` probing, no `engine.tree`).
+`radixserve.engine.engine.Engine` satisfies it, so do the Ray client of `--replicas N`
+(`radixserve.cluster.client.RayEngineClient`) and the model-free fake engine of the server
+tests; the server never reaches past it (no `getattr` probing, no `engine.tree`, no
+`engine.runner`). Every admin call is a coroutine, because behind Ray each one is a round
+trip to every replica; a local engine's run on the event loop without awaiting anything.
 """
 
 from __future__ import annotations
 
-from typing import AsyncGenerator, Awaitable, Callable, Protocol, Sequence, runtime_checkable
+from typing import AsyncGenerator, Callable, Protocol, Sequence, runtime_checkable
 
-from radixserve.engine.config import EngineConfig
 from radixserve.engine.outputs import EngineStats, RequestOutput
 from radixserve.engine.pins import PinInfo
 from radixserve.engine.sampling_params import SamplingParams
@@ -30,9 +32,21 @@ class TokenizerClient(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
 
+class ServedConfig(Protocol):
+    """What the server reads of an engine's configuration: an `EngineConfig` locally, a
+    `ClientConfig` behind Ray."""
+
+    @property
+    def model(self) -> str:
+        """The served model's default name (`--served-model-name` overrides it)."""
+        ...
+
+
 @runtime_checkable
 class EngineClient(Protocol):
-    config: EngineConfig            # `.model`: the served model's default name
+    @property
+    def config(self) -> ServedConfig: ...
+
     max_model_len: int              # the effective context length (may be below the model's)
     tokenizer: TokenizerClient
 
@@ -62,7 +76,12 @@ class EngineClient(Protocol):
         """Extra Prometheus collector (per-replica and router metrics), or None."""
         ...
 
-    def flush_cache(self) -> None:
+    def describe_kv_cache(self) -> str | None:
+        """One start-up line on the KV cache's dtypes and capacity gain, or None where the
+        pools live elsewhere (Ray replicas print their own)."""
+        ...
+
+    async def flush_cache(self) -> None:
         """Drop every namespace's cached prefixes (CacheBusy while requests run)."""
         ...
 
@@ -70,16 +89,13 @@ class EngineClient(Protocol):
         """Write the cache to --kv-disk-dir now (NoDiskStore without one); the report."""
         ...
 
-    def flush_namespace(self, namespace: str | None) -> int | Awaitable[int]:
+    async def flush_namespace(self, namespace: str | None) -> int:
         """Drop the cached prefixes of one namespace and the namespaces under it
-        (`namespace/...`); returns the pages freed (CacheBusy if any of them is locked).
-        Awaitable where the cache lives elsewhere (Ray replicas)."""
+        (`namespace/...`); returns the pages freed (CacheBusy if any of them is locked)."""
         ...
 
-    def namespace_stats(self, namespace: str | None
-                        ) -> dict[str, int] | Awaitable[dict[str, int]]:
-        """Counters of one namespace and those under it: `cached_tokens`, `nodes`.
-        Awaitable where the cache lives elsewhere (Ray replicas)."""
+    async def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+        """Counters of one namespace and those under it: `cached_tokens`, `nodes`."""
         ...
 
     async def pin(self, prompt_ids: Sequence[int], namespace: str | None = None) -> PinInfo:
@@ -87,7 +103,7 @@ class EngineClient(Protocol):
         cached); InvalidRequest, PinConflict / PinLimitExceeded (409), QueueFull."""
         ...
 
-    def unpin(self, pin_id: str) -> PinInfo:
+    async def unpin(self, pin_id: str) -> PinInfo:
         """Release a pin; UnknownPin (404) when no pin has this id."""
         ...
 
@@ -98,7 +114,8 @@ class EngineClient(Protocol):
     def cache_tree(self, limit: int, namespace: str | None = None, *, label_key: bytes,
                    reveal: Callable[[str | None], bool]) -> dict:
         """The bounded tree view of GET /cache/tree (cache/summary.py: build_tree); token
-        ids only for namespaces where `reveal(namespace)` is true."""
+        ids only for namespaces where `reveal(namespace)` is true. Unsupported (409) where
+        there is no one tree (Ray replicas)."""
         ...
 
     @property

@@ -12,7 +12,7 @@ import msgspec
 
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
                                       NoDiskStore, PinConflict, PinLimitExceeded, QueueFull,
-                                      UnknownPin)
+                                      Unsupported, UnknownPin)
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
@@ -99,6 +99,8 @@ def api_error_from(exc: BaseException) -> ApiError:
                         type="conflict_error", code="cache_busy")
     if isinstance(exc, NoDiskStore):
         return ApiError(409, str(exc), type="conflict_error", code="no_disk_store")
+    if isinstance(exc, Unsupported):
+        return ApiError(409, str(exc), type="conflict_error", code="unsupported")
     if isinstance(exc, PinLimitExceeded):
         return ApiError(409, str(exc), type="conflict_error", code=exc.code,
                         extra={"requested_tokens": exc.requested, "pinned_tokens": exc.pinned,

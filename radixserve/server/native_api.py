@@ -8,7 +8,6 @@ a server without keys.
 
 from __future__ import annotations
 
-import inspect
 
 from typing import Any
 
@@ -192,10 +191,8 @@ async def cache_stats(request: web.Request) -> web.Response:
     if who.admin:
         await state.engine.refresh_stats()
         return json_response(cache_stats_body(state))
-    counts = state.engine.namespace_stats(tenant_namespace(who, "Reading the stats of"))
-    if inspect.isawaitable(counts):          # Ray replicas: summed over every one
-        counts = await counts
-    counts = dict(counts)
+    counts = dict(await state.engine.namespace_stats(
+        tenant_namespace(who, "Reading the stats of")))
     counts["pins"] = pin_entries(visible_pins(who, state.engine.pinned()))
     return json_response({"namespace": counts})
 
@@ -204,9 +201,7 @@ async def cache_flush(request: web.Request) -> web.Response:
     state = request.app[STATE]
     who = caller(request)
     if not who.admin:
-        freed = state.engine.flush_namespace(tenant_namespace(who, "Flushing"))   # CacheBusy: 409
-        if inspect.isawaitable(freed):       # Ray replicas: every one is flushed
-            freed = await freed
+        freed = await state.engine.flush_namespace(tenant_namespace(who, "Flushing"))  # 409
         return json_response({"flushed": True, "scope": "namespace", "freed_pages": freed,
                               "pages_free": state.engine.stats().pages_free})
     await state.engine.refresh_stats()
@@ -216,9 +211,7 @@ async def cache_flush(request: web.Request) -> web.Response:
         raise ApiError(409, f"cannot flush the cache while requests are running "
                             f"({running} running, {waiting} waiting)",
                        type="conflict_error", code="cache_busy")
-    flushed = state.engine.flush_cache()    # CacheBusy -> 409 as well
-    if inspect.isawaitable(flushed):        # Ray replicas: every one is flushed
-        await flushed
+    await state.engine.flush_cache()        # CacheBusy -> 409 as well
     after = state.engine.stats()
     return json_response({"flushed": True, "scope": "all",
                           "freed_pages": cached_before - after.pages_cached,

@@ -51,7 +51,7 @@ async def unpin(request: web.Request) -> web.Response:
     mine = {p.pin_id for p in visible_pins(caller(request), state.engine.pinned())}
     if pin_id not in mine:          # another tenant's pin is as unknown as a missing one
         raise UnknownPin(f"no pinned prefix has the id {pin_id[:100]!r}")
-    info = state.engine.unpin(pin_id)
+    info = await state.engine.unpin(pin_id)
     return json_response(P.UnpinResponse(info.pin_id, "cache.pin", True, info.tokens,
                                          namespace_id(info.namespace)))
 

@@ -26,7 +26,7 @@ def server(model_fp32):
 def fresh(server):
     """The module's server with an empty cache; its invariants checked afterwards."""
     server.wait_idle()
-    server.call(server.engine.flush_cache)
+    server.run(server.engine.flush_cache())
     yield server
     server.check_invariants()
 

@@ -75,13 +75,13 @@ def test_pin_survives_a_flood_and_unpin_lets_it_go(model_fp32, page_size):
         assert final.usage.cached_tokens >= size    # the request hit the whole pin
         check_pages(engine)
 
-        assert engine.unpin(info.pin_id) == info
+        assert await engine.unpin(info.pin_id) == info
         assert engine.tree.locked_tokens == 0 and engine.stats().pinned_tokens == 0
         check_pages(engine)
         await flood(engine, seed=1)
         assert pinned_prefix_cached(engine, system) < size      # evictable again, evicted
         with pytest.raises(UnknownPin):
-            engine.unpin(info.pin_id)
+            await engine.unpin(info.pin_id)
 
     run(engine, scenario)
 
@@ -102,7 +102,7 @@ def test_pinning_a_cached_prefix_runs_nothing_and_twice_keeps_one_pin(model_fp32
         assert [p.pin_id for p in engine.pinned()] == [info.pin_id]
         locked = engine.tree.locked_tokens
         assert locked == len(prompt)
-        engine.unpin(info.pin_id)                   # one unpin undoes it
+        await engine.unpin(info.pin_id)                   # one unpin undoes it
         assert engine.tree.locked_tokens == 0 and engine.pinned() == []
 
     run(engine, scenario)
@@ -149,7 +149,7 @@ def test_budget_409_numbers_and_bad_prompts(model_fp32):
         assert engine.stats().pinned_tokens == 150          # the refused pin left nothing
         await engine.pin(second[:50])                       # exactly at the limit
         assert engine.stats().pinned_tokens == 200
-        engine.unpin(engine.pinned()[0].pin_id)
+        await engine.unpin(engine.pinned()[0].pin_id)
         with pytest.raises(PinLimitExceeded, match="alone is longer") as err:
             await engine.pin([7] * 201)
         assert (err.value.requested, err.value.pinned, err.value.limit) == (201, 50, 200)
@@ -212,7 +212,7 @@ def test_namespaces_isolate_pins(model_fp32):
         assert info.namespace == "tenant-a"
         other = await engine.pin(system)            # the same tokens elsewhere: its own pin
         assert other.pin_id != info.pin_id and other.cached_tokens == 0
-        engine.unpin(other.pin_id)
+        await engine.unpin(other.pin_id)
         await flood(engine)
         await flood(engine, namespace="tenant-a", seed=2)
         prompt = chat_ids(engine, QUESTIONS[2])
@@ -236,7 +236,7 @@ def test_pin_under_concurrent_pressure_and_cancelled_pin(model_fp32):
         await flood(engine, seed=9)
         assert engine.stats().evicted_tokens > POOL
         assert pinned_prefix_cached(engine, system) >= info.tokens
-        engine.unpin(info.pin_id)
+        await engine.unpin(info.pin_id)
 
         task = asyncio.create_task(engine.pin(flood_prompts(1, 200, seed=7)[0]))
         await asyncio.sleep(0)                      # queued, not computed yet
@@ -258,12 +258,12 @@ def test_flush_keeps_pins_and_namespace_flush_refuses(model_fp32):
         system = chat_ids(engine, "")[:-8]
         info = await engine.pin(system, namespace="t")
         await ask(engine, flood_prompts(1)[0])
-        engine.flush_cache()
+        await engine.flush_cache()
         assert engine.tree.total_tokens == info.tokens      # only the pin is left
         with pytest.raises(CacheBusy, match="pinned"):
-            engine.flush_namespace("t")
-        engine.unpin(info.pin_id)
-        assert engine.flush_namespace("t") == info.tokens
+            await engine.flush_namespace("t")
+        await engine.unpin(info.pin_id)
+        assert await engine.flush_namespace("t") == info.tokens
         check_pages(engine)
 
     run(engine, scenario)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.errors import (CacheBusy, EngineStopped, NoDiskStore, PinLimitExceeded,
-                                      QueueFull, UnknownPin)
+                                      QueueFull, UnknownPin, Unsupported)
 from radixserve.engine.outputs import (EngineStats, OneProcessStats, RequestOutput,
                                       TokenLogprob, Usage)
 from radixserve.engine.pins import PinInfo
@@ -190,7 +190,13 @@ class FakeEngine(OneProcessStats):
         s.pinned_tokens_limit = self.pin_limit
         return s
 
-    def flush_cache(self) -> None:
+    def cache_tree(self, limit, namespace=None, *, label_key, reveal) -> dict:
+        raise Unsupported("the fake engine has no tree")
+
+    def describe_kv_cache(self) -> str:
+        return "KV cache: the fake engine's prompts, no KV"
+
+    async def flush_cache(self) -> None:
         if self.live:
             raise CacheBusy("busy")
         self.seen.clear()
@@ -200,12 +206,12 @@ class FakeEngine(OneProcessStats):
             return ns is None
         return ns is not None and (ns == namespace or ns.startswith(namespace + "/"))
 
-    def flush_namespace(self, namespace: str | None) -> int:
+    async def flush_namespace(self, namespace: str | None) -> int:
         """Pages freed: one per remembered prompt token (the fake's 'cache')."""
         gone = [ns for ns in self.seen if self._in_namespace(ns, namespace)]
         return sum(len(p) for ns in gone for p in self.seen.pop(ns))
 
-    def namespace_stats(self, namespace: str | None) -> dict[str, int]:
+    async def namespace_stats(self, namespace: str | None) -> dict[str, int]:
         prompts = [p for ns, ps in self.seen.items() if self._in_namespace(ns, namespace)
                    for p in ps]
         return {"cached_tokens": sum(map(len, prompts)), "locked_tokens": 0,
@@ -229,7 +235,7 @@ class FakeEngine(OneProcessStats):
         self.pins[info.pin_id] = (info, key)
         return info
 
-    def unpin(self, pin_id: str) -> PinInfo:
+    async def unpin(self, pin_id: str) -> PinInfo:
         if pin_id not in self.pins:
             raise UnknownPin(f"no pinned prefix has the id {pin_id!r}")
         return self.pins.pop(pin_id)[0]

@@ -88,7 +88,7 @@ def test_replicas_answer_one_clear_409():
     assert (api.status, api.code) == (409, "pinning_unsupported")
     assert "--replicas" in api.message and "\n" not in api.message
     assert client.pinned() == []
-    assert api_error_from(_raised(client.unpin, "pin-x")).status == 404
+    assert api_error_from(_raised(lambda pin_id: asyncio.run(client.unpin(pin_id)), "pin-x")).status == 404
     from radixserve.cluster.client import sum_stats
     from radixserve.engine.outputs import EngineStats
     total = sum_stats([EngineStats(pinned_tokens_limit=256, page_size=4)] * 2)
