@@ -407,15 +407,18 @@ def test_throughput_part_failing_leaves_the_other(gpu_check, monkeypatch):
         raise RuntimeError("no flashinfer here")
 
     shared = {"runs": {"cache_on": {"status": "ok"}, "cache_off": {"status": "skipped"}}}
+    ok = {"status": "ok"}
     monkeypatch.setattr(gpu_check, "_decode_throughput", decode_fails)
     monkeypatch.setattr(gpu_check, "_shared_prompt", lambda ctx, loaded: shared)
+    for part in ("_fp8_decode", "_prefill", "_backend_agreement"):
+        monkeypatch.setattr(gpu_check, part, lambda ctx, loaded: ok)
     ctx = gpu_check.CheckContext("cpu", True, gpu_check.CPU_DRY_SIZES, gpu_check.Budget(60))
-    ctx.loaded = object()
+    ctx.big = object()
     report = {}
     gpu_check.check_throughput(report, ctx)
     t = report["throughput"]
     assert t["status"] == "error" and "no flashinfer here" in t["decode"]["error"]
-    assert t["shared_system_prompt"] is shared
+    assert t["shared_system_prompt"] is shared and t["prefill"] is ok
 
     monkeypatch.setattr(gpu_check, "_decode_throughput",
                         lambda ctx, loaded: {"results": [{"status": "ok"}]})
