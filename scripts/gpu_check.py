@@ -10,7 +10,8 @@ stop the others):
                    cached prefix, fresh prefill, decode, mixed batch; MHA and GQA (groups 3,
                    4, 7); page sizes 1 and 16; head dims 64 and 128; bf16 and fp16.
                    Max abs errors against each other and against an fp32 dense reference.
-  model_greedy     the default model (smollm2-135m-instruct, dtype "auto": bf16 on CUDA)
+  model_greedy     a random-weight model of the default model's shape (SmolLM2-135M, built
+                   on the device, scripts/gpu_check_models.py; dtype "auto": bf16 on CUDA)
                    through the Engine: greedy chat replies (32 tokens) with the torch backend
                    and with flashinfer (page size 1, pool sized from free GPU memory; page
                    size 16), compared token by token. A divergence is explained (or not) by
@@ -24,11 +25,17 @@ stop the others):
                    (scripts/gpu_check_deterministic.py)
   tiers            KV pages demoted to pinned host memory (side CUDA stream with events) and
                    to disk bytes, loaded back: byte-equal (scripts/gpu_check_tiers.py)
-  throughput       decode tokens/s at batch 1, 64 and 256 (flashinfer, ModelRunner loop), and
-                   scripts/bench_engine.py's shared-system-prompt workload, cache on and off.
+  throughput       on a random-weight Llama-3-8B-shaped model (scripts/gpu_check_perf.py):
+                   decode at batch 64 and 256 vs the HBM floor, bf16 and fp8 KV; a 4k prefill
+                   vs the matmul peak; host-tier load vs recompute per token;
+                   scripts/bench_engine.py's shared-system-prompt workload, cache on and off;
+                   greedy agreement with the torch backend.
 
-`--budget-s` (default 420) bounds the run: a section, or a part of one, that would start with
-too little time left is skipped with a note. `--sections` runs only some sections.
+The report is rewritten after every case (a crash keeps what finished). Each section has its
+own budget (GPU_SIZES.section_budget_s, 450 s together); `--budget-s` (default 460) bounds
+the run: a section, or a part of one, that would start with too little time left is skipped
+with a note. `--sections` runs only some sections. `--dry-run` checks the plan (8 minutes,
+memory, the 64 MiB a device run may carry) and runs nothing (scripts/gpu_check_plan.py).
 `--cpu-dry-run` runs the same plumbing on the CPU at tiny sizes with the torch backend
 standing in for flashinfer (errors are then 0): a check of this script, not of the GPU.
 Exit status: 0 when every section that was asked for reports "ok", 1 otherwise, 2 when
@@ -49,11 +56,13 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 INSTALL_STEPS = """\
-radixserve GPU check. It needs, on a machine with an NVIDIA GPU and the CUDA toolkit:
+radixserve GPU check. It needs, on a machine with an NVIDIA GPU and a CUDA build of torch:
   pip install -e '.[cuda]'          # radixserve with its CUDA extra (flashinfer-python)
   # or only the kernels:  pip install flashinfer-python
+  flashinfer download-kernels       # prebuilt kernels matching flashinfer and CUDA, or:
 flashinfer JIT-compiles its kernels with nvcc on first use (nvcc must be on PATH or under
 $CUDA_HOME); the first run spends minutes compiling, later runs reuse ~/.cache/flashinfer.
+On a lent device machine: scripts/gpu_run.sh (docs/gpu.md) installs carried wheels instead.
 """
 
 # Random-input cases: (cached_len, new_len) per sequence, prefill spans first.

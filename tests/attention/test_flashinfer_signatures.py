@@ -59,9 +59,8 @@ def _outputs(backend_cls_or_name, page_size, hq, hkv, dtype, lens=LENS, kv_forma
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("hq, hkv", [(9, 3), (8, 2)], ids=["cuda_core_decode",
-                                                        "tensor_core_decode"])
+@pytest.mark.parametrize("page_size, hq, hkv", [(1, 9, 3), (16, 8, 2)],
+                         ids=["page1_cuda_core_decode", "page16_tensor_core_decode"])
 def test_calls_bind_and_fake_kernels_match_the_torch_backend(fakes, deterministic, page_size,
                                                              hq, hkv):
     got, ref = _outputs(FlashInferBackend, page_size, hq, hkv, torch.float32,
