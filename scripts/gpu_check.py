@@ -425,8 +425,9 @@ class CheckContext:
         """The default model's shape (SmolLM2-135M), seeded random weights on the device."""
         if self.loaded is None:
             models = _import_script("gpu_check_models")
+            shape = models.SMOLLM2_135M_DRY if self.dry_run else models.SMOLLM2_135M
             self.loaded, self.model_info = models.random_model(
-                "smollm2-135m-shaped", models.SMOLLM2_135M, self.dtype(), self.device)
+                "smollm2-135m-shaped", shape, self.dtype(), self.device)
         return self.loaded
 
     def big_model(self):

@@ -168,8 +168,8 @@ def prefill_vs_peak(gc: ModuleType, ctx, loaded) -> dict:
     load_s = per_token_kv / h2d
     recompute_s = seconds / tokens
     return {"tokens": tokens, "seconds": round(seconds, 4),
-            "achieved_tflop_s": round(flops / seconds / 1e12, 2),
-            "matmul_peak_tflop_s": round(peak / 1e12, 2),
+            "achieved_tflop_s": round(flops / seconds / 1e12, 4),
+            "matmul_peak_tflop_s": round(peak / 1e12, 4),
             "share_of_peak": round(flops / seconds / peak, 3),
             "host_tier": {"kv_bytes_per_token": per_token_kv,
                           "host_to_device_gb_s": round(h2d / 1e9, 2),

@@ -66,6 +66,8 @@ def paged_attention_base2(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
 
 class _FakeWrapper:
     real: type
+    head_dim_name: str        # what the real plan() calls the head dim
+    causal: bool | None       # None: read plan(causal=...)
 
     def __init__(self, *args, **kwargs):
         self.init = bind_real(self.real.__init__, self, *args, **kwargs)
@@ -81,39 +83,31 @@ class _FakeWrapper:
         a = bind_real(self.real.run, self, q, paged_kv_cache, *args, **kwargs)
         assert not a["args"], "positional run() arguments past paged_kv_cache"
         k_cache, v_cache = a["paged_kv_cache"]
+        p = self.plans[-1]
+        head_dim = p[self.head_dim_name]
         assert self.init["kv_layout"] == "NHD" and k_cache.shape[1:] == (
-            self._page_size(), self._num_kv_heads(), self._head_dim())
+            p["page_size"], p["num_kv_heads"], head_dim)
         out, lse = paged_attention_base2(
-            q, k_cache, v_cache, *self._csr(q), sm_scale=self._sm_scale(),
-            causal=self._causal(), k_scale=a["k_scale"] or 1.0, v_scale=a["v_scale"] or 1.0)
+            q, k_cache, v_cache, *self._csr(q),
+            sm_scale=head_dim ** -0.5 if p["sm_scale"] is None else p["sm_scale"],
+            causal=p["causal"] if self.causal is None else self.causal,
+            k_scale=a["k_scale"] or 1.0, v_scale=a["v_scale"] or 1.0)
         return (out, lse) if a["return_lse"] else out
-
-    def _sm_scale(self) -> float:
-        s = self.plans[-1]["sm_scale"]
-        return self._head_dim() ** -0.5 if s is None else s
 
 
 class FakePrefill(_FakeWrapper):
+    head_dim_name, causal = "head_dim_qk", None
+
     def _csr(self, q):
         p = self.plans[-1]
         assert int(p["qo_indptr"][-1]) == q.shape[0] and q.shape[1] == p["num_qo_heads"]
         return (p["qo_indptr"], p["paged_kv_indptr"], p["paged_kv_indices"],
                 p["paged_kv_last_page_len"])
 
-    def _causal(self):
-        return self.plans[-1]["causal"]
-
-    def _page_size(self):
-        return self.plans[-1]["page_size"]
-
-    def _num_kv_heads(self):
-        return self.plans[-1]["num_kv_heads"]
-
-    def _head_dim(self):
-        return self.plans[-1]["head_dim_qk"]
-
 
 class FakeDecode(_FakeWrapper):
+    head_dim_name, causal = "head_dim", False
+
     def _bind_plan(self, *args, **kwargs) -> dict:
         a = bind_real(self.real.plan, self, *args, **kwargs)
         assert not a.get("deprecated_positional_args"), "optional plan() args by position"
@@ -129,18 +123,6 @@ class FakeDecode(_FakeWrapper):
         b = len(p["indptr"]) - 1
         assert q.shape[0] == b, "decode: one query per sequence"
         return torch.arange(b + 1), p["indptr"], p["indices"], p["last_page_len"]
-
-    def _causal(self):
-        return False
-
-    def _page_size(self):
-        return self.plans[-1]["page_size"]
-
-    def _num_kv_heads(self):
-        return self.plans[-1]["num_kv_heads"]
-
-    def _head_dim(self):
-        return self.plans[-1]["head_dim"]
 
 
 def fake_flashinfer(real=None, plan_error: BaseException | None = None) -> types.ModuleType:

@@ -85,3 +85,29 @@ def test_tolerance_grows_with_magnitude_and_keys(gc):
                                     torch.ones(1, 10**6, 4), torch.ones(1, 1, 4), "bfloat16")
     assert (many > small).all()
     assert math.isclose(gc.UNIT_ROUNDOFF["bfloat16"], 2 ** -8)
+
+
+def test_each_kernel_case_is_in_the_report_file_before_the_next_starts(gc, tmp_path,
+                                                                      monkeypatch):
+    """A process killed mid-section (a kernel crash, the run's time limit) leaves the cases
+    that finished in the file; an exception is recorded and the next case still runs."""
+    calls = []
+
+    def case(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("JIT failed")
+        if len(calls) == 4:
+            raise SystemExit("killed")          # stands in for the process dying
+        return {"max_abs_err_flashinfer_vs_dense": 0.0, "ok": True}
+
+    monkeypatch.setattr(gc, "_kernel_case", case)
+    path = tmp_path / "report.json"
+    report = gc.LiveReport(path, mode="test")
+    with pytest.raises(SystemExit):
+        gc.check_kernels(report, device="cpu", stand_in=True, quick=True)
+    saved = json.loads(path.read_text())
+    rows = saved["kernels"]["results"]
+    assert len(rows) == 3 and saved["kernels"]["status"] == "running"
+    assert "JIT failed" in rows[1]["error"] and rows[1]["ok"] is False
+    assert rows[0]["ok"] and rows[2]["ok"]
