@@ -182,3 +182,12 @@ def test_deterministic_forward_through_emulated_kernel_equals_dense(lens):
     meta = build_metadata(sc.spans, 4, "cpu")
     out = backend.forward(backend.prepare(meta), 0, sc.q, sc.k, sc.v, pool)
     assert (out.double() - dense_attention(sc)).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("new, group, tile_class", [(1, 3, 0), (5, 3, 0), (4, 4, 0),
+                                                    (6, 3, 1), (16, 4, 1), (17, 4, 2),
+                                                    (1, 32, 1), (3, 32, 2)])
+def test_query_tile_class_follows_flashinfers_bounds(new, group, tile_class):
+    """FA2DetermineCtaTileQ: packed rows <= 16 -> 16-row tile, <= 64 -> 64, more -> 128."""
+    from radixserve.attention.flashinfer_backend import query_tile_class
+    assert query_tile_class(new, group) == tile_class
