@@ -894,11 +894,19 @@ def _summary(report: dict, sections: list[str]) -> list[str]:
                      f"{d.get('identical_default_mode')})")
     t = report.get("throughput", {})
     if "throughput" in sections:
-        decode = ", ".join(f"b{r['batch']} {r.get('decode_tokens_per_s', r.get('status'))}"
+        decode = ", ".join(f"b{r['batch']} {r.get('decode_tokens_per_s', r.get('status'))} "
+                           f"(floor/measured {r.get('floor_over_measured')})"
                            for r in t.get("decode", {}).get("results", []))
         shared = t.get("shared_system_prompt", {})
-        lines.append(f"throughput: {t.get('status')} (decode tok/s {decode or '-'}; shared "
-                     f"prompt cache on vs off {shared.get('cache_on_speedup_wall')}x wall, "
+        prefill = t.get("prefill", {})
+        fp8 = ", ".join(f"b{r['batch']} {r['fp8_over_bf16']}"
+                        for r in t.get("fp8_over_bf16_kv", []))
+        lines.append(f"throughput: {t.get('status')} (decode tok/s {decode or '-'}; prefill "
+                     f"{prefill.get('tokens')} tokens at {prefill.get('share_of_peak')} of the "
+                     f"matmul peak; host-tier recompute/load per token "
+                     f"{prefill.get('host_tier', {}).get('recompute_over_load')}; fp8/bf16 KV "
+                     f"ms per step {fp8 or '-'}; shared prompt cache on vs off "
+                     f"{shared.get('cache_on_speedup_wall')}x wall, "
                      f"{shared.get('cache_on_speedup_ttft_p50')}x TTFT p50)")
     tiers = report.get("tiers", {})
     if "tiers" in sections:
