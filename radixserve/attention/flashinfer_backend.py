@@ -20,15 +20,28 @@ Plan once per step in ``prepare`` (prefill wrapper on spans [0, num_prefills), d
 on the rest), run once per layer. indptr / last_page_len arrive on pinned CPU memory and the
 page indices on the GPU, so ``plan`` copies asynchronously and does not synchronize.
 
-Deterministic mode (``deterministic=True``, docs/deterministic.md): every plan gets
-``fixed_split_size`` (FA2 split-KV in pages: each sequence's KV is split at fixed page
-multiples and the partial states merged in a fixed order, so a query's output does not depend
-on the batch; the plan docstrings: "will lead to deterministic softmax score reduction in the
-merge_states kernel, and therefore batch-size invariant outputs"), and every sequence, decodes
-included, goes through the prefill wrapper, so a token's K/V and output come from one kernel
-whether it is computed in a prefill, a decode or a recompute. (The decode wrapper supports
-``fixed_split_size`` only on tensor cores.) Checked only when a GPU is lent
-(scripts/gpu_check.py, section "deterministic").
+Deterministic mode (``deterministic=True``, docs/deterministic.md). What each call reaches,
+read in flashinfer 0.6.18's source (prefill.py ``plan``; utils.py
+``determine_attention_backend``; include/flashinfer/attention/scheduler.cuh
+``PrefillSplitQOKVIndptr``; include/flashinfer/utils.cuh ``FA2DetermineCtaTileQ``):
+
+- the prefill wrapper's default ``backend="auto"`` picks FA3 on sm90 (Hopper), and FA3 ignores
+  ``fixed_split_size`` (only the ``fa2`` branch of ``plan`` passes it on). So the wrappers are
+  built with ``backend="fa2"``: a fixed KV split (``fixed_split_size`` pages, merged in a
+  fixed order; "batch-size invariant outputs", the plan docstring) on every architecture;
+- FA2's query tile (16, 64 or 128 rows) follows the *plan's average* packed query length
+  (new tokens x GQA group): <= 16, <= 64, more. flashinfer offers no argument to fix it
+  (``uniform_q_len`` is hard-coded to 0 in Python and only read in CUDA-graph mode), and a
+  16-row tile splits KV over 4 warps and merges them, so the order of a sum can change with
+  the tile. Spans are therefore planned in three groups by their *own* packed length, one
+  prefill wrapper each: the mean of a group stays in its members' class, so a span's tile
+  depends on its own length, never on the rest of the batch;
+- every sequence, decodes included, goes through a prefill wrapper, so a decode computes
+  like a one-token chunk.
+
+So on CUDA a query's output does not depend on the batch; it can depend on the length class
+of the chunk that computes it (a decode vs a long chunk). scripts/gpu_check.py's
+``deterministic`` section measures both.
 
 flashinfer is imported lazily, on the first ``prepare``: CPU machines never import it.
 The pure functions ``prefill_plan_call`` / ``decode_plan_call`` compute exactly what is
@@ -49,6 +62,10 @@ from radixserve.attention.kv_pool import KVPool
 WORKSPACE_BYTES = 128 * 2**20
 FP8_KV_SCALE = 1.0      # uncalibrated per-tensor scale, as vLLM's and SGLang's default
 DETERMINISTIC_SPLIT_TOKENS = 2048   # deterministic mode: KV split size (in tokens)
+# Deterministic mode: FA3 (what "auto" picks on Hopper) ignores fixed_split_size.
+DETERMINISTIC_PREFILL_BACKEND = "fa2"
+# FA2's query-tile classes by packed query length (FA2DetermineCtaTileQ): <=16, <=64, more.
+QUERY_TILE_BOUNDS = (16, 64)
 
 
 def use_tensor_cores_for(num_qo_heads: int, num_kv_heads: int) -> bool:
@@ -80,22 +97,17 @@ def fixed_split_pages(page_size: int) -> int:
 
 def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
                       head_dim: int, dtype: torch.dtype, sm_scale: float | None,
-                      kv_dtype: torch.dtype | None = None,
-                      deterministic: bool = False) -> PlanCall | None:
+                      kv_dtype: torch.dtype | None = None) -> PlanCall | None:
     """plan() arguments for the prefill spans [0, num_prefills), or None when there are none.
 
     The prefill spans come first, so their CSR slices start at 0 and need no rebasing.
-    ``deterministic``: every span (decodes too) with a fixed KV split.
     """
-    p = meta.batch_size if deterministic else meta.num_prefills
+    p = meta.num_prefills
     if p == 0:
         return None
     nnz = int(meta.kv_indptr[p])
     kwargs = dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
                   kv_data_type=kv_dtype or dtype)
-    if deterministic:
-        kwargs.update(fixed_split_size=fixed_split_pages(meta.page_size),
-                      disable_split_kv=False)
     return PlanCall(
         args=(meta.qo_indptr[:p + 1], meta.kv_indptr[:p + 1], meta.kv_indices[:nnz],
               meta.kv_last_page_len[:p], num_qo_heads, num_kv_heads, head_dim,
@@ -118,14 +130,76 @@ def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads
         kwargs=dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=kv_dtype or dtype))
 
 
+def query_tile_class(new_tokens: int, group_size: int) -> int:
+    """0, 1 or 2: which of FA2's query-tile classes a span's packed length falls in."""
+    packed = new_tokens * group_size
+    return sum(packed > bound for bound in QUERY_TILE_BOUNDS)
+
+
+@dataclass(frozen=True)
+class TileGroup:
+    """Deterministic mode: the spans of one query-tile class, planned together.
+
+    ``rows``: the group's token rows in the step (None: every row, no gather needed)."""
+
+    tile_class: int
+    plan: PlanCall
+    rows: torch.Tensor | None
+
+
+def deterministic_groups(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
+                         head_dim: int, dtype: torch.dtype, sm_scale: float | None,
+                         kv_dtype: torch.dtype | None = None) -> list[TileGroup]:
+    """One prefill plan per query-tile class present, each over its spans' own CSR slices,
+    all with the fixed KV split."""
+    qo = meta.qo_indptr.tolist()
+    kv = meta.kv_indptr.tolist()
+    last = meta.kv_last_page_len
+    group_size = num_qo_heads // num_kv_heads
+    classes: dict[int, list[int]] = {}
+    for b in range(meta.batch_size):
+        classes.setdefault(query_tile_class(qo[b + 1] - qo[b], group_size), []).append(b)
+    kwargs = dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
+                  kv_data_type=kv_dtype or dtype,
+                  fixed_split_size=fixed_split_pages(meta.page_size), disable_split_kv=False)
+    groups = []
+    for tile_class in sorted(classes):
+        spans = classes[tile_class]
+        q_lens = torch.tensor([qo[b + 1] - qo[b] for b in spans])
+        page_counts = torch.tensor([kv[b + 1] - kv[b] for b in spans])
+        qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)])
+        kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), page_counts.cumsum(0)])
+        everything = len(spans) == meta.batch_size
+        page_pos = torch.cat([torch.arange(kv[b], kv[b + 1]) for b in spans])
+        rows = None if everything else torch.cat([torch.arange(qo[b], qo[b + 1])
+                                                  for b in spans])
+        plan = PlanCall(
+            args=(_keep_pinned(qo_indptr.to(torch.int32), meta.qo_indptr),
+                  _keep_pinned(kv_indptr.to(torch.int32), meta.kv_indptr),
+                  meta.kv_indices if everything else
+                  meta.kv_indices[page_pos.to(meta.kv_indices.device)],
+                  _keep_pinned(last[torch.tensor(spans)], last),
+                  num_qo_heads, num_kv_heads, head_dim, meta.page_size),
+            kwargs=dict(kwargs))
+        groups.append(TileGroup(tile_class, plan,
+                                None if rows is None else rows.to(meta.kv_indices.device)))
+    return groups
+
+
+@dataclass(frozen=True)
+class KernelRun:
+    """One wrapper's run in a step, over the token rows it was planned for."""
+
+    wrapper: Any
+    rows: slice | torch.Tensor      # a slice of the step's tokens, or their indices
+
+
 @dataclass
 class FlashInferPlan:
-    """A step's plan: the wrappers hold the kernel plans; this says how to split q."""
+    """A step's plan: the wrappers hold the kernel plans; ``runs`` says which rows each reads."""
 
     meta: AttentionMetadata
-    num_prefill_tokens: int   # tokens [0, n) go to the prefill wrapper, the rest to decode
-    has_prefill: bool
-    has_decode: bool
+    runs: list[KernelRun]
 
 
 class FlashInferBackend(AttentionBackend[FlashInferPlan]):
@@ -155,51 +229,73 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         # flashinfer (backend selection is tested on CPU machines).
         self._prefill_wrapper: Any = None
         self._decode_wrapper: Any = None
+        self._tile_wrappers: list[Any] = []     # deterministic mode: one per tile class
 
     def _ensure_wrappers(self) -> None:
         if self._prefill_wrapper is not None:
             return
         import flashinfer  # lazy: only CUDA machines get here
 
-        # One workspace shared by both wrappers, as SGLang does: their run() calls are
+        # One workspace shared by all wrappers, as SGLang does: their run() calls are
         # sequential on one stream, and each wrapper keeps its own int (plan) workspace.
         workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self._prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper
+        if self.deterministic:
+            self._tile_wrappers = [prefill(workspace, "NHD",
+                                           backend=DETERMINISTIC_PREFILL_BACKEND)
+                                   for _ in range(len(QUERY_TILE_BOUNDS) + 1)]
+            self._prefill_wrapper = self._tile_wrappers[0]
+            return
+        self._prefill_wrapper = prefill(workspace, "NHD")
         self._decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
 
+    def _plan_kw(self) -> dict:
+        return dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
+                    head_dim=self.head_dim, dtype=self.dtype, sm_scale=self.sm_scale,
+                    kv_dtype=self.kv_dtype)
+
     def plan_calls(self, meta: AttentionMetadata) -> tuple[PlanCall | None, PlanCall | None]:
-        kw = dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
-                  head_dim=self.head_dim, dtype=self.dtype, sm_scale=self.sm_scale,
-                  kv_dtype=self.kv_dtype)
-        if self.deterministic:      # one kernel for every token (see module doc)
-            return prefill_plan_call(meta, **kw, deterministic=True), None
+        """Default mode: the prefill and decode wrappers' plan() arguments."""
+        kw = self._plan_kw()
         return prefill_plan_call(meta, **kw), decode_plan_call(meta, **kw)
 
     def prepare(self, meta: AttentionMetadata) -> FlashInferPlan:
+        if meta.batch_size == 0:
+            return FlashInferPlan(meta, [])
+        self._ensure_wrappers()
+        if self.deterministic:
+            runs = []
+            for group in deterministic_groups(meta, **self._plan_kw()):
+                wrapper = self._tile_wrappers[group.tile_class]
+                group.plan.apply(wrapper)
+                rows = slice(0, meta.num_tokens) if group.rows is None else group.rows
+                runs.append(KernelRun(wrapper, rows))
+            return FlashInferPlan(meta, runs)
         prefill, decode = self.plan_calls(meta)
-        if prefill is not None or decode is not None:
-            self._ensure_wrappers()
+        n = int(meta.qo_indptr[meta.num_prefills])
+        runs = []
         if prefill is not None:
             prefill.apply(self._prefill_wrapper)
+            runs.append(KernelRun(self._prefill_wrapper, slice(0, n)))
         if decode is not None:
             decode.apply(self._decode_wrapper)
-        prefill_spans = meta.batch_size if self.deterministic else meta.num_prefills
-        return FlashInferPlan(meta, num_prefill_tokens=int(meta.qo_indptr[prefill_spans]),
-                              has_prefill=prefill is not None, has_decode=decode is not None)
+            runs.append(KernelRun(self._decode_wrapper, slice(n, meta.num_tokens)))
+        return FlashInferPlan(meta, runs)
 
     def forward(self, plan: FlashInferPlan, layer: int, q: torch.Tensor,
                 k: torch.Tensor, v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
         kv_pool.write(layer, plan.meta.write_slots, k, v, decoded=False)
         cache = (kv_pool.k[layer], kv_pool.v[layer])
         q = q.contiguous()   # the model's q may be a view of a fused qkv projection
-        n = plan.num_prefill_tokens
-        if not plan.has_decode:
-            return self._prefill_wrapper.run(q, cache, **self._run_kw) if plan.has_prefill \
-                else torch.empty_like(q)
-        if not plan.has_prefill:
-            return self._decode_wrapper.run(q, cache, **self._run_kw)
+        only = plan.runs[0].rows if len(plan.runs) == 1 else None
+        if isinstance(only, slice) and only == slice(0, q.shape[0]):
+            return plan.runs[0].wrapper.run(q, cache, **self._run_kw)
         out = torch.empty_like(q)
-        out[:n] = self._prefill_wrapper.run(q[:n], cache, **self._run_kw)
-        out[n:] = self._decode_wrapper.run(q[n:], cache, **self._run_kw)
+        for run in plan.runs:
+            if isinstance(run.rows, slice):
+                out[run.rows] = run.wrapper.run(q[run.rows], cache, **self._run_kw)
+            else:
+                out.index_copy_(0, run.rows, run.wrapper.run(q.index_select(0, run.rows),
+                                                              cache, **self._run_kw))
         return out

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import radixserve.attention.backend as backend_mod
+import radixserve.attention.flashinfer_probe as probe_mod
 from radixserve.attention import BackendUnavailable, TorchAttentionBackend, create_backend
 from radixserve.attention.flashinfer_backend import FlashInferBackend
 
@@ -15,6 +16,8 @@ KW = dict(num_qo_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16)
 @pytest.fixture
 def flashinfer_present(monkeypatch):
     monkeypatch.setattr(backend_mod, "flashinfer_import_error", lambda: None)
+    # the start-up trial (a plan and run on the device) is tested in test_flashinfer_trial
+    monkeypatch.setattr(probe_mod, "flashinfer_trial_error", lambda backend, kv_format: None)
 
 
 @pytest.fixture
@@ -30,7 +33,8 @@ def test_torch_by_name_and_auto_on_cpu():
     assert isinstance(create_backend("torch", **KW, device="cuda"), TorchAttentionBackend)
 
 
-def test_cpu_never_imports_flashinfer():
+def test_cpu_never_imports_flashinfer(monkeypatch):
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)   # other tests import it
     create_backend("auto", **KW, device="cpu")
     assert "flashinfer" not in sys.modules
 

@@ -120,7 +120,7 @@ def test_prepare_plans_each_wrapper_once_per_step():
     meta = build_metadata(spans_for([(0, 9), (5, 1), (6, 1)], 16), 16, "cpu")
     prepared = backend.prepare(meta)
     assert len(backend._prefill_wrapper.plans) == 1 and len(backend._decode_wrapper.plans) == 1
-    assert prepared.num_prefill_tokens == 9 and prepared.has_prefill and prepared.has_decode
+    assert [r.rows for r in prepared.runs] == [slice(0, 9), slice(9, 11)]
     backend.prepare(build_metadata(spans_for([(5, 1)], 16), 16, "cpu"))
     assert len(backend._prefill_wrapper.plans) == 1 and len(backend._decode_wrapper.plans) == 2
 
@@ -128,7 +128,7 @@ def test_prepare_plans_each_wrapper_once_per_step():
 def test_empty_step_needs_no_flashinfer():
     backend = FlashInferBackend(device="cpu", **KW)
     prepared = backend.prepare(build_metadata([], 1, "cpu"))   # would import flashinfer if it
-    assert backend._prefill_wrapper is None                     # tried to build wrappers
+    assert backend._prefill_wrapper is None and prepared.runs == []   # tried to build wrappers
     pool = KVPool(1, 4, 1, 2, 64, torch.bfloat16, "cpu")
     out = backend.forward(prepared, 0, torch.zeros(0, 8, 64, dtype=torch.bfloat16),
                           torch.zeros(0, 2, 64, dtype=torch.bfloat16),
@@ -152,17 +152,22 @@ def test_forward_through_emulated_kernels_equals_dense(page_size, lens):
     assert (out.double() - dense_attention(sc)).abs().max() < 2e-5
 
 
-def test_deterministic_plans_every_span_on_the_prefill_wrapper_with_a_fixed_split():
+def test_deterministic_plans_each_query_tile_class_on_its_own_prefill_wrapper():
     backend = FlashInferBackend(device="cpu", **KW, deterministic=True)
-    backend._prefill_wrapper, backend._decode_wrapper = RecordingWrapper(), RecordingWrapper()
+    backend._tile_wrappers = [RecordingWrapper() for _ in range(3)]
+    backend._prefill_wrapper = backend._tile_wrappers[0]
+    # group 4: 9 new tokens -> 36 packed rows (class 1); decodes -> 4 (class 0)
     meta = build_metadata(spans_for([(0, 9), (5, 1), (6, 1)], 16), 16, "cpu")
     prepared = backend.prepare(meta)
-    assert backend._decode_wrapper.plans == []
-    (args, kw), = backend._prefill_wrapper.plans
-    assert args[0].tolist() == [0, 9, 10, 11]            # qo_indptr over all three spans
+    small, mid, large = backend._tile_wrappers
+    assert large.plans == [] and len(small.plans) == len(mid.plans) == 1
+    (args, kw), = small.plans
+    assert args[0].tolist() == [0, 1, 2] and args[3].tolist() == [6, 7]
+    (args, kw), = mid.plans
+    assert args[0].tolist() == [0, 9] and args[3].tolist() == [9]
     assert kw["fixed_split_size"] == 2048 // 16 and kw["disable_split_kv"] is False
     assert kw["causal"] is True
-    assert prepared.num_prefill_tokens == 11 and not prepared.has_decode
+    assert [r.rows.tolist() for r in prepared.runs] == [[9, 10], list(range(9))]
 
 
 @pytest.mark.parametrize("lens", [[(0, 9), (21, 6), (5, 1), (64, 1)], [(3, 1), (40, 1)]],
@@ -172,8 +177,17 @@ def test_deterministic_forward_through_emulated_kernel_equals_dense(lens):
     pool = KVPool(1, 40, 4, 2, 64, torch.float32, "cpu")
     sc = make_scenario(pool, lens, 8, seed=3)
     backend = FlashInferBackend(device="cpu", **kw, deterministic=True)
-    backend._prefill_wrapper = EmulatingWrapper(causal_expected=True)
-    backend._decode_wrapper = RecordingWrapper()
+    backend._tile_wrappers = [EmulatingWrapper(causal_expected=True) for _ in range(3)]
+    backend._prefill_wrapper = backend._tile_wrappers[0]
     meta = build_metadata(sc.spans, 4, "cpu")
     out = backend.forward(backend.prepare(meta), 0, sc.q, sc.k, sc.v, pool)
     assert (out.double() - dense_attention(sc)).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("new, group, tile_class", [(1, 3, 0), (5, 3, 0), (4, 4, 0),
+                                                    (6, 3, 1), (16, 4, 1), (17, 4, 2),
+                                                    (1, 32, 1), (3, 32, 2)])
+def test_query_tile_class_follows_flashinfers_bounds(new, group, tile_class):
+    """FA2DetermineCtaTileQ: packed rows <= 16 -> 16-row tile, <= 64 -> 64, more -> 128."""
+    from radixserve.attention.flashinfer_backend import query_tile_class
+    assert query_tile_class(new, group) == tile_class

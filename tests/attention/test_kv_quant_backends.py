@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import radixserve.attention.backend as backend_mod
+import radixserve.attention.flashinfer_probe as probe_mod
 from radixserve.attention import TorchAttentionBackend, build_metadata, create_backend
 from radixserve.attention.flashinfer_backend import FP8_KV_SCALE, FlashInferBackend
 from radixserve.attention.metadata import SeqSpan
@@ -17,6 +18,8 @@ KW = dict(num_qo_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16)
 @pytest.fixture
 def flashinfer_present(monkeypatch):
     monkeypatch.setattr(backend_mod, "flashinfer_import_error", lambda: None)
+    # the start-up trial (a plan and run on the device) is tested in test_flashinfer_trial
+    monkeypatch.setattr(probe_mod, "flashinfer_trial_error", lambda backend, kv_format: None)
 
 
 @pytest.mark.parametrize("name, storage", [("fp8_e4m3", torch.float8_e4m3fn),

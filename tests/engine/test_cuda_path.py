@@ -276,6 +276,15 @@ def test_gpu_check_cpu_dry_run_report(tmp_path):
     assert [r["batch"] for r in decode["results"]] == [1, 4]
     for r in decode["results"]:
         assert r["status"] == "ok" and r["decode_tokens_per_s"] > 0 and r["ms_per_step"] > 0
+        assert r["hbm_floor_ms"] > 0 and r["floor_over_measured"] > 0
+    assert [r["batch"] for r in tp["fp8_over_bf16_kv"]] == [1, 4]
+    assert tp["decode_fp8_kv"]["kv_cache_dtype"] == "fp8_e4m3"
+    assert tp["prefill"]["share_of_peak"] > 0 and tp["prefill"]["tokens"] == 64
+    assert tp["prefill"]["host_tier"]["recompute_over_load"] > 0
+    agree = tp["agreement_with_torch"]
+    assert agree["identical"] == agree["prompts"] == 2           # torch against itself
+    assert tp["model"]["name"] == "llama3-8b-shaped"
+    assert all(det["tile_invariance"]["batch_invariant"].values())
     shared = tp["shared_system_prompt"]
     on, off = shared["runs"]["cache_on"], shared["runs"]["cache_off"]
     for run in (on, off):
@@ -407,15 +416,18 @@ def test_throughput_part_failing_leaves_the_other(gpu_check, monkeypatch):
         raise RuntimeError("no flashinfer here")
 
     shared = {"runs": {"cache_on": {"status": "ok"}, "cache_off": {"status": "skipped"}}}
+    ok = {"status": "ok"}
     monkeypatch.setattr(gpu_check, "_decode_throughput", decode_fails)
     monkeypatch.setattr(gpu_check, "_shared_prompt", lambda ctx, loaded: shared)
+    for part in ("_fp8_decode", "_prefill", "_backend_agreement"):
+        monkeypatch.setattr(gpu_check, part, lambda ctx, loaded: ok)
     ctx = gpu_check.CheckContext("cpu", True, gpu_check.CPU_DRY_SIZES, gpu_check.Budget(60))
-    ctx.loaded = object()
+    ctx.big = object()
     report = {}
     gpu_check.check_throughput(report, ctx)
     t = report["throughput"]
     assert t["status"] == "error" and "no flashinfer here" in t["decode"]["error"]
-    assert t["shared_system_prompt"] is shared
+    assert t["shared_system_prompt"] is shared and t["prefill"] is ok
 
     monkeypatch.setattr(gpu_check, "_decode_throughput",
                         lambda ctx, loaded: {"results": [{"status": "ok"}]})
