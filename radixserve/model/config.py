@@ -250,36 +250,64 @@ def _sliding_window(cfg: Mapping[str, Any]) -> int | None:
     return int(window)
 
 
+GGUF_ARCHITECTURES = ("llama", "gemma3")
+# llama.cpp hard-codes what Gemma 3's GGUF metadata leaves out (its gemma3 graph).
+GGUF_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+GGUF_GEMMA3_PATTERN = 6          # every 6th layer global, the rest sliding
+
+
 def config_from_gguf(meta: Mapping[str, Any], vocab_size: int, tied: bool) -> ModelConfig:
-    """From GGUF metadata of a llama-architecture file (keys `llama.*`)."""
+    """From GGUF metadata of a llama- or gemma3-architecture file (keys `<arch>.*`)."""
     arch = meta.get("general.architecture")
-    if arch != "llama":
+    if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
-            f"unsupported GGUF architecture {arch!r} (supported: 'llama')")
+            f"unsupported GGUF architecture {arch!r} (supported: "
+            f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)})")
 
     def get(key: str, default: Any = None) -> Any:
-        value = meta.get(f"llama.{key}", default)
+        value = meta.get(f"{arch}.{key}", default)
         if value is None:
-            raise ModelLoadError(f"GGUF metadata lacks 'llama.{key}'")
+            raise ModelLoadError(f"GGUF metadata lacks '{arch}.{key}'")
         return value
 
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
-    head_dim = int(meta.get("llama.attention.key_length") or
-                   meta.get("llama.rope.dimension_count") or hidden // heads)
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or
+                   meta.get(f"{arch}.rope.dimension_count") or hidden // heads)
     scaling = None
-    scale_type = meta.get("llama.rope.scaling.type", "none")
+    scale_type = meta.get(f"{arch}.rope.scaling.type", "none")
     if scale_type == "linear":
         scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
     elif scale_type not in ("none", None):
         raise ModelLoadError(
             f"GGUF rope scaling type {scale_type!r} is not supported (supported: linear)")
-    return ModelConfig(
-        hidden_size=hidden, num_layers=int(get("block_count")), num_heads=heads,
-        num_kv_heads=int(meta.get("llama.attention.head_count_kv") or heads),
+    layers = int(get("block_count"))
+    config = ModelConfig(
+        hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv") or heads),
         head_dim=head_dim, intermediate_size=int(get("feed_forward_length")),
         vocab_size=vocab_size,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
         tie_word_embeddings=tied, max_position_embeddings=int(get("context_length", 4096)),
         model_type="llama")
+    return _gemma3_from_gguf(config, meta) if arch == "gemma3" else config
+
+
+def _gemma3_from_gguf(config: ModelConfig, meta: Mapping[str, Any]) -> ModelConfig:
+    """Gemma 3's extras, as llama.cpp runs them: windows every layer but each 6th, local
+    RoPE base 10000, attention scale 1/sqrt(head_dim), no final soft-cap unless stored."""
+    from dataclasses import replace
+
+    window = meta.get("gemma3.attention.sliding_window")
+    if window is None:
+        raise ModelLoadError("GGUF metadata lacks 'gemma3.attention.sliding_window'")
+    pattern = int(meta.get("gemma3.attention.sliding_window_pattern") or GGUF_GEMMA3_PATTERN)
+    windows = tuple(None if (i + 1) % pattern == 0 else int(window)
+                    for i in range(config.num_layers))
+    cap = meta.get("gemma3.final_logit_softcapping")
+    return replace(config, model_type="gemma3_text", layer_windows=windows, qk_norm=True,
+                   hidden_act="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=float(config.head_dim),
+                   final_logit_softcapping=None if cap is None else float(cap),
+                   rope_local_theta=GGUF_GEMMA3_LOCAL_ROPE_THETA)

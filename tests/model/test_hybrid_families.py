@@ -100,3 +100,27 @@ def test_decodes_and_prefills_mixed_in_one_step(family):
     for i, p in enumerate(prompts):
         ref = hf_logits(family.hf_model, p)[-1]
         assert (got[i] - ref).abs().max().item() < ATOL, i
+
+
+def test_gemma3_gguf_equals_transformers(tmp_path):
+    """A Gemma 3 GGUF laid out as llama.cpp writes it (norms stored as 1 + w, q/k not
+    permuted, the window in the metadata, every 6th layer global) loads to transformers'
+    logits on the weights as stored."""
+    from tiny_models import hf_config, random_hf_model, write_gguf
+    from transformers import AutoModelForCausalLM
+    from radixserve.model.loader import load_model
+
+    hf_cfg = hf_config("gemma3_text", num_hidden_layers=7, sliding_window=WINDOW,
+                       query_pre_attn_scalar=16)       # = head_dim, as llama.cpp assumes
+    assert hf_cfg.layer_types[5] == "full_attention"
+    stored = write_gguf(tmp_path / "g.gguf", random_hf_model(hf_cfg), arch="gemma3")
+    ref = AutoModelForCausalLM.from_config(hf_cfg).to(torch.float32).eval()
+    ref.load_state_dict(stored, strict=False)
+    ref.tie_weights()
+    ours = load_model(str(tmp_path / "g.gguf"), dtype="float32")
+    assert list(ours.config.windows) == [None if t == "full_attention" else WINDOW
+                                         for t in hf_cfg.layer_types]
+    ids = list(np.random.default_rng(0).integers(0, hf_cfg.vocab_size, 3 * WINDOW))
+    runner = PagedRunner(ours, page_size=4)
+    got = runner.step([(runner.new_seq(len(ids)), ids)], logits_indices=torch.arange(len(ids)))
+    assert (got - hf_logits(ref, ids)).abs().max().item() < ATOL
