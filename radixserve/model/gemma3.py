@@ -13,22 +13,16 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from radixserve.attention.context import ForwardContext
 
 from .config import ModelConfig
-from .llama import DecoderLayer, LlamaForCausalLM
+from .llama import DecoderLayer, LlamaForCausalLM, RMSNorm
 from .rope import RotaryEmbedding
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """RMSNorm scaled by (1 + weight), in float32, rounded once (transformers' numerics)."""
-
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(size))
-        self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
