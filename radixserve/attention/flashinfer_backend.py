@@ -92,7 +92,7 @@ def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_head
         return None
     nnz = int(meta.kv_indptr[p])
     kwargs = dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
-                  kv_data_type=kv_dtype or dtype, window_left=window_left)
+                  kv_data_type=kv_dtype or dtype, **_window_kwargs(window_left))
     if deterministic:
         kwargs.update(fixed_split_size=fixed_split_pages(meta.page_size),
                       disable_split_kv=False)
@@ -118,7 +118,13 @@ def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads
         args=(indptr, meta.kv_indices[start:], meta.kv_last_page_len[p:], num_qo_heads,
               num_kv_heads, head_dim, meta.page_size),
         kwargs=dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=kv_dtype or dtype,
-                    window_left=window_left))
+                    **_window_kwargs(window_left)))
+
+
+def _window_kwargs(window_left: int) -> dict[str, int]:
+    """plan()'s sliding window argument, passed only when there is a window (-1 is
+    flashinfer's default: full attention)."""
+    return {} if window_left < 0 else {"window_left": window_left}
 
 
 @dataclass
