@@ -8,6 +8,7 @@ the planner reads configs of models it never loads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 CPU_KV_BUDGET_BYTES = 4 << 30       # the pool on CPU when --kv-cache-tokens is unset
 DEFAULT_KV_MEMORY_FRACTION = 0.85   # CUDA: share of the memory free after the weights
@@ -102,3 +103,28 @@ def pool_pages(*, token_bytes: int, page_size: int, kv_cache_tokens: int | None,
         raise ValueError(f"KV budget of {int(budget)} bytes is less than one page "
                          f"({page_bytes} bytes of {page_size} tokens)")
     return int(budget // page_bytes)
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Layers sharing one attention window: full-attention layers need every token's K/V,
+    sliding-window layers only their last `window` tokens (what per-group pools size)."""
+    window: int | None          # None: full attention
+    num_layers: int
+    bytes_per_token: int        # K and V of one token across this group's layers
+
+    @property
+    def name(self) -> str:
+        return "full attention" if self.window is None else f"sliding window {self.window}"
+
+
+def layer_groups(fmt: KVFormat, layer_windows: Sequence[int | None], num_kv_heads: int,
+                 head_dim: int) -> list[LayerGroup]:
+    """The model's layers grouped by window: full attention first, then windows ascending.
+    The groups' bytes per token sum to `fmt.token_bytes` over all layers."""
+    windows = sorted(set(layer_windows), key=lambda w: -1 if w is None else w)
+    groups = []
+    for w in windows:
+        n = sum(1 for x in layer_windows if x == w)
+        groups.append(LayerGroup(w, n, fmt.token_bytes(n, num_kv_heads, head_dim)))
+    return groups

@@ -11,7 +11,7 @@ import importlib.util
 import logging
 import warnings
 from abc import ABC, abstractmethod
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, Sequence, TypeVar
 
 import torch
 
@@ -79,11 +79,21 @@ def flashinfer_unsupported_reason(num_qo_heads: int, num_kv_heads: int, head_dim
     return None
 
 
+def mixed_windows_reason(layer_windows: Sequence[int | None] | None) -> str | None:
+    """flashinfer plans one window per wrapper pair: hybrid models (some layers windowed,
+    others full or another window) run on the torch backend for now."""
+    if layer_windows is not None and len(set(layer_windows)) > 1:
+        return "layers with different sliding windows (a hybrid model)"
+    return None
+
+
 def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                    dtype: torch.dtype, device: torch.device | str,
                    sm_scale: float | None = None,
                    kv_format: KVFormat | None = None,
-                   deterministic: bool = False) -> AttentionBackend[AttentionPlan]:
+                   deterministic: bool = False,
+                   layer_windows: Sequence[int | None] | None = None,
+                   ) -> AttentionBackend[AttentionPlan]:
     """Build "torch", "flashinfer" or "auto" (flashinfer when CUDA and the package exist and
     a tiny trial step runs on the device; else torch, with the reason logged in one line).
 
@@ -92,6 +102,8 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
 
     An explicitly requested flashinfer on a machine without CUDA, without the package or
     failing the trial is an error; a shape or dtype flashinfer cannot run falls back to torch with a warning.
+
+    ``layer_windows``: per layer, its sliding window in tokens (None: full attention).
     """
     from radixserve.attention.torch_backend import (DEFAULT_MAX_GATHER_ELEMS,
                                                     DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION,
@@ -106,9 +118,14 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     if num_qo_heads < 1 or num_kv_heads < 1 or num_qo_heads % num_kv_heads:
         raise ValueError(f"num_qo_heads={num_qo_heads} must be a positive multiple of "
                          f"num_kv_heads={num_kv_heads}")
+    if layer_windows is not None and all(w is None for w in layer_windows):
+        layer_windows = None
+    if deterministic and layer_windows is not None:
+        raise ValueError("--deterministic does not support sliding-window attention yet "
+                         "(this model has sliding-window layers)")
     device = torch.device(device)
     common = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                  sm_scale=sm_scale)
+                  sm_scale=sm_scale, layer_windows=layer_windows)
     # One decision per machine: bf16/fp16 attention through SDPA's fused kernel where it runs
     # on AMX; prefills then join shared-prefix groups (as in fp32), elsewhere the blocked
     # per-span path is faster than the cascade one. bf16/fp16 chunks gather more.
@@ -126,7 +143,8 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
                                      f"{device}; use --attention-backend torch")
         return torch_backend(**torch_kw)
     reason = (flashinfer_unsupported_reason(num_qo_heads, num_kv_heads, head_dim, dtype)
-              or flashinfer_kv_reason(kv_format, dtype))
+              or flashinfer_kv_reason(kv_format, dtype)
+              or mixed_windows_reason(layer_windows))
     if reason is not None:
         msg = f"flashinfer cannot run {reason}; falling back to the torch attention backend"
         warnings.warn(msg, RuntimeWarning, stacklevel=2)

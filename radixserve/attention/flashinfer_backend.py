@@ -51,7 +51,7 @@ handed to ``plan`` so that it is tested without CUDA.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -97,7 +97,8 @@ def fixed_split_pages(page_size: int) -> int:
 
 def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
                       head_dim: int, dtype: torch.dtype, sm_scale: float | None,
-                      kv_dtype: torch.dtype | None = None) -> PlanCall | None:
+                      kv_dtype: torch.dtype | None = None,
+                      window_left: int = -1) -> PlanCall | None:
     """plan() arguments for the prefill spans [0, num_prefills), or None when there are none.
 
     The prefill spans come first, so their CSR slices start at 0 and need no rebasing.
@@ -107,7 +108,7 @@ def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_head
         return None
     nnz = int(meta.kv_indptr[p])
     kwargs = dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
-                  kv_data_type=kv_dtype or dtype)
+                  kv_data_type=kv_dtype or dtype, **_window_kwargs(window_left))
     return PlanCall(
         args=(meta.qo_indptr[:p + 1], meta.kv_indptr[:p + 1], meta.kv_indices[:nnz],
               meta.kv_last_page_len[:p], num_qo_heads, num_kv_heads, head_dim,
@@ -117,8 +118,10 @@ def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_head
 
 def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
                      head_dim: int, dtype: torch.dtype, sm_scale: float | None,
-                     kv_dtype: torch.dtype | None = None) -> PlanCall | None:
-    """plan() arguments for the single-token spans [num_prefills, B), or None."""
+                     kv_dtype: torch.dtype | None = None,
+                     window_left: int = -1) -> PlanCall | None:
+    """plan() arguments for the single-token spans [num_prefills, B), or None.
+    ``window_left``: a sliding window of W tokens is W - 1 (-1: full attention)."""
     p, b = meta.num_prefills, meta.batch_size
     if p == b:
         return None
@@ -127,7 +130,14 @@ def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads
     return PlanCall(
         args=(indptr, meta.kv_indices[start:], meta.kv_last_page_len[p:], num_qo_heads,
               num_kv_heads, head_dim, meta.page_size),
-        kwargs=dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=kv_dtype or dtype))
+        kwargs=dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=kv_dtype or dtype,
+                    **_window_kwargs(window_left)))
+
+
+def _window_kwargs(window_left: int) -> dict[str, int]:
+    """plan()'s sliding window argument, passed only when there is a window (-1 is
+    flashinfer's default: full attention)."""
+    return {} if window_left < 0 else {"window_left": window_left}
 
 
 def query_tile_class(new_tokens: int, group_size: int) -> int:
@@ -149,7 +159,8 @@ class TileGroup:
 
 def deterministic_groups(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
                          head_dim: int, dtype: torch.dtype, sm_scale: float | None,
-                         kv_dtype: torch.dtype | None = None) -> list[TileGroup]:
+                         kv_dtype: torch.dtype | None = None,
+                         window_left: int = -1) -> list[TileGroup]:
     """One prefill plan per query-tile class present, each over its spans' own CSR slices,
     all with the fixed KV split."""
     qo = meta.qo_indptr.tolist()
@@ -160,7 +171,7 @@ def deterministic_groups(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_h
     for b in range(meta.batch_size):
         classes.setdefault(query_tile_class(qo[b + 1] - qo[b], group_size), []).append(b)
     kwargs = dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
-                  kv_data_type=kv_dtype or dtype,
+                  kv_data_type=kv_dtype or dtype, **_window_kwargs(window_left),
                   fixed_split_size=fixed_split_pages(meta.page_size), disable_split_kv=False)
     groups = []
     for tile_class in sorted(classes):
@@ -210,7 +221,8 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
     def __init__(self, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str,
                  sm_scale: float | None = None, kv_dtype: torch.dtype | None = None,
-                 deterministic: bool = False) -> None:
+                 deterministic: bool = False,
+                 layer_windows: Sequence[int | None] | None = None) -> None:
         self.num_qo_heads = num_qo_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -219,6 +231,14 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         self.sm_scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
         self.use_tensor_cores = use_tensor_cores_for(num_qo_heads, num_kv_heads)
         self.deterministic = deterministic
+        # One window for every layer (Mistral, Qwen2 with sliding_window): planned into the
+        # kernels as flashinfer's window_left = W - 1. Mixed windows are refused: one
+        # wrapper pair plans one window (create_backend falls back to torch for them).
+        windows = set(layer_windows or (None,))
+        if len(windows) != 1:
+            raise ValueError(f"flashinfer backend: one window for all layers, got {windows}")
+        window = windows.pop()
+        self.window_left = -1 if window is None else window - 1
         # FP8 KV: flashinfer's kernels take one scalar scale per K and V tensor
         # (run(..., k_scale=, v_scale=)), so the pool stores them with this fixed scale.
         self.kv_dtype = kv_dtype or dtype
@@ -253,7 +273,7 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
     def _plan_kw(self) -> dict:
         return dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
                     head_dim=self.head_dim, dtype=self.dtype, sm_scale=self.sm_scale,
-                    kv_dtype=self.kv_dtype)
+                    kv_dtype=self.kv_dtype, window_left=self.window_left)
 
     def plan_calls(self, meta: AttentionMetadata) -> tuple[PlanCall | None, PlanCall | None]:
         """Default mode: the prefill and decode wrappers' plan() arguments."""

@@ -24,11 +24,17 @@ many small masked SDPA calls over the same prefix (prefills) with one gather and
 matmul per group. Group prefixes and member prefills' rests are both "queries against one
 K/V window" and run padded together in window chunks; member decodes keep the decode path,
 over their shorter windows, returning the lse as well. Spans in no group are unaffected.
+Sliding-window layers (``layer_windows``): a query at position p attends to positions
+(p - W, p]. Per step, each distinct W gets its own plan when some query sees further back
+than W (banded masks for prefills, windows [kv_len - W, kv_len) for decodes, no cascade:
+a shared prefix mostly lies outside the window); otherwise those layers use the full plan.
 Window chunks run torch's fused flash kernel (``flash_attend_with_lse``, which returns the
 lse itself) where the CPU has AMX, and matmuls + softmax (``attend_with_lse``) elsewhere.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -84,7 +90,8 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
                  cascade_prefills: bool = True,
                  min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS,
                  max_score_elems: int = DEFAULT_MAX_SCORE_ELEMS,
-                 sdpa_low_precision: bool | None = None) -> None:
+                 sdpa_low_precision: bool | None = None,
+                 layer_windows: Sequence[int | None] | None = None) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of "
                              f"num_kv_heads={num_kv_heads}")
@@ -108,6 +115,9 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         # costs page faults comparable to the attention itself. Steps run one at a time.
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._ws = Workspace()                  # the cascade path's temporaries, likewise
+        # Per layer: its sliding window (None: full attention); None: every layer full.
+        self.layer_windows = tuple(layer_windows) if layer_windows is not None else None
+        self._windows = sorted({w for w in self.layer_windows or () if w is not None})
 
     def _fused(self, dtype: torch.dtype) -> bool:
         """Whether attention in `dtype` goes through torch's fused flash kernel (fp32 prefills
@@ -117,6 +127,23 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
     # ---------------------------------------------------------------- per step
     def prepare(self, meta: AttentionMetadata) -> TorchPlan:
         t = StepTables.of(meta)
+        longest = int(t.kv_lens.max()) if len(t.kv_lens) else 0
+        full_used = (not self._windows or None in self.layer_windows
+                     or longest <= self._windows[0])
+        plan = self._full_plan(meta, t) if full_used else TorchPlan(meta)
+        for w in self._windows:
+            plan.by_window[w] = plan if longest <= w else self._sliding_plan(meta, t, w)
+        return plan
+
+    def _sliding_plan(self, meta: AttentionMetadata, t: StepTables, window: int) -> TorchPlan:
+        hkv = self.num_kv_heads
+        return TorchPlan(
+            meta, prefills=[plans.sliding_prefill_plan(t, b, hkv, window)
+                            for b in range(meta.num_prefills)],
+            decodes=plans.sliding_decode_chunks(t, meta.num_prefills, hkv, window,
+                                                self.max_gather_rows))
+
+    def _full_plan(self, meta: AttentionMetadata, t: StepTables) -> TorchPlan:
         hkv = self.num_kv_heads
         groups = self._find_groups(t) if self.cascade else []
         # Where each sequence's own attention window starts: after its group's shared prefix.
@@ -197,6 +224,9 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
 
     def forward(self, plan: TorchPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
+        window = self.layer_windows[layer] if self.layer_windows is not None else None
+        if window is not None:
+            plan = plan.by_window[window]
         # Quantized sides come back as their stored codes decode: what later steps read.
         # Only prefills without a cached prefix use them; all other paths read the pool.
         own_kv = any(p.rows is None for p in plan.prefills)
@@ -227,7 +257,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
             kb, vb = self._gather(kv_pool, layer, p.rows, dt)
             ks, vs = kb.view(hkv, -1, d), vb.view(hkv, -1, d)
         ks, vs = ks.to(dt), vs.to(dt)
-        if dt != torch.float32 and not self._fused(dt):
+        if dt != torch.float32 and not self._fused(dt) and not p.banded:
             # bf16/fp16 without AMX: matmuls at the low-precision rate (SDPA ran ~1.5x slower).
             causal_attention_blocked(q[p.start:p.end], ks, vs, self.sm_scale, out[p.start:p.end])
             return

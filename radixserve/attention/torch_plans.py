@@ -89,6 +89,7 @@ class PrefillPlan:
     rows: torch.Tensor | None     # int64 [Hkv * kv_len] rows of the pool's [slots*Hkv, D]
                                   # view; None: no cached prefix, attend over the inputs
     mask: Mask | None             # [new_len, kv_len], bottom-right causal; None: is_causal
+    banded: bool = False          # the mask also cuts a sliding window (not plain causal)
 
 
 @dataclass(slots=True)
@@ -140,6 +141,9 @@ class TorchPlan:
     cascade_groups: list[CascadeGroup] = field(default_factory=list)
     rests: list[WindowChunk] = field(default_factory=list)    # member prefills after prefix
     shared: list[WindowChunk] = field(default_factory=list)   # the groups' shared prefixes
+    # Sliding window W -> the plan its layers use (this plan itself when no query of the
+    # step sees further back than W, so the window changes nothing).
+    by_window: dict[int, TorchPlan] = field(default_factory=dict)
 
 
 def chunk_by_budget(order: np.ndarray, sizes: np.ndarray, max_rows: int) -> list[np.ndarray]:
@@ -166,8 +170,10 @@ def prefill_plan(t: StepTables, b: int, num_kv_heads: int) -> PrefillPlan:
 
 
 def decode_chunk(t: StepTables, seqs: np.ndarray, kv_start: np.ndarray,
-                 num_kv_heads: int) -> DecodeChunk:
-    """Single-token sequences ``seqs`` over their windows [kv_start, kv_len)."""
+                 num_kv_heads: int, cascade: bool = True) -> DecodeChunk:
+    """Single-token sequences ``seqs`` over their windows [kv_start, kv_len). ``cascade``:
+    a start past 0 is a cascade group's shared prefix, so keep the lse for the merge
+    (False: it is a sliding window's start, nothing to merge)."""
     starts = kv_start[seqs]
     lens = t.kv_lens[seqs] - starts
     max_kv = int(lens.max())
@@ -178,7 +184,39 @@ def decode_chunk(t: StepTables, seqs: np.ndarray, kv_start: np.ndarray,
     rows = head_major_rows(slots, num_kv_heads).reshape(-1)
     mask = None if valid.all() else Mask(t.tensor(valid[:, None, None, :]))
     return DecodeChunk(tokens=t.tensor(t.qo_indptr[seqs]), rows=t.tensor(rows), mask=mask,
-                       batch=len(seqs), max_kv=max_kv, with_lse=bool((starts > 0).any()))
+                       batch=len(seqs), max_kv=max_kv,
+                       with_lse=cascade and bool((starts > 0).any()))
+
+
+def sliding_prefill_plan(t: StepTables, b: int, num_kv_heads: int,
+                         window: int) -> PrefillPlan:
+    """A prefill span of a sliding-window layer: token at position p sees positions
+    (p - window, p], as transformers' sliding-window causal mask."""
+    start, end = int(t.qo_indptr[b]), int(t.qo_indptr[b + 1])
+    kv_len, new_len = int(t.kv_lens[b]), end - start
+    cached = kv_len - new_len
+    if cached == 0 and new_len <= window:
+        return PrefillPlan(start, end, None, None)
+    lo = max(0, cached - window + 1)            # the first key the first query needs
+    q_pos = np.arange(cached, kv_len)[:, None]
+    k_pos = np.arange(lo, kv_len)[None, :]
+    allowed = t.tensor((k_pos <= q_pos) & (k_pos > q_pos - window))
+    rows = None if cached == 0 else t.tensor(
+        head_major_rows(t.slots(b, np.arange(lo, kv_len)), num_kv_heads).reshape(-1))
+    return PrefillPlan(start, end, rows, Mask(allowed), banded=True)
+
+
+def sliding_decode_chunks(t: StepTables, first: int, num_kv_heads: int, window: int,
+                          max_rows: int) -> list[DecodeChunk]:
+    """The step's decodes (sequences ``first``...) over their last ``window`` positions."""
+    seqs = np.arange(first, len(t.kv_lens))
+    if not len(seqs):
+        return []
+    kv_start = np.maximum(0, t.kv_lens - window)
+    widths = t.kv_lens - kv_start
+    order = seqs[np.argsort(widths[seqs], kind="stable")]
+    return [decode_chunk(t, chunk, kv_start, num_kv_heads, cascade=False)
+            for chunk in chunk_by_budget(order, widths * num_kv_heads, max_rows)]
 
 
 def window_chunk(t: StepTables, windows: list[Window], num_kv_heads: int,

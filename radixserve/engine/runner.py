@@ -26,7 +26,8 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.kv_sizing import KVFormat, budget_bytes, pool_pages, resolve_kv_format
+from radixserve.kv_sizing import (KVFormat, budget_bytes, layer_groups, pool_pages,
+                                  resolve_kv_format)
 from radixserve.model import LoadedModel
 from radixserve.model.invariant_ops import row_invariant_model
 
@@ -92,11 +93,16 @@ class ModelRunner:
                                            config.kv_cache_dtype_v,
                                            str(self.dtype).removeprefix("torch."))
         num_pages = kv_pool_pages(config, mc, self.device, self.kv_format)
+        # Full vs sliding-window layers (one full-KV pool holds them all for now).
+        self.layer_groups = layer_groups(self.kv_format, mc.windows, mc.num_kv_heads,
+                                         mc.head_dim)
         self.backend = create_backend(config.attention_backend, num_qo_heads=mc.num_heads,
                                       num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
                                       dtype=self.dtype, device=self.device,
                                       kv_format=self.kv_format,
-                                      deterministic=config.deterministic)
+                                      deterministic=config.deterministic,
+                                      sm_scale=mc.attention_scale,
+                                      layer_windows=mc.layer_windows)
         self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
                               mc.head_dim, self.dtype, self.device, kv_format=self.kv_format,
                               fixed_scale=self.backend.fixed_kv_scale)

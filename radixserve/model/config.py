@@ -1,6 +1,9 @@
-"""ModelConfig: the shape of a Llama-family model, read from config.json or GGUF metadata.
+"""ModelConfig: the shape of a Llama-family or Gemma 3 model, read from config.json or GGUF
+metadata.
 
-Both sources are normalised here so the model code never sees a dict of raw keys.
+Both sources are normalised here so the model code never sees a dict of raw keys. Which
+layers attend through a sliding window is resolved here too (`layer_windows`), so the
+model, the attention backend and the KV sizing read one answer.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ HF_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": {},
     "mistral": {},
     "qwen2": {"attention_bias": True},   # q/k/v carry a bias, o_proj does not
+    "qwen3": {"qk_norm": True},           # RMSNorm over each q/k head before RoPE
+    "gemma3_text": {"qk_norm": True},
 }
+# Families with Gemma's layer: (1 + w) norms around both blocks, GeGLU, scaled embeddings.
+GEMMA_FAMILIES = ("gemma3_text",)
+# The attention kinds a `layer_types` entry may name; anything else is refused at load.
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,13 @@ class ModelConfig:
     o_proj_bias: bool = False            # Llama's attention_bias=True also biases o_proj
     mlp_bias: bool = False
     model_type: str = "llama"
+    # hybrid and newer families (defaults: a plain Llama):
+    layer_windows: tuple[int | None, ...] | None = None   # per layer; None: all full
+    qk_norm: bool = False                # RMSNorm over each q and k head (Qwen3, Gemma 3)
+    hidden_act: str = "silu"             # "gelu_pytorch_tanh" for Gemma
+    query_pre_attn_scalar: float | None = None   # attention scale 1/sqrt(this), not head_dim
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    rope_local_theta: float | None = None  # RoPE base of sliding-window layers (Gemma 3)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -55,6 +71,27 @@ class ModelConfig:
             raise ModelLoadError(
                 f"rope scaling type {rope_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+
+        if self.layer_windows is not None and len(self.layer_windows) != self.num_layers:
+            raise ModelLoadError(f"layer_types has {len(self.layer_windows)} entries for "
+                                 f"{self.num_layers} layers")
+
+    @property
+    def gemma(self) -> bool:
+        return self.model_type in GEMMA_FAMILIES
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window (it attends to its last W positions), or None."""
+        return None if self.layer_windows is None else self.layer_windows[layer]
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        return self.layer_windows or (None,) * self.num_layers
+
+    @property
+    def attention_scale(self) -> float | None:
+        """The softmax scale when it is not 1/sqrt(head_dim) (None: that default)."""
+        return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar ** -0.5
 
     @property
     def q_size(self) -> int:
@@ -73,9 +110,14 @@ class ModelConfig:
             raise ModelLoadError(
                 f"unsupported architecture: model_type {model_type!r} in config.json "
                 f"(supported: {', '.join(sorted(HF_ARCHITECTURES))})")
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise ModelLoadError(f"unsupported hidden_act {act!r} (only 'silu')")
+        gemma = model_type in GEMMA_FAMILIES
+        act = (cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+               if gemma else cfg.get("hidden_act", "silu"))
+        wanted = "gelu_pytorch_tanh" if gemma else "silu"
+        if act != wanted:
+            raise ModelLoadError(f"unsupported hidden_act {act!r} for {model_type} "
+                                 f"(only {wanted!r})")
+        _refuse_unsupported_attention(cfg)
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -86,13 +128,8 @@ class ModelConfig:
             raise ModelLoadError(f"config.json lacks required key {e.args[0]!r}") from None
         arch = HF_ARCHITECTURES[model_type]
         attention_bias = bool(arch.get("attention_bias", cfg.get("attention_bias", False)))
-        rope_theta, scaling = _hf_rope(cfg)
+        rope_theta, scaling, local_theta = _rope_by_layer_type(cfg)
         max_pos = int(cfg.get("max_position_embeddings", 4096))
-        window = _sliding_window(cfg)
-        if window is not None and window < max_pos:
-            # Sliding-window attention equals full attention while the context fits
-            # in the window; capping the context keeps us exact without a windowed kernel.
-            max_pos = window
         return cls(
             hidden_size=hidden, num_layers=layers, num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -104,7 +141,84 @@ class ModelConfig:
             attention_bias=attention_bias,
             o_proj_bias=model_type == "llama" and attention_bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            max_position_embeddings=max_pos, model_type=model_type)
+            max_position_embeddings=max_pos, model_type=model_type,
+            layer_windows=_layer_windows(cfg, layers),
+            qk_norm=bool(arch.get("qk_norm", False)), hidden_act=act,
+            query_pre_attn_scalar=(float(cfg.get("query_pre_attn_scalar") or 256)
+                                   if gemma else None),
+            final_logit_softcapping=_optional_float(cfg, "final_logit_softcapping"),
+            rope_local_theta=local_theta)
+
+
+def _optional_float(cfg: Mapping[str, Any], key: str) -> float | None:
+    value = cfg.get(key)
+    return None if value is None else float(value)
+
+
+def _refuse_unsupported_attention(cfg: Mapping[str, Any]) -> None:
+    """Attention variants we do not implement are refused with the field named, never
+    served approximately."""
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise ModelLoadError(
+            f"attn_logit_softcapping={cfg['attn_logit_softcapping']!r} in config.json is not "
+            f"supported (attention logit soft-capping is not implemented)")
+    if cfg.get("use_bidirectional_attention"):
+        raise ModelLoadError("use_bidirectional_attention=true in config.json is not "
+                             "supported (causal attention only)")
+
+
+def _rope_by_layer_type(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None,
+                                                         float | None]:
+    """(theta, scaling) of full-attention layers and the RoPE base of sliding layers when
+    it differs by layer type (Gemma 3: transformers 5.x `rope_parameters` keyed by layer
+    type, 4.x `rope_local_base_freq`)."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and "full_attention" in params:
+        theta, scaling = _hf_rope({"rope_parameters": params["full_attention"]})
+        local = params.get("sliding_attention")
+        if local is None:
+            return theta, scaling, None
+        local_theta, local_scaling = _hf_rope({"rope_parameters": local})
+        if local_scaling is not None:
+            raise ModelLoadError("rope_parameters.sliding_attention in config.json: only "
+                                 "rope_type 'default' is supported for sliding layers")
+        return theta, scaling, local_theta
+    theta, scaling = _hf_rope(cfg)
+    local = cfg.get("rope_local_base_freq")
+    return theta, scaling, None if local is None else float(local)
+
+
+def _layer_windows(cfg: Mapping[str, Any], layers: int) -> tuple[int | None, ...] | None:
+    """Each layer's sliding window, as transformers applies it: `layer_types` when the
+    config lists them, else the family's rule. None: every layer attends fully."""
+    window = _sliding_window(cfg)
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise ModelLoadError(f"layer_types in config.json must list one entry per layer "
+                                 f"({layers}), got {types!r}")
+        for i, kind in enumerate(types):
+            if kind not in LAYER_TYPES:
+                raise ModelLoadError(
+                    f"layer_types[{i}] = {kind!r} in config.json is not a supported "
+                    f"attention variant (supported: {', '.join(LAYER_TYPES)})")
+    elif cfg.get("model_type") in GEMMA_FAMILIES:
+        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
+                      or 6)
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(layers)]
+    elif cfg.get("model_type") in ("qwen2", "qwen3"):
+        first = int(cfg.get("max_window_layers") or 0)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    else:
+        types = ["sliding_attention"] * layers
+    if window is None:
+        if cfg.get("model_type") in GEMMA_FAMILIES and "sliding_attention" in types:
+            raise ModelLoadError("config.json names sliding_attention layers but has no "
+                                 "sliding_window")
+        return None
+    windows = tuple(window if kind == "sliding_attention" else None for kind in types)
+    return windows if any(w is not None for w in windows) else None
 
 
 def _hf_rope(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -127,43 +241,73 @@ def _sliding_window(cfg: Mapping[str, Any]) -> int | None:
     window = cfg.get("sliding_window")
     if not window:
         return None
-    if cfg.get("model_type") == "qwen2":
+    if cfg.get("model_type") in ("qwen2", "qwen3"):
         layer_types = cfg.get("layer_types") or []
         if not cfg.get("use_sliding_window", False) and "sliding_attention" not in layer_types:
             return None
+    if int(window) < 1:
+        raise ModelLoadError(f"sliding_window in config.json must be positive, got {window!r}")
     return int(window)
 
 
+GGUF_ARCHITECTURES = ("llama", "gemma3")
+# llama.cpp hard-codes what Gemma 3's GGUF metadata leaves out (its gemma3 graph).
+GGUF_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+GGUF_GEMMA3_PATTERN = 6          # every 6th layer global, the rest sliding
+
+
 def config_from_gguf(meta: Mapping[str, Any], vocab_size: int, tied: bool) -> ModelConfig:
-    """From GGUF metadata of a llama-architecture file (keys `llama.*`)."""
+    """From GGUF metadata of a llama- or gemma3-architecture file (keys `<arch>.*`)."""
     arch = meta.get("general.architecture")
-    if arch != "llama":
+    if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
-            f"unsupported GGUF architecture {arch!r} (supported: 'llama')")
+            f"unsupported GGUF architecture {arch!r} (supported: "
+            f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)})")
 
     def get(key: str, default: Any = None) -> Any:
-        value = meta.get(f"llama.{key}", default)
+        value = meta.get(f"{arch}.{key}", default)
         if value is None:
-            raise ModelLoadError(f"GGUF metadata lacks 'llama.{key}'")
+            raise ModelLoadError(f"GGUF metadata lacks '{arch}.{key}'")
         return value
 
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
-    head_dim = int(meta.get("llama.attention.key_length") or
-                   meta.get("llama.rope.dimension_count") or hidden // heads)
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or
+                   meta.get(f"{arch}.rope.dimension_count") or hidden // heads)
     scaling = None
-    scale_type = meta.get("llama.rope.scaling.type", "none")
+    scale_type = meta.get(f"{arch}.rope.scaling.type", "none")
     if scale_type == "linear":
         scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
     elif scale_type not in ("none", None):
         raise ModelLoadError(
             f"GGUF rope scaling type {scale_type!r} is not supported (supported: linear)")
-    return ModelConfig(
-        hidden_size=hidden, num_layers=int(get("block_count")), num_heads=heads,
-        num_kv_heads=int(meta.get("llama.attention.head_count_kv") or heads),
+    layers = int(get("block_count"))
+    config = ModelConfig(
+        hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv") or heads),
         head_dim=head_dim, intermediate_size=int(get("feed_forward_length")),
         vocab_size=vocab_size,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
         tie_word_embeddings=tied, max_position_embeddings=int(get("context_length", 4096)),
         model_type="llama")
+    return _gemma3_from_gguf(config, meta) if arch == "gemma3" else config
+
+
+def _gemma3_from_gguf(config: ModelConfig, meta: Mapping[str, Any]) -> ModelConfig:
+    """Gemma 3's extras, as llama.cpp runs them: windows every layer but each 6th, local
+    RoPE base 10000, attention scale 1/sqrt(head_dim), no final soft-cap unless stored."""
+    from dataclasses import replace
+
+    window = meta.get("gemma3.attention.sliding_window")
+    if window is None:
+        raise ModelLoadError("GGUF metadata lacks 'gemma3.attention.sliding_window'")
+    pattern = int(meta.get("gemma3.attention.sliding_window_pattern") or GGUF_GEMMA3_PATTERN)
+    windows = tuple(None if (i + 1) % pattern == 0 else int(window)
+                    for i in range(config.num_layers))
+    cap = meta.get("gemma3.final_logit_softcapping")
+    return replace(config, model_type="gemma3_text", layer_windows=windows, qk_norm=True,
+                   hidden_act="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=float(config.head_dim),
+                   final_logit_softcapping=None if cap is None else float(cap),
+                   rope_local_theta=GGUF_GEMMA3_LOCAL_ROPE_THETA)

@@ -1,4 +1,5 @@
-"""Read a llama-architecture GGUF file: metadata, config, and dequantized HF-named weights.
+"""Read a llama- or gemma3-architecture GGUF file: metadata, config, and dequantized
+HF-named weights.
 
 Quantized tensors (Q4_1, Q8_0, ...) are dequantized to float32 by the `gguf` package and
 cast to the working dtype one at a time, on access, so loading never holds a second copy
@@ -36,6 +37,15 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3's extra norms. llama.cpp's converter stores Gemma's norm weights plus one (its
+# graph multiplies by w, transformers by 1 + w): the reader subtracts it back.
+_GEMMA3_BLOCK_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -47,12 +57,13 @@ class GGUFContents:
     weights: LazyWeights    # HF names -> CPU tensors in the working dtype, q/k un-permuted
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, gemma: bool = False) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = {**_BLOCK_NAMES, **_GEMMA3_BLOCK_NAMES} if gemma else _BLOCK_NAMES
     m = _BLOCK_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -86,14 +97,16 @@ def load_gguf(path: str | Path, dtype: torch.dtype) -> GGUFContents:
         factors = dequantize(tensor_array(file, info), gguf.GGMLQuantizationType(info.type))
         config = _with_freq_factors(config, factors)
 
-    unknown = [n for n in tensors if hf_name(n) is None]
+    gemma = config.gemma
+    unknown = [n for n in tensors if hf_name(n, gemma) is None]
     if unknown:
         raise ModelLoadError(
-            f"{path}: unexpected tensor(s) for a llama model, e.g. {', '.join(unknown[:3])}")
-    shapes = {hf_name(n): t.shape for n, t in tensors.items()}
+            f"{path}: unexpected tensor(s) for a {meta.get('general.architecture')} model, "
+            f"e.g. {', '.join(unknown[:3])}")
+    shapes = {hf_name(n, gemma): t.shape for n, t in tensors.items()}
     check_weights(config, shapes, str(path))
 
-    by_hf_name = {hf_name(n): t for n, t in tensors.items()}
+    by_hf_name = {hf_name(n, gemma): t for n, t in tensors.items()}
 
     def read(name: str) -> torch.Tensor:
         t = by_hf_name[name]
@@ -101,6 +114,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype) -> GGUFContents:
         if not arr.flags.writeable:          # a view of the read-only file mapping
             arr = np.array(arr)
         w = torch.from_numpy(arr).reshape(shapes[name])
+        if gemma:                 # NEOX-style RoPE in llama.cpp: q/k rows not permuted
+            return (w - 1.0 if name.endswith("norm.weight") else w).to(dtype).contiguous()
         if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
             w = unpermute_rope_rows(w, config.num_heads)
         elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):

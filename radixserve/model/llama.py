@@ -4,7 +4,9 @@ One forward call computes any mix of prefill chunks and decodes: tokens of all s
 are concatenated ([T]); only attention needs to know which token belongs to which
 sequence, and it learns that from the step's metadata through the backend. q/k/v and
 gate/up are fused into one matmul each (fewer, larger GEMMs are faster on CPU and GPU).
-Covers Llama 2/3, Mistral, Qwen2 (q/k/v bias) and SmolLM.
+Covers Llama 2/3, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k norms) and SmolLM; sliding-window
+layers differ only in the attention backend (it knows each layer's window). Gemma 3
+(`gemma3.py`) reuses the attention and MLP blocks here.
 """
 
 from __future__ import annotations
@@ -36,37 +38,55 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    norm_class: type[nn.Module] = RMSNorm     # Gemma's layer swaps in its (1 + w) norm
+
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
         self.index = index
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         self.split = (cfg.q_size, cfg.kv_size, cfg.kv_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = self.norm_class(cfg.hidden_size, cfg.rms_norm_eps)
         self.qkv_proj = Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
         self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = self.norm_class(cfg.hidden_size, cfg.rms_norm_eps)
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:     # Qwen3, Gemma 3: per-head RMSNorm of q and k before RoPE
+            self.q_norm = self.norm_class(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = self.norm_class(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:
-        t, hq, d = h.shape[0], self.num_heads, self.head_dim
-        qkv = self.qkv_proj(self.input_layernorm(h))
+        h = h + self.attention_block(self.input_layernorm(h), cos, sin, ctx)
+        return h + self.mlp_block(self.post_attention_layernorm(h))
+
+    def attention_block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        ctx: ForwardContext) -> torch.Tensor:
+        """Normalised hidden states -> the attention output after o_proj."""
+        t, hq, d = x.shape[0], self.num_heads, self.head_dim
+        qkv = self.qkv_proj(x)
         # q and k are adjacent in each row: rotated together, in place (views of qkv).
         qk = qkv[:, :self.split[0] + self.split[1]].view(t, hq + self.num_kv_heads, d)
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])], dim=1)
         rotate_in_place(qk, cos, sin)
         q, k = qk[:, :hq], qk[:, hq:]
         v = qkv[:, self.split[0] + self.split[1]:].view(t, self.num_kv_heads, d)
         o = ctx.attention(self.index, q, k, v)
-        h = h + self.o_proj(o.reshape(t, -1))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)
+        return self.o_proj(o.reshape(t, -1))
+
+    def mlp_block(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         # In place in the projection's output: the same bits as silu(gate) * up without
         # two [T, intermediate] temporaries.
-        return h + self.down_proj(F.silu(gate, inplace=True).mul_(up))
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
 class LlamaForCausalLM(nn.Module):
+    layer_class: type[DecoderLayer] = DecoderLayer
+
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
         super().__init__()
@@ -75,8 +95,9 @@ class LlamaForCausalLM(nn.Module):
             # _weight: no random init (normal_ on meta imports ~800 torch modules, ~1 s)
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                              _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-            self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.layers = nn.ModuleList(self.layer_class(cfg, i)
+                                        for i in range(cfg.num_layers))
+            self.norm = self.layer_class.norm_class(cfg.hidden_size, cfg.rms_norm_eps)
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.to(dtype)                 # still on meta: free
         self.to_empty(device=device)   # one uninitialised allocation in the final dtype
@@ -130,8 +151,11 @@ class LlamaForCausalLM(nn.Module):
             def w(name: str) -> torch.Tensor:
                 return weights[p + name]
 
-            layer.input_layernorm.weight.copy_(w("input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.copy_(w("post_attention_layernorm.weight"))
+            for name, norm in layer.named_children():
+                if name.endswith(("layernorm", "_norm")):   # every norm, whichever family
+                    norm.weight.copy_(w(("self_attn." if name in ("q_norm", "k_norm") else "")
+                                        + name + ".weight"))
+
             attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
             layer.qkv_proj.weight.copy_(torch.cat([w(n + ".weight") for n in attn]))
             if cfg.attention_bias:

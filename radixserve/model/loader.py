@@ -17,6 +17,7 @@ from .dtype import resolve_device, resolve_dtype
 from .gguf_loader import load_gguf
 from .gguf_tokenizer import gguf_tokenizer
 from .hf_loader import load_hf_weights, read_hf_config
+from .gemma3 import Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
 from .registry import resolve_model_path
 from .tokenizer import Tokenizer
@@ -54,13 +55,18 @@ def load_model(model: str, dtype: str | torch.dtype = "auto",
     return _load_gguf_file(model, path, dt, dev, weights_cache, timer)
 
 
+def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
+    """The module implementing `config`'s family (Gemma 3 subclasses the Llama one)."""
+    return Gemma3ForCausalLM if config.gemma else LlamaForCausalLM
+
+
 def _load_gguf_file(name: str, path: Path, dtype: torch.dtype, device: torch.device,
                     weights_cache: WeightsCache | None, timer: PhaseTimer) -> LoadedModel:
     contents = load_gguf(path, dtype)
     timer.lap("GGUF header")
     tokenizer = gguf_tokenizer(contents.metadata, path)
     timer.lap("tokenizer")
-    model = LlamaForCausalLM(contents.config, dtype=dtype, device=device)
+    model = model_class(contents.config)(contents.config, dtype=dtype, device=device)
     entry = weights_cache.entry(path, dtype) if weights_cache is not None else None
     if entry is not None and entry.restore(model):
         model.pack_weights()                # the restored parameters are new tensors
@@ -86,6 +92,6 @@ def _load_hf_directory(name: str, directory: Path, dtype: torch.dtype, device: t
 
 def _build(config: ModelConfig, weights, source: str, dtype: torch.dtype,
            device: torch.device) -> LlamaForCausalLM:
-    model = LlamaForCausalLM(config, dtype=dtype, device=device)
+    model = model_class(config)(config, dtype=dtype, device=device)
     model.load_weights(weights, source)
     return model.eval()

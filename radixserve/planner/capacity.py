@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, field
 
 from radixserve.kv_sizing import (DEFAULT_KV_MEMORY_FRACTION, SCALE_BYTES, KVFormat,
-                                  budget_bytes, kv_element, pool_pages, resolve_kv_format)
+                                  budget_bytes, kv_element, layer_groups, pool_pages,
+                                  resolve_kv_format)
 from radixserve.planner.model_spec import ModelSpec, PlanInputError
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -70,6 +71,9 @@ class Plan:
     shared_prefix_saved_bytes: int = 0
     max_concurrency_with_shared_prefix: int | None = None
     notes: list[str] = field(default_factory=list)
+    # Full vs sliding-window layers: {"window": W or None, "num_layers", "bytes_per_token"}
+    # (kv_sizing.layer_groups, as the server's runner groups them).
+    layer_groups: list[dict] = field(default_factory=list)
 
 
 def _kv_terms(spec: ModelSpec, fmt: KVFormat) -> tuple[int, str]:
@@ -145,6 +149,10 @@ def make_plan(spec: ModelSpec, opts: PlanOptions) -> Plan:
         max_context_at_concurrency=(pages // opts.concurrency) * ps,
         model_context=spec.max_context, served_context=spec.served_context)
     _windows(spec, plan)
+    if spec.mla is None:
+        plan.layer_groups = [
+            {"window": g.window, "num_layers": g.num_layers, "bytes_per_token": g.bytes_per_token}
+            for g in layer_groups(fmt, spec.layer_windows, spec.num_kv_heads, spec.head_dim)]
     _shared_prefix(plan, opts.shared_prefix_tokens, pages_per_request)
     if spec.mla is not None:
         m = spec.mla        # without MLA: every head's key (nope + rope) and value
@@ -193,10 +201,9 @@ def _notes(spec: ModelSpec, plan: Plan) -> None:
                           "all heads (what vLLM and SGLang store for DeepSeek models)")
     if spec.windows and spec.served_context is not None:
         plan.notes.append(
-            f"radixserve keeps every token in every layer and caps the context at "
-            f"{spec.served_context} tokens (full attention equals sliding-window attention "
-            f"inside the window); a window-aware cache would keep min(context, window) "
-            f"tokens per windowed layer")
+            "radixserve attends within each layer's window but keeps every token's KV in "
+            "every layer (one full-KV pool); a window-aware cache would keep "
+            "min(context, window) tokens per windowed layer")
     if spec.served_context is not None and plan.context > spec.served_context:
         plan.notes.append(f"--context {plan.context} exceeds the {spec.served_context} "
                           f"tokens radixserve serves for this model")

@@ -46,7 +46,7 @@ class ModelSpec:
     layer_windows: tuple[int | None, ...]   # per layer: sliding window, None = full attention
     mla: MLA | None = None
     unsupported: str | None = None          # why radixserve cannot serve it; None: it can
-    served_context: int | None = None       # the server's context cap (window-capped)
+    served_context: int | None = None       # the server's context cap
 
     @property
     def attention_kind(self) -> str:
@@ -134,10 +134,12 @@ def spec_from_hf_config(cfg: Mapping[str, Any], name: str, num_params: int | Non
         mla = MLA(_int(cfg, "kv_lora_rank", source), _int(cfg, "qk_rope_head_dim", source),
                   int(cfg.get("qk_nope_head_dim") or head_dim),
                   int(cfg.get("v_head_dim") or head_dim))
+    layer_windows = _layer_windows(cfg, layers)
     try:
         served = ModelConfig.from_hf_config(cfg)
         unsupported, served_context = None, served.max_position_embeddings
         kv_heads, head_dim = served.num_kv_heads, served.head_dim
+        layer_windows = served.windows       # the server's own reading of the layers
     except ModelLoadError as exc:
         unsupported, served_context = str(exc), None
     if num_params is None:
@@ -147,7 +149,7 @@ def spec_from_hf_config(cfg: Mapping[str, Any], name: str, num_params: int | Non
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, num_params=num_params,
         params_source=params_source,
         max_context=int(cfg.get("max_position_embeddings", 4096)),
-        layer_windows=_layer_windows(cfg, layers), mla=mla, unsupported=unsupported,
+        layer_windows=layer_windows, mla=mla, unsupported=unsupported,
         served_context=served_context)
 
 

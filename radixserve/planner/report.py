@@ -23,6 +23,11 @@ def format_plan(p: Plan) -> str:
     if p.sliding_windows:
         per = ", ".join(f"{n} layers with window {w}" for w, n in p.sliding_windows.items())
         lines.append(f"sliding window   {per} (of {p.num_layers})")
+    if len(p.layer_groups) > 1:
+        lines.append("layer groups     " + "; ".join(
+            f"{'full attention' if g['window'] is None else 'window ' + str(g['window'])}: "
+            f"{g['num_layers']} layers, {g['bytes_per_token']:,} B/token"
+            for g in p.layer_groups))
     lines += [
         f"KV format        {p.kv_format}",
         f"KV per token     {p.formula} ({human_bytes(p.kv_bytes_per_token)})",

@@ -59,8 +59,10 @@ def make_scenario(pool: KVPool, lens: list[tuple[int, int]], num_qo_heads: int,
     return Scenario(spans, full_k, full_v, cat(qs, num_qo_heads), cat(ks, hkv), cat(vs, hkv))
 
 
-def dense_attention(sc: Scenario, sm_scale: float | None = None) -> torch.Tensor:
-    """Per-sequence SDPA on contiguous K/V in float64 with an explicit bottom-right mask."""
+def dense_attention(sc: Scenario, sm_scale: float | None = None,
+                    window: int | None = None) -> torch.Tensor:
+    """Per-sequence SDPA on contiguous K/V in float64 with an explicit bottom-right mask;
+    ``window``: a query at position p also sees only positions > p - window."""
     outs = []
     off = 0
     for span, fk, fv in zip(sc.spans, sc.full_k, sc.full_v):
@@ -73,6 +75,8 @@ def dense_attention(sc: Scenario, sm_scale: float | None = None) -> torch.Tensor
         i = torch.arange(n)[:, None]
         j = torch.arange(kv_len)[None, :]
         mask = j <= span.cached_len + i
+        if window is not None:
+            mask &= j > span.cached_len + i - window
         outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=sm_scale)
                     .transpose(0, 1))
     if not outs:

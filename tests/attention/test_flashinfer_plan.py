@@ -50,7 +50,10 @@ class EmulatingWrapper(RecordingWrapper):
             v = v_cache[pages].reshape(-1, hkv, d)[:kv_len].transpose(0, 1)
             lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
             n = hi - lo
-            mask = torch.arange(kv_len)[None, :] <= kv_len - n + torch.arange(n)[:, None]
+            q_pos = kv_len - n + torch.arange(n)[:, None]
+            mask = torch.arange(kv_len)[None, :] <= q_pos
+            if kw.get("window_left", -1) >= 0:      # keys within window_left of the query
+                mask &= torch.arange(kv_len)[None, :] >= q_pos - kw["window_left"]
             o = F.scaled_dot_product_attention(
                 q[lo:hi].transpose(0, 1).float(), k.float().repeat_interleave(hq // hkv, 0),
                 v.float().repeat_interleave(hq // hkv, 0), attn_mask=mask, scale=kw["sm_scale"])
@@ -191,3 +194,30 @@ def test_query_tile_class_follows_flashinfers_bounds(new, group, tile_class):
     """FA2DetermineCtaTileQ: packed rows <= 16 -> 16-row tile, <= 64 -> 64, more -> 128."""
     from radixserve.attention.flashinfer_backend import query_tile_class
     assert query_tile_class(new, group) == tile_class
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_uniform_window_is_planned_as_window_left(page_size):
+    """Every layer windowed by W (Mistral): both wrappers are planned with flashinfer's
+    window_left = W - 1, and the kernels' documented semantics give dense attention with
+    the window mask."""
+    kw = dict(KW, dtype=torch.float32, sm_scale=None)
+    pool = KVPool(1, 200 // page_size + 10, page_size, 2, 64, torch.float32, "cpu")
+    sc = make_scenario(pool, [(0, 30), (21, 6), (5, 1), (64, 1)], 8, seed=page_size)
+    backend = FlashInferBackend(device="cpu", **kw, layer_windows=[8, 8])
+    backend._prefill_wrapper = EmulatingWrapper(causal_expected=True)
+    backend._decode_wrapper = EmulatingWrapper(causal_expected=False)
+    out = backend.forward(backend.prepare(build_metadata(sc.spans, page_size, "cpu")), 0,
+                          sc.q, sc.k, sc.v, pool)
+    for wrapper in (backend._prefill_wrapper, backend._decode_wrapper):
+        assert wrapper.plans[-1][1]["window_left"] == 7
+    assert (out.double() - dense_attention(sc, window=8)).abs().max() < 2e-5
+    assert (dense_attention(sc) - dense_attention(sc, window=8)).abs().max() > 1e-2
+
+
+def test_hybrid_windows_fall_back_to_torch_with_a_warning():
+    from radixserve.attention.backend import mixed_windows_reason
+    assert mixed_windows_reason([512, None, 512]) is not None
+    assert mixed_windows_reason([512, 512]) is None and mixed_windows_reason(None) is None
+    with pytest.raises(ValueError, match="one window for all layers"):
+        FlashInferBackend(device="cpu", **KW, layer_windows=[8, None])

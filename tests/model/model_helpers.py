@@ -31,7 +31,9 @@ class PagedRunner:
                            cfg.head_dim, loaded.dtype, loaded.device)
         self.backend = create_backend("torch", num_qo_heads=cfg.num_heads,
                                       num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                                      dtype=loaded.dtype, device=loaded.device)
+                                      dtype=loaded.dtype, device=loaded.device,
+                                      sm_scale=cfg.attention_scale,
+                                      layer_windows=cfg.layer_windows)
         self._free = list(np.random.default_rng(seed).permutation(num_pages).astype(np.int32))
 
     def new_seq(self, max_tokens: int) -> Seq:

@@ -59,6 +59,29 @@ def test_unsupported_activation(tmp_path):
         load_model(str(tmp_path), dtype="float32")
 
 
+def gemma3_config(directory, **overrides):
+    cfg = hf_config("gemma3_text", num_hidden_layers=2, sliding_window=16,
+                    layer_types=["sliding_attention", "full_attention"]).to_dict()
+    cfg.update(overrides)
+    (directory / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(layer_types=["sliding_attention", "chunked_attention"]), r"layer_types\[1\]"),
+    (dict(layer_types=["full_attention"]), "layer_types"),
+    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    (dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    (dict(sliding_window=0), "sliding_window"),
+    (dict(hidden_activation="silu"), "hidden_act 'silu'"),
+])
+def test_unknown_attention_variant_is_refused_naming_the_field(tmp_path, overrides, field):
+    """Refused at load, before any weight is read (there are none here), never served
+    with the variant ignored."""
+    gemma3_config(tmp_path, **overrides)
+    with pytest.raises(ModelLoadError, match=field):
+        load_model(str(tmp_path), dtype="float32")
+
+
 @pytest.fixture
 def tiny_dir(tmp_path):
     return save_hf_dir(tmp_path / "m", random_hf_model(hf_config("llama")))

@@ -127,7 +127,7 @@ def test_rope_frequencies_match_transformers():
         assert torch.allclose(ours, ref.float(), rtol=1e-6, atol=0)
 
 
-def test_config_accepts_transformers_4_keys_and_caps_sliding_window():
+def test_config_accepts_transformers_4_keys_and_keeps_sliding_window():
     v4 = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4,
           "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 100,
           "rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 2.0},
@@ -135,7 +135,9 @@ def test_config_accepts_transformers_4_keys_and_caps_sliding_window():
     cfg = ModelConfig.from_hf_config(v4)
     assert cfg.rope_theta == 1e6 and cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     assert cfg.num_kv_heads == 4 and cfg.head_dim == 16
-    assert cfg.max_position_embeddings == 4096     # exact without a windowed kernel
+    # The window is honoured per layer (Mistral: every layer); the context is not cut.
+    assert cfg.max_position_embeddings == 32768 and cfg.layer_windows == (4096, 4096)
     qwen = dict(v4, model_type="qwen2", use_sliding_window=False)
     assert ModelConfig.from_hf_config(qwen).max_position_embeddings == 32768
+    assert ModelConfig.from_hf_config(qwen).layer_windows is None
     assert ModelConfig.from_hf_config(qwen).attention_bias

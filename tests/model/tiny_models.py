@@ -36,13 +36,17 @@ def tiny_tokenizer():
 
 
 def hf_config(arch: str, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch]
+    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
+                              Qwen3Config)
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
+           "qwen3": Qwen3Config, "gemma3_text": Gemma3TextConfig}[arch]
     vocab = len(byte_level_vocab()[0])
     base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
                 max_position_embeddings=512, rms_norm_eps=1e-5, initializer_range=0.2,
                 bos_token_id=vocab - 2, eos_token_id=vocab - 1, pad_token_id=None)
+    if arch == "gemma3_text":
+        base.update(head_dim=16, hidden_activation="gelu_pytorch_tanh")
     base.update(overrides)
     return cls(**base)
 
@@ -84,13 +88,26 @@ GGUF_NAMES = {
 }
 
 
+GEMMA3_GGUF_NAMES = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+
+
 def write_gguf(path: Path, model, arch: str = "llama", q8_names: tuple[str, ...] = (),
                rope_freqs: np.ndarray | None = None) -> dict[str, torch.Tensor]:
     """Write `model` as llama.cpp would (q/k permuted, names mapped, metadata keys);
     tensors named in q8_names are stored Q8_0. Returns the HF state dict as stored
-    (quantization round trip applied), for building the reference."""
+    (quantization round trip applied), for building the reference.
+    arch "gemma3": llama.cpp's Gemma 3 layout (its extra norm names, norms stored as
+    1 + w, q/k not permuted, the sliding window in the metadata)."""
     import gguf
     cfg = model.config
+    gemma = arch == "gemma3"
+    names = {**GGUF_NAMES, **GEMMA3_GGUF_NAMES} if gemma else GGUF_NAMES
     tokens, merges = byte_level_vocab()
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.num_hidden_layers)
@@ -99,8 +116,14 @@ def write_gguf(path: Path, model, arch: str = "llama", q8_names: tuple[str, ...]
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    if not gemma:
+        w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if gemma:
+        w.add_rope_freq_base(float(cfg.rope_parameters["full_attention"]["rope_theta"]))
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+        w.add_sliding_window(cfg.sliding_window)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
@@ -124,8 +147,10 @@ def write_gguf(path: Path, model, arch: str = "llama", q8_names: tuple[str, ...]
         else:
             _, _, i, rest = name.split(".", 3)
             base, kind = rest.rsplit(".", 1)
-            gname = f"blk.{i}.{GGUF_NAMES[base + '.weight'].replace('.weight', '.' + kind)}"
-        if name.endswith(("q_proj.weight", "q_proj.bias")):
+            gname = f"blk.{i}.{names[base + '.weight'].replace('.weight', '.' + kind)}"
+        if gemma:
+            arr_file = arr + 1.0 if name.endswith("norm.weight") else arr
+        elif name.endswith(("q_proj.weight", "q_proj.bias")):
             arr_file = llama_cpp_permute(arr, cfg.num_attention_heads)
         elif name.endswith(("k_proj.weight", "k_proj.bias")):
             arr_file = llama_cpp_permute(arr, cfg.num_key_value_heads)
@@ -139,7 +164,10 @@ def write_gguf(path: Path, model, arch: str = "llama", q8_names: tuple[str, ...]
             stored[name] = torch.from_numpy(np.ascontiguousarray(back))
         else:
             w.add_tensor(gname, np.ascontiguousarray(arr_file))
-            stored[name] = torch.from_numpy(arr.copy())
+            # Gemma norms: what reading back gives, (w + 1) - 1 in float32.
+            back = (arr_file - 1.0 if gemma and name.endswith("norm.weight")
+                    else arr.copy())
+            stored[name] = torch.from_numpy(back)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     w.write_header_to_file()

@@ -82,13 +82,14 @@ def test_mistral_7b_sliding_window():
     assert p.kv_bytes_per_token == 131_072
     assert p.num_params == 7_241_732_096
     assert p.sliding_windows == {"4096": 32}
-    assert p.served_context == 4096 and p.model_context == 32768
+    assert p.served_context == 32768 and p.model_context == 32768   # window honoured
     assert p.pool_pages == 73_191           # (24 GiB - 14,483,464,192 B) * 0.85 // 131,072
     assert p.max_concurrency_at_context == 2
     # a window-aware cache holds 4096 tokens per layer: 32 layers x 4096 x 4096 B
     assert p.window_aware_bytes_per_request == 536_870_912
     assert p.window_aware_max_concurrency == 73_191 * 131_072 // 536_870_912 == 17
-    assert any("caps the context at 4096" in n for n in p.notes)
+    assert any("attends within each layer's window" in n for n in p.notes)
+    assert p.layer_groups == [{"window": 4096, "num_layers": 32, "bytes_per_token": 131_072}]
 
 
 def test_per_layer_windows_from_layer_types():
@@ -98,6 +99,8 @@ def test_per_layer_windows_from_layer_types():
     assert p.sliding_windows == {"1024": 2}
     # per layer 2 x 8 x 128 x 2 = 4096 B/token: 2 layers x 1024 + 2 layers x 8192 tokens
     assert p.window_aware_bytes_per_request == 4096 * (2 * 1024 + 2 * 8192)
+    assert p.layer_groups == [{"window": None, "num_layers": 2, "bytes_per_token": 8192},
+                              {"window": 1024, "num_layers": 2, "bytes_per_token": 8192}]
 
 
 def test_deepseek_v2_lite_mla():
