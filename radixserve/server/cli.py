@@ -147,6 +147,7 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
     runner = getattr(engine, "runner", None)     # None: replicas behind Ray Serve
     if runner is not None:
         print(f"radixserve: {runner.describe_kv_cache()}", flush=True)
+        print(f"radixserve: {runner.loaded.describe_weights()}", flush=True)
     save_by = None              # with a disk store, the last half of the grace is the save's
     try:
         await stop.wait()
