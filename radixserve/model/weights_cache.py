@@ -73,8 +73,9 @@ class WeightsCache:
         (int8/int4: the packed form is stored); None for dtypes not cached."""
         if dtype not in DTYPE_NAMES:
             return None
-        form = "" if weights_dtype == "bf16" else f"{weights_dtype}-"
-        family = f"{source.stem}-{file_sha256(source)}-{DTYPE_NAMES[dtype]}-{form}"
+        form = "" if weights_dtype == "bf16" else f"{weights_dtype}-"   # before the dtype:
+        # a family must not be a prefix of another form's (superseded entries are globbed)
+        family = f"{source.stem}-{file_sha256(source)}-{form}{DTYPE_NAMES[dtype]}-"
         key = family.removeprefix(f"{source.stem}-") + code_fingerprint()
         return CacheEntry(self.directory / f"{family}{code_fingerprint()}.safetensors", key,
                           family)

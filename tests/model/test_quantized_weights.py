@@ -135,3 +135,6 @@ def test_packed_weights_cache_round_trip(tmp_path, kind):
     assert {type(layer.qkv_proj).__name__ for layer in m.layers} == {
         "Int4Linear" if kind == "int4" else "Int8Linear"}
     assert second.describe_weights().startswith(f"weights: {kind} linears")
+    # the bf16 entry of the same file sits beside it: neither supersedes the other
+    load_model(str(path), dtype="bfloat16", weights_cache=cache, weights_dtype="bf16")
+    assert len(list(cache.directory.glob("*.safetensors"))) == 2
