@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 
-from bench_startup import ROOT, free_port, health
+from bench_startup import ROOT, free_port, health, stop_server
 
 PROMPT = ("You are a helpful assistant. Explain, step by step, how a radix tree stores "
           "strings that share prefixes, and why that helps a language model server.")
@@ -60,15 +59,6 @@ def start(cmd: list[str], url: str, timeout: float) -> subprocess.Popen:
     return proc
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def stream(url: str, max_tokens: int) -> tuple[float, float, int]:
     """(TTFT s, decode tok/s, chunks with text) of one streamed greedy completion."""
     body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": max_tokens,
@@ -101,7 +91,7 @@ def measure(name: str, cmd: list[str], url: str, args) -> dict[int, tuple[float,
                   f"{out[n][1]:.1f} tok/s", flush=True)
         return out
     finally:
-        stop(proc)
+        stop_server(proc)
 
 
 def main() -> None:
