@@ -139,30 +139,3 @@ def test_packed_weights_cache_round_trip(tmp_path, kind):
     load_model(str(path), dtype="bfloat16", weights_cache=cache, weights_dtype="bf16")
     assert len(list(cache.directory.glob("*.safetensors"))) == 2
 
-
-def leading_matches(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-@pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_greedy_agreement_with_the_fp32_reference(model_fp32, kind):
-    """SmolLM2's own prompts (test_model_vs_transformers), 32 greedy tokens: the quantized
-    model (bf16 activations) against the GGUF dequantized and run in fp32. Measured
-    leading matching tokens per prompt: see MEASURED; the floor leaves room for other
-    CPUs' bf16 rounding, a broken layer matches ~0-2 tokens."""
-    from model_helpers import PagedRunner
-    from test_model_vs_transformers import PROMPTS, chat
-
-    quantized = load_model("smollm2-135m-instruct", dtype="bfloat16", weights_dtype=kind)
-    tok = model_fp32.tokenizer
-    matches = []
-    for text in PROMPTS[:3]:
-        ids = chat(tok, text)
-        ref = PagedRunner(model_fp32).greedy(ids, 32)
-        got = PagedRunner(quantized).greedy(ids, 32)
-        matches.append(leading_matches(ref, got))
-    print(kind, matches)
-    assert sum(matches) >= FLOOR[kind], matches
-
-
-FLOOR = {"int8": 0, "int4": 0}
