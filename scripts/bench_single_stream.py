@@ -59,9 +59,9 @@ def start(cmd: list[str], url: str, timeout: float) -> subprocess.Popen:
     return proc
 
 
-def stream(url: str, max_tokens: int) -> tuple[float, float, int]:
+def stream(url: str, model: str, max_tokens: int) -> tuple[float, float, int]:
     """(TTFT s, decode tok/s, chunks with text) of one streamed greedy completion."""
-    body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": max_tokens,
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": max_tokens,
                        "temperature": 0, "ignore_eos": True, "stream": True}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
@@ -81,10 +81,10 @@ def stream(url: str, max_tokens: int) -> tuple[float, float, int]:
 def measure(name: str, cmd: list[str], url: str, args) -> dict[int, tuple[float, float]]:
     proc = start(cmd, url, args.timeout)
     try:
-        stream(url, 4)                                # warm: the prompt enters the cache
+        stream(url, args.model, 4)                                # warm: the prompt enters the cache
         out = {}
         for n in map(int, args.output_tokens.split(",")):
-            runs = [stream(url, n) for _ in range(args.repeats)]
+            runs = [stream(url, args.model, n) for _ in range(args.repeats)]
             out[n] = (statistics.median(r[0] for r in runs),
                       statistics.median(r[1] for r in runs))
             print(f"  {name}, {n} tokens: TTFT {out[n][0] * 1e3:.0f} ms, decode "
