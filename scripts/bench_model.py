@@ -12,6 +12,7 @@ measured in one run; ratios > 1 mean we are faster.
 
     python scripts/bench_model.py --quick              # seconds-long smoke run
     python scripts/bench_model.py --dtype bfloat16     # the figures for docs/benchmarks.md
+    python scripts/bench_model.py --dtype bfloat16 --weights-dtype int4   # vs our bf16
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--quick", action="store_true", help="tiny smoke run (seconds)")
     p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--weights-dtype", default="bf16", choices=["bf16", "int8", "int4"],
+                   help="int8/int4: the comparison column is our own bf16 model, not "
+                        "transformers (same prompts, same run)")
     args = p.parse_args()
     if args.quick:
         args.batch_sizes, args.prompt_len, args.decode_steps, args.repeats = "1,2", 8, 3, 1
@@ -104,10 +108,16 @@ def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, dtype=args.dtype)
-    print(f"model {loaded.name}  dtype {loaded.dtype}  threads {torch.get_num_threads()}  "
-          f"prompt {args.prompt_len}  decode steps {args.decode_steps}  best of {args.repeats}")
-    hf = None if args.skip_transformers else hf_model_for(args.model, loaded)
+    loaded = load_model(args.model, dtype=args.dtype, weights_dtype=args.weights_dtype)
+    print(f"model {loaded.name}  dtype {loaded.dtype}  weights {args.weights_dtype}  threads "
+          f"{torch.get_num_threads()}  prompt {args.prompt_len}  decode steps "
+          f"{args.decode_steps}  best of {args.repeats}")
+    if args.weights_dtype != "bf16":      # "hf" columns: our bf16 weights instead
+        bf16 = load_model(args.model, dtype=args.dtype)
+        hf = None if args.skip_transformers else bf16
+        print("comparison columns ('hf'): this checkout with --weights-dtype bf16")
+    else:
+        hf = None if args.skip_transformers else hf_model_for(args.model, loaded)
     gen = torch.Generator().manual_seed(0)
     vocab = loaded.config.vocab_size
     header = (f"{'batch':>5} | {'prefill tok/s':>13} {'hf':>9} {'ratio':>6} | "
@@ -116,8 +126,13 @@ def main() -> None:
     # Warm-up (oneDNN primitive creation, allocator) outside the timed runs.
     warm = torch.randint(0, vocab, (1, 8), generator=gen)
     Ours(loaded, 1, 16).run(warm, 2)
+
+    def reference(prompts, steps, total):
+        if args.weights_dtype != "bf16":
+            return Ours(hf, prompts.shape[0], total).run(prompts, steps)
+        return hf_run(hf, prompts, steps)
     if hf is not None:
-        hf_run(hf, warm, 2)
+        reference(warm, 2, 16)
     for b in (int(x) for x in args.batch_sizes.split(",")):
         prompts = torch.randint(0, vocab, (b, args.prompt_len), generator=gen)
         total = args.prompt_len + args.decode_steps + 1
@@ -126,7 +141,7 @@ def main() -> None:
         if hf is None:
             print(f"{b:>5} | {ours_p:>13.0f} {'-':>9} {'-':>6} | {ours_d:>12.1f} {'-':>9} {'-':>6}")
             continue
-        hp, hd = best(lambda: hf_run(hf, prompts, args.decode_steps), args.repeats)
+        hp, hd = best(lambda: reference(prompts, args.decode_steps, total), args.repeats)
         hf_p, hf_d = b * args.prompt_len / hp, b * args.decode_steps / hd
         print(f"{b:>5} | {ours_p:>13.0f} {hf_p:>9.0f} {ours_p / hf_p:>6.2f} | "
               f"{ours_d:>12.1f} {hf_d:>9.1f} {ours_d / hf_d:>6.2f}")

@@ -257,6 +257,10 @@ class RayEngineClient:
         """None: each replica prints its own KV cache line."""
         return None
 
+    def describe_weights(self) -> None:
+        """None: each replica holds its own weights."""
+        return None
+
     # ---- control: stats and flush ------------------------------------------------------
 
     def replica_ids(self) -> list[str]:

@@ -55,6 +55,10 @@ class EngineConfig:
     # preemption or page size): row-invariant linears, fixed-split attention, no cascade
     # (docs/deterministic.md).
     deterministic: bool = False
+    # Linear layers' weights: auto (the GGUF's precision class: Q8_0 -> int8, 4/5-bit and
+    # K-quants -> int4; else bf16) | bf16 (the model's dtype) | int8 | int4 (CPU only;
+    # model/weights_dtype.py)
+    weights_dtype: str = "auto"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -124,3 +128,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"at most this many bytes of pages in --kv-disk-dir, e.g. 20GiB, for "
                         f"the disk tier and the saved cache together (default "
                         f"{DEFAULT_KV_DISK_BYTES // 2**30}GiB)")
+    g.add_argument("--weights-dtype", default=d.weights_dtype,
+                   choices=["auto", "bf16", "int8", "int4"],
+                   help="how linear weights are held and multiplied: int8 (per row) or int4 "
+                        "(groups of 32) through torch's CPU weight-only kernels, bf16 as "
+                        "--dtype; auto: the GGUF's own precision (a Q4 file runs int4, a "
+                        "Q8_0 one int8, float files bf16; CUDA: bf16). docs/configuration.md")

@@ -423,6 +423,10 @@ class Engine(OneProcessStats):
         """The start-up line on the KV cache's dtypes and capacity gain."""
         return self.runner.describe_kv_cache()
 
+    def describe_weights(self) -> str:
+        """The start-up line on the resident weights."""
+        return self.runner.loaded.describe_weights()
+
     async def flush_cache(self) -> None:
         """Empty the tree; pinned prefixes (and their paths) stay."""
         if self.scheduler.has_work():

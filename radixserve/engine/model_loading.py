@@ -16,4 +16,5 @@ def load_engine_model(config: EngineConfig, timer: PhaseTimer | None = None):
 
     cache = None if config.no_weights_cache else WeightsCache.at(config.weights_cache_dir)
     return on_compute_thread(load_model, config.model, dtype=config.dtype,
-                             device=config.device, weights_cache=cache, timer=timer)
+                             device=config.device, weights_cache=cache, timer=timer,
+                             weights_dtype=config.weights_dtype)

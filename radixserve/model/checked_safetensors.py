@@ -26,6 +26,8 @@ _ALIGN = 64               # data starts on this boundary (safetensors pads its h
 _CRC_PLACEHOLDER = "00000000"
 DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 _TORCH_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
+_TORCH_DTYPES["U8"] = torch.uint8     # raw bytes: tensors of several dtypes in one file
+_FILE_DTYPE_NAMES = {**DTYPE_NAMES, torch.uint8: "U8"}
 
 
 class BadFile(Exception):
@@ -72,7 +74,7 @@ def _header(key: str, names: list[str], shapes: dict[str, tuple[int, ...]],
     offset = 0
     for name in names:
         size = itemsize * _numel(shapes[name])
-        meta[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shapes[name]),
+        meta[name] = {"dtype": _FILE_DTYPE_NAMES[dtype], "shape": list(shapes[name]),
                       "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(meta, separators=(",", ":")).encode()

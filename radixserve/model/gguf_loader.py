@@ -11,14 +11,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from .config import ModelConfig, config_from_gguf
 from .errors import ModelLoadError
-from .gguf_file import read_gguf_header, tensor_array
+from .gguf_file import GGUFTensorInfo, read_gguf_header, tensor_array
+from .quantized_linear import GROUP_SIZE, Int4Groups
 from .weights import LazyWeights, check_weights
 
 _GLOBAL_NAMES = {
@@ -55,6 +56,11 @@ class GGUFContents:
     metadata: dict[str, Any]       # every key/value of the header (tokenizer arrays too)
     config: ModelConfig
     weights: LazyWeights    # HF names -> CPU tensors in the working dtype, q/k un-permuted
+    # HF names of 2-D weights -> their GGML type names (what --weights-dtype auto follows)
+    weight_types: dict[str, str]
+    # HF name -> the file's own int4 blocks (Q4_0 / Q4_1, un-permuted), None for others
+    int4_groups: Callable[[str], Int4Groups | None]
+    tensor_bytes: int = 0           # the file's tensor data, all tensors
 
 
 def hf_name(gguf_name: str, gemma: bool = False) -> str | None:
@@ -108,22 +114,60 @@ def load_gguf(path: str | Path, dtype: torch.dtype) -> GGUFContents:
 
     by_hf_name = {hf_name(n, gemma): t for n, t in tensors.items()}
 
+    def unpermute(name: str, w: torch.Tensor) -> torch.Tensor:
+        if gemma:                 # NEOX-style RoPE in llama.cpp: q/k rows not permuted
+            return w
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+            return unpermute_rope_rows(w, config.num_heads)
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+            return unpermute_rope_rows(w, config.num_kv_heads)
+        return w
+
     def read(name: str) -> torch.Tensor:
         t = by_hf_name[name]
         arr = dequantize(tensor_array(file, t), gguf.GGMLQuantizationType(t.type))
         if not arr.flags.writeable:          # a view of the read-only file mapping
             arr = np.array(arr)
-        w = torch.from_numpy(arr).reshape(shapes[name])
-        if gemma:                 # NEOX-style RoPE in llama.cpp: q/k rows not permuted
+        w = unpermute(name, torch.from_numpy(arr).reshape(shapes[name]))
+        if gemma:                 # llama.cpp stores Gemma's norm weights as 1 + w
             return (w - 1.0 if name.endswith("norm.weight") else w).to(dtype).contiguous()
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
-            w = unpermute_rope_rows(w, config.num_heads)
-        elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
-            w = unpermute_rope_rows(w, config.num_kv_heads)
         return w.to(dtype).contiguous()
 
+    def groups(name: str) -> Int4Groups | None:
+        info = by_hf_name.get(name)
+        found = None if info is None else _int4_blocks(file, info)
+        if found is None:
+            return None
+        return Int4Groups(*(unpermute(name, t) for t in (found.q, found.scale, found.offset)))
+
+    types = {n: gguf.GGMLQuantizationType(t.type).name for n, t in by_hf_name.items()
+             if len(t.shape) == 2 and n.endswith(".weight")}
     return GGUFContents(path=path, metadata=meta, config=config,
-                        weights=LazyWeights(shapes, read))
+                        weights=LazyWeights(shapes, read), weight_types=types,
+                        int4_groups=groups,
+                        tensor_bytes=sum(t.num_bytes for t in header.tensors.values()))
+
+
+def _int4_blocks(file: np.memmap, info: GGUFTensorInfo) -> Int4Groups | None:
+    """A Q4_0 / Q4_1 tensor's own integers and block constants, exactly (see
+    quantized_linear: Q4_1 ``d * q + m``, Q4_0 ``d * (q - 8)``). Block layout (ggml):
+    fp16 d, [fp16 m,] then 16 bytes whose low nibbles are q[0:16], high nibbles q[16:32]."""
+    from gguf import GGMLQuantizationType as T
+
+    kind = T(info.type)
+    if kind not in (T.Q4_0, T.Q4_1) or info.shape[-1] % GROUP_SIZE:
+        return None
+    head = 4 if kind == T.Q4_1 else 2
+    raw = np.asarray(file[info.offset:info.offset + info.num_bytes]).reshape(-1, head + 16)
+    d = raw[:, :2].copy().view(np.float16).astype(np.float32)[:, 0]
+    offset = (raw[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0] if head == 4
+              else -8 * d)
+    nibbles = raw[:, head:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=1)
+    rows, cols = info.shape
+    return Int4Groups(torch.from_numpy(q.reshape(rows, cols)),
+                      torch.from_numpy(d.reshape(rows, -1)),
+                      torch.from_numpy(offset.reshape(rows, -1)))
 
 
 def _with_freq_factors(config: ModelConfig, factors: np.ndarray) -> ModelConfig:

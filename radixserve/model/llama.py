@@ -113,13 +113,26 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, Linear):
                 module.repack()
 
+    def linear_sources(self) -> dict[str, tuple[str, ...]]:
+        """Module name of each decoder linear -> the HF weights it stacks (row-wise), for
+        loaders that hand quantized layers the file's own blocks (weights_dtype.py)."""
+        out = {}
+        for i in range(self.config.num_layers):
+            p, m = f"model.layers.{i}.", f"layers.{i}."
+            out[m + "qkv_proj"] = tuple(f"{p}self_attn.{x}_proj.weight" for x in "qkv")
+            out[m + "o_proj"] = (p + "self_attn.o_proj.weight",)
+            out[m + "gate_up_proj"] = (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+            out[m + "down_proj"] = (p + "mlp.down_proj.weight",)
+        return out
+
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        """The activations' dtype (the final norm's: embeddings may be quantized)."""
+        return self.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,

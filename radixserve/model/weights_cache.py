@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 CACHE_DIR_ENV = "RADIXSERVE_CACHE_DIR"
 # Modules whose code decides what a GGUF's parameters hold: editing one retires old entries.
 _FINGERPRINTED = ("radixserve.model.gguf_loader", "radixserve.model.gguf_file",
-                  "radixserve.model.llama", "radixserve.model.weights", "gguf.quants")
+                  "radixserve.model.llama", "radixserve.model.weights", "gguf.quants",
+                  "radixserve.model.quantized_linear", "radixserve.model.weights_dtype")
 
 
 def default_cache_dir() -> Path:
@@ -66,11 +67,15 @@ class WeightsCache:
         """The cache in `directory`, or in `default_cache_dir()` when None."""
         return cls(Path(directory).expanduser() if directory else default_cache_dir())
 
-    def entry(self, source: Path, dtype: torch.dtype) -> "CacheEntry | None":
-        """The entry for `source` (a GGUF) loaded in `dtype`; None for dtypes not cached."""
+    def entry(self, source: Path, dtype: torch.dtype,
+              weights_dtype: str = "bf16") -> "CacheEntry | None":
+        """The entry for `source` (a GGUF) loaded in `dtype`, its linears in `weights_dtype`
+        (int8/int4: the packed form is stored); None for dtypes not cached."""
         if dtype not in DTYPE_NAMES:
             return None
-        family = f"{source.stem}-{file_sha256(source)}-{DTYPE_NAMES[dtype]}-"
+        form = "" if weights_dtype == "bf16" else f"{weights_dtype}-"   # before the dtype:
+        # a family must not be a prefix of another form's (superseded entries are globbed)
+        family = f"{source.stem}-{file_sha256(source)}-{form}{DTYPE_NAMES[dtype]}-"
         key = family.removeprefix(f"{source.stem}-") + code_fingerprint()
         return CacheEntry(self.directory / f"{family}{code_fingerprint()}.safetensors", key,
                           family)
@@ -85,11 +90,12 @@ class CacheEntry:
     def restore(self, model: nn.Module) -> bool:
         """Give `model` the entry's parameters (on CPU: views of its mapping, no copy).
         False when there is no usable entry; a bad one is deleted (and logged)."""
-        params = dict(model.named_parameters())
-        dtype = next(iter(params.values())).dtype
+        expected = model_tensors(model)
+        dtypes = {t.dtype for t in expected.values()}
+        raw = len(dtypes) > 1            # quantized: every tensor stored as its bytes
         try:
-            tensors = read_checked(self.path, self.key,
-                                   {n: tuple(p.shape) for n, p in params.items()}, dtype)
+            tensors = read_checked(self.path, self.key, _stored_shapes(expected),
+                                   torch.uint8 if raw else dtypes.pop())
         except FileNotFoundError:
             return False
         except OSError as e:                      # unreadable: rebuilding may still work
@@ -102,6 +108,8 @@ class CacheEntry:
             except OSError:
                 pass
             return False
+        if raw:
+            tensors = {n: tensors[n].view(t.dtype).view(t.shape) for n, t in expected.items()}
         assign_parameters(model, tensors)
         return True
 
@@ -109,7 +117,10 @@ class CacheEntry:
         """Write `model`'s parameters as this entry; False (logged) where that fails."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_checked(self.path, self.key, dict(model.named_parameters()))
+            tensors = model_tensors(model)
+            if len({t.dtype for t in tensors.values()}) > 1:
+                tensors = {n: _as_bytes(t) for n, t in tensors.items()}
+            write_checked(self.path, self.key, tensors)
         except OSError as e:
             log.warning("weights cache: cannot write %s (%s); the GGUF will be dequantized "
                         "at every start", self.path, e)
@@ -128,20 +139,46 @@ class CacheEntry:
                     log.warning("weights cache: cannot remove %s: %s", old, e)
 
 
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A model's parameters and buffers (a quantized layer's packed weights), each shared
+    one once, under the name `named_parameters()` / `named_buffers()` give it. Buffers
+    not persistent (rotary tables, derived at construction) are left out."""
+    return {**dict(model.named_parameters()), **dict(_persistent_buffers(model))}
+
+
+def _persistent_buffers(model: nn.Module, remove_duplicate: bool = True):
+    for name, buf in model.named_buffers(remove_duplicate=remove_duplicate):
+        owner, _, leaf = name.rpartition(".")
+        if leaf not in model.get_submodule(owner)._non_persistent_buffers_set:
+            yield name, buf
+
+
+def _stored_shapes(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    if len({t.dtype for t in tensors.values()}) == 1:
+        return {n: tuple(t.shape) for n, t in tensors.items()}
+    return {n: (t.numel() * t.element_size(),) for n, t in tensors.items()}
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
 def assign_parameters(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Replace `model`'s parameters by `tensors` (keyed as `named_parameters()` names them),
-    keeping shared parameters (tied embeddings) shared. On another device than the CPU
-    the tensors are copied there."""
+    """Replace `model`'s parameters and buffers by `tensors` (keyed as `model_tensors`
+    names them), keeping shared ones (tied embeddings) shared. On another device than
+    the CPU the tensors are copied there."""
     owners: dict[int, list[str]] = {}
-    old: dict[int, nn.Parameter] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
+    old: dict[int, torch.Tensor] = {}
+    for name, p in [*model.named_parameters(remove_duplicate=False),
+                    *_persistent_buffers(model, remove_duplicate=False)]:
         owners.setdefault(id(p), []).append(name)
         old[id(p)] = p
     for pid, names in owners.items():
         data = tensors[names[0]]              # the name named_parameters() reports
         if data.device != old[pid].device:
             data = data.to(old[pid].device)
-        new = nn.Parameter(data, requires_grad=old[pid].requires_grad)
+        new = (nn.Parameter(data, requires_grad=old[pid].requires_grad)
+               if isinstance(old[pid], nn.Parameter) else data)
         for name in names:
             owner, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(owner), leaf, new)

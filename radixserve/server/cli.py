@@ -145,9 +145,9 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
               f"tokens, {disk.pages} pages on disk", flush=True)
     print(f"radixserve: {timer.summary()}", flush=True)
     print(f"radixserve: cache view on http://{host}:{port}/ui", flush=True)
-    kv_line = engine.describe_kv_cache()          # None: replicas behind Ray Serve
-    if kv_line is not None:
-        print(f"radixserve: {kv_line}", flush=True)
+    for line in (engine.describe_kv_cache(), engine.describe_weights()):
+        if line is not None:                      # None: replicas behind Ray Serve
+            print(f"radixserve: {line}", flush=True)
     save_by = None              # with a disk store, the last half of the grace is the save's
     try:
         await stop.wait()

@@ -81,6 +81,11 @@ class EngineClient(Protocol):
         pools live elsewhere (Ray replicas print their own)."""
         ...
 
+    def describe_weights(self) -> str | None:
+        """One start-up line on the resident weights (dtype, bytes against the file's), or
+        None where the model lives elsewhere (Ray replicas)."""
+        ...
+
     async def flush_cache(self) -> None:
         """Drop every namespace's cached prefixes (CacheBusy while requests run)."""
         ...

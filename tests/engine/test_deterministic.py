@@ -95,15 +95,22 @@ def model_fp16():
     return load_model("smollm2-135m-instruct", dtype="float16")
 
 
-def test_greedy_identical_fp16(model_fp16):
+def alone_and_together(model):
+    """16 prompts' 8 greedy tokens one at a time (cache off), then all at once in reverse
+    order, chunked, page size 16, after one warm-up prompt."""
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    ref_engine = make_engine(model_fp16, deterministic=True, disable_radix_cache=True)
+    ref_engine = make_engine(model, deterministic=True, disable_radix_cache=True)
     prompts = prompts_for(ref_engine)[::2]
     alone, _ = run(ref_engine, prompts, lambda i: params, range(len(prompts)),
                    one_at_a_time=True)
-    busy = make_engine(model_fp16, deterministic=True, page_size=16, chunked_prefill_size=80)
+    busy = make_engine(model, deterministic=True, page_size=16, chunked_prefill_size=80)
     together, _ = run(busy, prompts, lambda i: params, list(range(len(prompts)))[::-1],
                       warm=[2])
+    return alone, together
+
+
+def test_greedy_identical_fp16(model_fp16):
+    alone, together = alone_and_together(model_fp16)
     assert alone == together
 
 
@@ -130,4 +137,18 @@ def test_greedy_identical_with_decode_groups_bf16(model_bf16):
     together, _ = run(busy, prompts, lambda i: params, list(range(len(prompts)))[::-1],
                       warm=[0])
     assert max(shared_chunks) >= 2             # the grouped path really ran
+    assert alone == together
+
+
+@pytest.fixture(scope="module")
+def model_int4():
+    from radixserve.model import load_model
+    return load_model("smollm2-135m-instruct", dtype="bfloat16", weights_dtype="int4")
+
+
+def test_greedy_identical_int4_weights(model_int4):
+    """Quantized linears (int4 groups, int8 LM head) keep --deterministic's promise: their
+    kernels are row-invariant, so a batch of 16 gives each prompt its tokens alone."""
+    assert type(model_int4.model.layers[0].qkv_proj).__name__ == "Int4Linear"
+    alone, together = alone_and_together(model_int4)
     assert alone == together

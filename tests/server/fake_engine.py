@@ -196,6 +196,9 @@ class FakeEngine(OneProcessStats):
     def describe_kv_cache(self) -> str:
         return "KV cache: the fake engine's prompts, no KV"
 
+    def describe_weights(self) -> str:
+        return "weights: the fake engine has none"
+
     async def flush_cache(self) -> None:
         if self.live:
             raise CacheBusy("busy")

@@ -1,0 +1,132 @@
+"""--weights-dtype: which form a model's weights are served in, and turning a loaded model's
+linear layers into that form.
+
+``auto`` follows the GGUF's own precision class (its linear weights' most common type):
+Q8_0 -> int8; Q4_0/Q4_1/Q5_x/K-quants -> int4; float files and HF checkpoints -> bf16
+(the model's dtype, unquantized). Quantized forms run on CPU only, with bf16 (or fp16)
+activations; where the activations are fp32 (a CPU without fast bf16) ``auto`` keeps
+float weights, since the kernels run ~10x slower on fp32 inputs than on bf16 ones.
+
+The conversion is generic: every nn.Linear of a model becomes an Int4Linear/Int8Linear
+(module names kept, so any model family built from nn.Linear works), and the LM head and
+token embeddings become one int8 table (per-row scales: a row is both a token's embedding
+and its logit's weights; int8 rather than int4 because the embedding gathers rows).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from .errors import ModelLoadError
+from .quantized_linear import Int4Groups, Int4Linear, Int8Embedding, Int8Linear, \
+    int4_groups_from_float
+
+WEIGHTS_DTYPES = ("auto", "bf16", "int8", "int4")
+QUANTIZED = ("int8", "int4")
+
+# GGML type names -> precision class (gguf.GGMLQuantizationType names)
+_INT8_TYPES = {"Q8_0", "Q8_1", "Q8_K"}
+_INT4_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+               "IQ4_NL", "IQ4_XS"}
+
+GroupsFor = Callable[[str], "Int4Groups | None"]
+
+
+def precision_class(type_names: Iterable[str]) -> str:
+    """The weights dtype ``auto`` means for a GGUF whose linear weights have these types."""
+    counts = Counter(type_names)
+    if not counts:
+        return "bf16"
+    common = counts.most_common(1)[0][0]
+    return "int8" if common in _INT8_TYPES else "int4" if common in _INT4_TYPES else "bf16"
+
+
+def resolve_weights_dtype(requested: str, auto_class: str, device: torch.device,
+                          activations: torch.dtype) -> str:
+    """``requested`` made concrete; ModelLoadError for what cannot be served."""
+    if requested not in WEIGHTS_DTYPES:
+        raise ModelLoadError(f"unknown weights dtype {requested!r} "
+                             f"(choose {', '.join(WEIGHTS_DTYPES)})")
+    if requested == "auto":
+        fast = device.type == "cpu" and activations in (torch.bfloat16, torch.float16)
+        return auto_class if fast else "bf16"
+    if requested in QUANTIZED and device.type != "cpu":
+        raise ModelLoadError(f"--weights-dtype {requested} runs on CPU only (torch's "
+                             f"weight-only CPU kernels); on {device.type} use --weights-dtype "
+                             f"bf16 (what auto picks there)")
+    return requested
+
+
+def quantize_model(model: nn.Module, kind: str, groups_for: GroupsFor | None = None,
+                   fill: bool = True) -> None:
+    """Replace, in place, every nn.Linear of ``model`` by its ``kind`` form, and the LM head
+    and embeddings (``lm_head``, ``embed_tokens``) by one int8 table when tied, two if not.
+    ``groups_for(module name)``: exact int4 groups from the file, or None (then the float
+    weight is quantized). ``fill=False`` builds the layers empty (a weights-cache entry
+    fills them): no float weight is read. Float weights are freed as they are replaced."""
+    if kind not in QUANTIZED:
+        return
+    dtype = _activation_dtype(model)
+    head, embed = getattr(model, "lm_head", None), getattr(model, "embed_tokens", None)
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and module is not head:
+            _replace(model, name, _quantized_linear(name, module, kind, dtype, groups_for, fill))
+    if head is not None:
+        head_q = _int8(head, "lm_head", dtype, fill)
+        model.lm_head = head_q
+        if embed is not None:
+            model.embed_tokens = Int8Embedding(head_q if tied else _int8(
+                _as_linear(embed), "embed_tokens", dtype, fill))
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, shared ones counted once."""
+    seen: dict[int, int] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def _activation_dtype(model: nn.Module) -> torch.dtype:
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
+
+
+def _quantized_linear(name: str, linear: nn.Linear, kind: str, dtype: torch.dtype,
+                      groups_for: GroupsFor | None, fill: bool) -> nn.Module:
+    cls = Int4Linear if kind == "int4" else Int8Linear
+    new = cls(linear.in_features, linear.out_features, dtype, linear.bias is not None, name)
+    if not fill:
+        return new
+    if kind == "int4":
+        groups = groups_for(name) if groups_for is not None else None
+        new.load(groups if groups is not None else int4_groups_from_float(linear.weight))
+    else:
+        new.load(linear.weight)
+    if linear.bias is not None:
+        new.bias = linear.bias.detach().to(dtype).clone()
+    return new
+
+
+def _int8(linear: nn.Linear, name: str, dtype: torch.dtype, fill: bool) -> Int8Linear:
+    new = Int8Linear(linear.in_features, linear.out_features, dtype, False, name)
+    if fill:
+        new.load(linear.weight)
+    return new
+
+
+def _as_linear(embed: nn.Embedding) -> nn.Linear:
+    """A bias-free nn.Linear view of an embedding table (rows = tokens)."""
+    with torch.device("meta"):
+        linear = nn.Linear(embed.embedding_dim, embed.num_embeddings, bias=False)
+    linear.weight = embed.weight
+    return linear
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    owner, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(owner), leaf, new)
