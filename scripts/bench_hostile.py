@@ -69,7 +69,8 @@ def measure(name: str, checkout: Path, extra: list[str], args: argparse.Namespac
     try:
         sink, sink_url = start_sink()
         try:
-            control = big_body_phases(url, sink_url, args.control_rounds, args.client_timeout_s)
+            control = big_body_phases(url, sink_url, args.control_rounds, args.client_timeout_s,
+                                      args.phase_chunks)
         finally:
             sink.kill()
             sink.wait()
@@ -139,20 +140,24 @@ def start_sink() -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port_file.read_text()}"
 
 
-def big_body_phases(url: str, sink_url: str, rounds: int, client_timeout_s: float) -> dict:
+def big_body_phases(url: str, sink_url: str, rounds: int, client_timeout_s: float,
+                    phase_chunks: int = 10) -> dict:
     """Probe gaps on `url` while one client posts the big bodies to the sink, then to the
-    server, alternating `rounds` times."""
+    server, alternating `rounds` times; a phase repeats the bodies until the probe has
+    streamed `phase_chunks` chunks during it (a busy machine streams slowly)."""
     cases = [c for c in hostile_cases(client_timeout_s) if c.name in BIG_BODY_CASES]
     gaps: dict[str, list[float]] = {"sink": [], "server": []}
     statuses: dict[str, set] = {"sink": set(), "server": set()}
     probe = Probe(url).start()
     try:
-        probe.streamed.wait(300)
+        while not probe.gaps and not probe.failures:     # streaming: the phases can start
+            time.sleep(0.05)
         for _ in range(rounds):
             for target, target_url in (("sink", sink_url), ("server", url)):
                 before = len(probe.gaps)
-                for case in cases:
-                    statuses[target].add(run_case(target_url, case).status)
+                while len(probe.gaps) - before < phase_chunks and not probe.failures:
+                    for case in cases:
+                        statuses[target].add(run_case(target_url, case).status)
                 gaps[target] += probe.gaps[before:]
     finally:
         probe.stop()
@@ -200,6 +205,8 @@ def main() -> int:
     ap.add_argument("--checkout", action="append", metavar="NAME=DIR")
     ap.add_argument("--control-rounds", type=int, default=3,
                     help="big-body phases to the sink and to the server, alternating")
+    ap.add_argument("--phase-chunks", type=int, default=10,
+                    help="probe chunks each big-body phase lasts at least")
     ap.add_argument("--control-only", action="store_true", help="only the big-body control run")
     ap.add_argument("--sink", metavar="PORT_FILE", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="smollm2-135m-instruct")
