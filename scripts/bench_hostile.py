@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.server.hostile import (HELD, Outcome, Probe, hostile_cases,  # noqa: E402
-                                  rss_bytes, run_case)
+                                  rss_bytes, run_case, stop_server)
 from tests.server import http  # noqa: E402
 
 BIG_PROMPT = {"prompt": "word " * (1024 * 1024), "max_tokens": 4}     # 5 MB of text
@@ -98,12 +97,7 @@ def measure(name: str, checkout: Path, extra: list[str], args: argparse.Namespac
                 "outcomes": outcomes, "rss": rss, "refused": refused, "health": health,
                 "expected": [c.expect for c in cases], "control": control}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
 
 
 BIG_BODY_CASES = ("5 MB prompt", "200,000 messages", "17 stop strings of 450 KB",

@@ -28,7 +28,6 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.server import http  # noqa: E402
-from tests.server.hostile import hostile_cases, rss_bytes, run_case  # noqa: E402
+from tests.server.hostile import hostile_cases, rss_bytes, run_case, stop_server  # noqa: E402
 
 SYSTEMS = [("You are the front desk of a mountain hotel. Answer in one short sentence. " * 4),
            ("You are a terse librarian who names one book and its author, nothing else. " * 4),
@@ -236,12 +235,7 @@ def run(args: argparse.Namespace) -> dict:
         finally:
             stop.set()
             go.set()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
     warm = [(s["t"], s["rss"]) for s in samples if s["warm"]]
     growth, noise = rss_growth(warm)
     if growth > max(args.rss_tolerance_mib, noise):
