@@ -177,9 +177,19 @@ def wait_idle(url: str, timeout_s: float = 300.0) -> None:
     raise RuntimeError("the server did not go idle")
 
 
-def idle_counts(url: str, pid: int) -> tuple[int, int]:
+def idle_counts(url: str, pid: int, at_most: tuple[int, int] | None = None,
+                settle_s: float = 30.0) -> tuple[int, int]:
+    """Open descriptors and threads once idle. With `at_most` (the baseline), polls up to
+    `settle_s` for them to come back down: a hung-up stream's socket or a worker thread
+    closes a moment after its request ends; a leak never does."""
     wait_idle(url)
-    return open_fds(pid), threads(pid)
+    deadline = time.monotonic() + settle_s
+    while True:
+        counts = open_fds(pid), threads(pid)
+        if at_most is None or time.monotonic() > deadline or \
+                (counts[0] <= at_most[0] and counts[1] <= at_most[1]):
+            return counts
+        time.sleep(0.1)
 
 
 def rss_growth(samples: list[tuple[float, int]]) -> tuple[float, float]:
@@ -224,7 +234,7 @@ def run(args: argparse.Namespace) -> dict:
                                 "warm": baseline is not None})
                 stop.wait(args.sample_s)
             go.clear()
-            final = idle_counts(url, proc.pid)
+            final = idle_counts(url, proc.pid, at_most=baseline)
             stop.set()
             go.set()
             for w in workers:
