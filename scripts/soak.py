@@ -15,7 +15,8 @@ pauses the load, waits for the server to go idle and takes the descriptor and th
 baseline; at the end it does the same again. It fails (exit 1) on:
 - RSS growing after warm-up: the least-squares slope over the run's rest, times that span,
   above max(--rss-tolerance-mib, 3 x the residuals' spread);
-- more descriptors or threads at the end (idle) than at the warm-up's end (idle);
+- more descriptors or threads at the end (idle, given 30 s to settle) than at the
+  warm-up's end (idle);
 - a conservation error, or a page count that does not add up;
 - any 5xx, or any request error other than the expected refusals.
 It prints one JSON summary line last (latency p50/p99 of whole requests, counts, samples).
