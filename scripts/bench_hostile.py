@@ -9,14 +9,21 @@ server's RSS over a run of refused 5 MB prompts.
 Each checkout's server runs from its own directory (its `radixserve/` wins on sys.path),
 with flags both old and new servers know. Clients wait at most --client-timeout-s, so a
 server without read timeouts shows as held connections instead of hanging the run.
+
+The big-body control run (issue 39), printed for each checkout: the probe streams from the
+server while one client posts the big bodies of the mix (5 MB prompt, 200,000 messages,
+megabytes of stop strings) in turn to a sink (another process that reads and drops them:
+the control, which costs the client and the machine the same) and to the server; the
+server's extra gap is the difference. Phases alternate (sink, server, sink, server, ...)
+so that drift in the machine's load falls on both. `--control-only` runs just this.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.server.hostile import (HELD, Outcome, Probe, hostile_cases,  # noqa: E402
-                                  rss_bytes, run_case)
+                                  rss_bytes, run_case, stop_server)
 from tests.server import http  # noqa: E402
 
 BIG_PROMPT = {"prompt": "word " * (1024 * 1024), "max_tokens": 4}     # 5 MB of text
@@ -59,6 +66,15 @@ def gap_summary(gaps: list[float]) -> str:
 def measure(name: str, checkout: Path, extra: list[str], args: argparse.Namespace) -> dict:
     proc, url = start(checkout, extra, args)
     try:
+        sink, sink_url = start_sink()
+        try:
+            control = big_body_phases(url, sink_url, args.control_rounds, args.client_timeout_s,
+                                      args.phase_chunks)
+        finally:
+            sink.kill()
+            sink.wait()
+        if args.control_only:
+            return {"name": name, "control": control}
         warm = Probe(url).start()
         warm.streamed.wait(300)
         warm.stop()
@@ -79,14 +95,81 @@ def measure(name: str, checkout: Path, extra: list[str], args: argparse.Namespac
         health = http.get(url + "/health", timeout=30).status
         return {"name": name, "baseline": baseline, "gaps": probe.gaps, "mix_s": mix_s,
                 "outcomes": outcomes, "rss": rss, "refused": refused, "health": health,
-                "expected": [c.expect for c in cases]}
+                "expected": [c.expect for c in cases], "control": control}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
+
+
+BIG_BODY_CASES = ("5 MB prompt", "200,000 messages", "17 stop strings of 450 KB",
+                  "1 MB stop string", "10,000 stop strings")
+
+
+def sink_main(port_file: str) -> None:
+    """The control's sink: reads each body whole and answers 400, nothing else."""
+    from aiohttp import web
+
+    async def drop(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"error": {"message": "sink"}}, status=400)
+
+    async def serve() -> None:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_post("/{tail:.*}", drop)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        Path(port_file).write_text(str(runner.addresses[0][1]))
+        await asyncio.Event().wait()
+    asyncio.run(serve())
+
+
+def start_sink() -> tuple[subprocess.Popen, str]:
+    port_file = Path(f"/tmp/bench_hostile_sink_{os.getpid()}")
+    port_file.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--sink", str(port_file)])
+    while not port_file.exists() or not port_file.read_text():
+        if proc.poll() is not None:
+            raise RuntimeError("the sink did not start")
+        time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{port_file.read_text()}"
+
+
+def big_body_phases(url: str, sink_url: str, rounds: int, client_timeout_s: float,
+                    phase_chunks: int = 10) -> dict:
+    """Probe gaps on `url` while one client posts the big bodies to the sink, then to the
+    server, alternating `rounds` times; a phase repeats the bodies until the probe has
+    streamed `phase_chunks` chunks during it (a busy machine streams slowly)."""
+    cases = [c for c in hostile_cases(client_timeout_s) if c.name in BIG_BODY_CASES]
+    gaps: dict[str, list[float]] = {"sink": [], "server": []}
+    statuses: dict[str, set] = {"sink": set(), "server": set()}
+    probe = Probe(url).start()
+    try:
+        while not probe.gaps and not probe.failures:     # streaming: the phases can start
+            time.sleep(0.05)
+        for _ in range(rounds):
+            for target, target_url in (("sink", sink_url), ("server", url)):
+                before = len(probe.gaps)
+                while len(probe.gaps) - before < phase_chunks and not probe.failures:
+                    for case in cases:
+                        statuses[target].add(run_case(target_url, case).status)
+                gaps[target] += probe.gaps[before:]
+    finally:
+        probe.stop()
+    return {"gaps": gaps, "statuses": statuses, "failures": probe.failures}
+
+
+def control_report(name: str, control: dict) -> None:
+    sink, server = control["gaps"]["sink"], control["gaps"]["server"]
+    print(f"\n## Big bodies to a sink (control) vs to the server: probe chunk gaps ({name})")
+    print(f"- to the sink:   {gap_summary(sink)}  (statuses {sorted(control['statuses']['sink'])})")
+    print(f"- to the server: {gap_summary(server)}  (statuses {sorted(control['statuses']['server'])})")
+    if len(sink) > 1 and len(server) > 1:
+        q_sink, q_server = statistics.quantiles(sink, n=100), statistics.quantiles(server, n=100)
+        print(f"- the server's extra gap: median {1000 * (statistics.median(server) - statistics.median(sink)):+.0f} ms, "
+              f"p99 {1000 * (q_server[98] - q_sink[98]):+.0f} ms, "
+              f"longest {1000 * (max(server) - max(sink)):+.0f} ms")
+    if control["failures"]:
+        print(f"- probe failures: {control['failures']}")
 
 
 def report(results: list[dict]) -> None:
@@ -113,7 +196,13 @@ def report(results: list[dict]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkout", action="append", required=True, metavar="NAME=DIR")
+    ap.add_argument("--checkout", action="append", metavar="NAME=DIR")
+    ap.add_argument("--control-rounds", type=int, default=3,
+                    help="big-body phases to the sink and to the server, alternating")
+    ap.add_argument("--phase-chunks", type=int, default=10,
+                    help="probe chunks each big-body phase lasts at least")
+    ap.add_argument("--control-only", action="store_true", help="only the big-body control run")
+    ap.add_argument("--sink", metavar="PORT_FILE", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--big-prompts", type=int, default=10)
@@ -121,13 +210,21 @@ def main() -> int:
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=ARGS",
                     help="more server flags for one checkout (flags the other may not know)")
     args = ap.parse_args()
+    if args.sink:
+        sink_main(args.sink)
+        return 0
+    if not args.checkout:
+        ap.error("--checkout is required")
     extras = {name: value.split() for name, _, value in (e.partition("=") for e in args.extra)}
     results = []
     for spec in args.checkout:
         name, _, directory = spec.partition("=")
         results.append(measure(name, Path(directory).resolve(), extras.get(name, []), args))
         print(f"{name}: done", file=sys.stderr, flush=True)
-    report(results)
+    for r in results:
+        control_report(r["name"], r["control"])
+    if not args.control_only:
+        report(results)
     return 0
 
 

@@ -109,6 +109,8 @@ class EngineReplica:
             self.engine.check_invariants()
         elif op == "exit":                     # tests and benchmarks: a replica that dies
             os._exit(1)
+        elif op == "pid":                      # tests: the worker process to kill -9
+            return os.getpid()
         elif op == "stats_delay":              # tests: a replica slow to publish its stats
             self.routing_stats_delay_s = arg
         elif op != "stats":

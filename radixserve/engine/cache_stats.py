@@ -78,6 +78,9 @@ class DiskStats:
     pages: int
     corrupt_pages: int
     stale_pages: int
+    faults: dict[str, int]          # disk faults absorbed, by kind (storage/disk_faults.py)
+    skipped_writes: int             # page writes not tried while writes were paused
+    writes_paused: str | None       # the fault kind that paused writes, None when writing
     restored_tokens: int
     saves: int
     last_save: dict | None          # SaveReport.as_dict() of the last save

@@ -114,6 +114,7 @@ class KVPersistence:
                          pages=len(self.store.page_keys()),
                          corrupt_pages=self.store.corrupt_pages,
                          stale_pages=self.store.stale_pages,
+                         **self.store.faults.as_dict(),  # absorbed faults (storage/disk_faults.py)
                          restored_tokens=self.restored.tokens if self.restored else 0,
                          saves=self.saves,
                          last_save=self.last_save.as_dict() if self.last_save else None)

@@ -52,7 +52,7 @@ def make_tiers(config: EngineConfig, runner: ModelRunner, tree: RadixCache,
     disk = TierPages(store) if disk_pages else None
     if not host_pages and not disk_pages:
         return None
-    writer = DiskWriter(disk) if disk is not None else None     # page files off the step
+    writer = DiskWriter(disk, faults=disk.faults) if disk is not None else None  # off the step
     on_compute_thread(runner.attach_tiers, host_pages, writer)
     log.info("KV tiers: host %d tokens (%.1f MiB), disk %d tokens (%.1f MiB)",
              host_pages * ps, host_pages * page_bytes / 2**20, disk_pages * ps,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from radixserve.server import native_api, openai_api, pin_routes, ui_routes
+from radixserve.server import native_api, openai_api, openapi, pin_routes, ui_routes
 from radixserve.server.connections import LimitedSite
 from radixserve.server.errors import ApiError, api_error_from
 from radixserve.server.state import (CALLER, STATE, Caller, ServerConfig, ServerState,
@@ -27,10 +27,11 @@ __all__ = ["ServerConfig", "ServerState", "RunningServer", "build_app", "start_s
 
 log = logging.getLogger("radixserve.server")
 
-PUBLIC_PATHS = frozenset({"/health", "/ui"})   # /ui: the page shell, no data (ui_routes.py)
+PUBLIC_PATHS = frozenset({"/health", "/ui",    # /ui: the page shell, no data (ui_routes.py)
+                          openapi.OPENAPI_PATH})
 LINGER_S = 1.0
 # Route modules, each with add_routes(app). Another module (e.g. a UI) appends itself here.
-ROUTE_MODULES = [openai_api, native_api, pin_routes, ui_routes]
+ROUTE_MODULES = [openai_api, native_api, pin_routes, ui_routes, openapi]
 
 
 def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiError:

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from radixserve.engine.cache_stats import DiskStats
 from radixserve.engine.outputs import EngineStats, RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -68,8 +69,25 @@ class EngineCollector(Collector):
                                       "recomputed)", value=s.kv_disk.corrupt_pages)
             yield GaugeMetricFamily("radixserve_kv_disk_bytes", "Bytes of KV pages on disk",
                                     value=s.kv_disk.used_bytes)
+            yield from disk_fault_metrics(s.kv_disk)
         if s.tiers is not None:                      # --kv-host-tokens / --kv-disk-dir
             yield from tier_metrics(s)
+
+
+def disk_fault_metrics(kv_disk: DiskStats) -> Iterator[Metric]:
+    """Disk faults the KV disk store absorbed (storage/disk_faults.py), by kind."""
+    faults = CounterMetricFamily("radixserve_kv_disk_faults",
+                                 "Disk faults absorbed (the page dropped, recomputed)",
+                                 labels=["kind"])
+    for kind, count in kv_disk.faults.items():
+        faults.add_metric([kind], count)
+    yield faults
+    yield CounterMetricFamily("radixserve_kv_disk_skipped_writes",
+                              "Page writes not tried while writes were paused by a fault",
+                              value=kv_disk.skipped_writes)
+    yield GaugeMetricFamily("radixserve_kv_disk_writes_paused",
+                            "1 while writes are paused after a disk fault",
+                            value=int(kv_disk.writes_paused is not None))
 
 
 def tier_metrics(s: EngineStats) -> Iterator[Metric]:

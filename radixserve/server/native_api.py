@@ -21,6 +21,8 @@ from radixserve.server import protocol as P
 from radixserve.server.body import read_json
 from radixserve.server.errors import ApiError
 from radixserve.server.metrics import CONTENT_TYPE
+from radixserve.server import native_schemas as NS
+from radixserve.server.openapi import RouteDoc, documented
 from radixserve.server.openai_serving import Renderer, run_on_engine
 from radixserve.server.prompts import prepare_generate
 from radixserve.server.sse import stream_events
@@ -89,6 +91,9 @@ class NativeResult:
         return body
 
 
+@documented(RouteDoc("Native generation: text or token ids in, ids, text and meta out",
+                     body=P.GenerateRequest, response=NS.GenerateResponse,
+                     stream=NS.GenerateEvent))
 async def generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     req = await read_json(request, P.GenerateRequest)
@@ -107,6 +112,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return json_response(result.body(prepared.params.logprobs is not None))
 
 
+@documented(RouteDoc("Liveness: 200 while the engine works, 503 once it failed",
+                     response=NS.HealthResponse, public=True))
 async def health(request: web.Request) -> web.Response:
     problem = request.app[STATE].engine.error
     if problem is not None:
@@ -185,6 +192,8 @@ def tenant_namespace(who: Caller, action: str) -> str | None:
     return who.key_namespace
 
 
+@documented(RouteDoc("Cache counters: the whole cache (admins) or the key's namespace",
+                     response=NS.CacheStatsResponse, errors=(403,)))
 async def cache_stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
     who = caller(request)
@@ -197,6 +206,8 @@ async def cache_stats(request: web.Request) -> web.Response:
     return json_response({"namespace": counts})
 
 
+@documented(RouteDoc("Empty the prefix cache (admins) or the key's namespace",
+                     response=NS.FlushResponse, errors=(409,)))
 async def cache_flush(request: web.Request) -> web.Response:
     state = request.app[STATE]
     who = caller(request)
@@ -218,6 +229,8 @@ async def cache_flush(request: web.Request) -> web.Response:
                           "pages_free": after.pages_free})
 
 
+@documented(RouteDoc("Write the cache to --kv-disk-dir now (admins)",
+                     response=NS.SaveResponse, errors=(409,)))
 async def cache_save(request: web.Request) -> web.Response:
     """Write the cache to --kv-disk-dir now (admins); 409 without a disk store."""
     state = request.app[STATE]
@@ -227,6 +240,7 @@ async def cache_save(request: web.Request) -> web.Response:
     return json_response({"saved": True, **await state.engine.save_cache()})
 
 
+@documented(RouteDoc("Prometheus metrics", media="text/plain"))
 async def metrics(request: web.Request) -> web.Response:
     body = request.app[STATE].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

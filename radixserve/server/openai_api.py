@@ -7,16 +7,23 @@ from aiohttp import web
 from radixserve.server import protocol as P
 from radixserve.server.body import read_json
 from radixserve.server.errors import ApiError
+from radixserve.server.openapi import RouteDoc, documented
 from radixserve.server.openai_serving import Renderer, run_on_engine, run_to_response
 from radixserve.server.prompts import ModelInfo, prepare_chat, prepare_completion
 from radixserve.server.sse import stream_events
 from radixserve.server.state import STATE, ServerState, caller, json_response
 
 
+@documented(RouteDoc("Chat completion (OpenAI); server-sent events with stream=true",
+                     body=P.ChatCompletionRequest, response=P.ChatCompletionResponse,
+                     stream=P.ChatCompletionChunk))
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await serve(request, "chat", P.ChatCompletionRequest, prepare_chat)
 
 
+@documented(RouteDoc("Text completion (OpenAI); server-sent events with stream=true",
+                     body=P.CompletionRequest, response=P.CompletionResponse,
+                     stream=P.CompletionChunk))
 async def completions(request: web.Request) -> web.StreamResponse:
     return await serve(request, "completion", P.CompletionRequest, prepare_completion)
 
@@ -44,11 +51,13 @@ async def respond(request: web.Request, state: ServerState, renderer: Renderer,
                                        state.stop_event(request_id))
 
 
+@documented(RouteDoc("The served model (OpenAI)", response=P.ModelList))
 async def list_models(request: web.Request) -> web.Response:
     info = request.app[STATE].info
     return json_response(P.ModelList("list", [_card(info)]))
 
 
+@documented(RouteDoc("One model by name (OpenAI)", response=P.ModelCard, errors=(404,)))
 async def get_model(request: web.Request) -> web.Response:
     info = request.app[STATE].info
     if request.match_info["model"] != info.name:

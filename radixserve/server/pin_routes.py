@@ -16,6 +16,7 @@ from radixserve.engine.errors import UnknownPin
 from radixserve.server import protocol as P
 from radixserve.server.body import read_json
 from radixserve.server.errors import ApiError
+from radixserve.server.openapi import RouteDoc, documented
 from radixserve.server.native_api import tenant_namespace, visible_pins
 from radixserve.server.prompts import prepare_pin
 from radixserve.server.state import STATE, Caller, caller, json_response
@@ -33,6 +34,8 @@ def pin_base_namespace(who: Caller, requested: str | None) -> str | None:
     return None if requested == DEFAULT_NAMESPACE else requested
 
 
+@documented(RouteDoc("Pin a prefix in the KV pool", body=P.PinRequest, response=P.PinResponse,
+                     errors=(409,)))
 async def pin(request: web.Request) -> web.Response:
     state = request.app[STATE]
     req = await read_json(request, P.PinRequest)
@@ -45,6 +48,7 @@ async def pin(request: web.Request) -> web.Response:
                                        info.created))
 
 
+@documented(RouteDoc("Unpin a prefix", response=P.UnpinResponse, errors=(404,)))
 async def unpin(request: web.Request) -> web.Response:
     state = request.app[STATE]
     pin_id = request.match_info["pin_id"]

@@ -30,6 +30,8 @@ from radixserve.server import sse
 from radixserve.server.auth import cache_namespace
 from radixserve.server.errors import bad_request
 from radixserve.server.native_api import cache_stats_body
+from radixserve.server.native_schemas import CacheTreeResponse
+from radixserve.server.openapi import QueryParam, RouteDoc, documented
 from radixserve.server.state import STATE, ServerState, caller, json_response
 
 UI_PATH = "/ui"
@@ -84,6 +86,8 @@ def render_page(state: ServerState) -> tuple[bytes, dict[str, str]]:
     return page.encode(), headers
 
 
+@documented(RouteDoc("The live cache view (an HTML page, no data)", media="text/html",
+                     public=True))
 async def ui_page(request: web.Request) -> web.Response:
     ui = request.app[UI]
     if ui.page is None:
@@ -119,6 +123,12 @@ def _add_text(state: ServerState, entries: list[dict]) -> None:
         entry["text"] = decode(entry["token_ids"], skip_special_tokens=False)
 
 
+@documented(RouteDoc(
+    "The bounded prefix tree: the biggest namespaces and nodes", response=CacheTreeResponse,
+    errors=(400,), query=(
+        QueryParam("limit", {"type": "integer", "minimum": 1, "maximum": MAX_TREE_LIMIT},
+                   "at most this many nodes"),
+        QueryParam("namespace", {"type": "string"}, "one namespace, as the tree names it"))))
 async def cache_tree(request: web.Request) -> web.Response:
     state = request.app[STATE]
     limit = _int_param(request, "limit", DEFAULT_TREE_LIMIT, 1, MAX_TREE_LIMIT)
@@ -161,6 +171,11 @@ def snapshot(state: ServerState) -> dict:
     return body
 
 
+@documented(RouteDoc(
+    "Server-sent cache snapshots, one per interval, until the client leaves",
+    media="text/event-stream", errors=(400,), query=(
+        QueryParam("interval", {"type": "number", "minimum": MIN_EVENTS_INTERVAL_S,
+                                "maximum": MAX_EVENTS_INTERVAL_S}, "seconds between events"),)))
 async def cache_events(request: web.Request) -> web.StreamResponse:
     state, ui = request.app[STATE], request.app[UI]
     interval = _interval_param(request)

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from .disk_faults import FsyncFailed
+
 TMP_SUFFIX = ".tmp"
 
 
@@ -30,7 +32,7 @@ def write_atomic(path: Path, chunks: Iterable[bytes | bytearray | memoryview],
             for chunk in chunks:
                 written += f.write(chunk)
             f.flush()
-            os.fsync(f.fileno())
+            fsync_file(f.fileno(), tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -38,6 +40,15 @@ def write_atomic(path: Path, chunks: Iterable[bytes | bytearray | memoryview],
     if sync_dir:
         fsync_dir(path.parent)
     return written
+
+
+def fsync_file(fd: int, path: Path) -> None:
+    """fsync, with a failure told apart from other write errors (FsyncFailed): after one,
+    the kernel may have dropped the dirty pages, so the file must not be trusted."""
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        raise FsyncFailed(e.errno, f"fsync failed: {e.strerror}", str(path)) from e
 
 
 def fsync_dir(directory: Path) -> None:

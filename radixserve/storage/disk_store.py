@@ -26,6 +26,7 @@ old name (such a page -- a crash between rewrite and index -- is dropped as `sta
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -37,6 +38,7 @@ from typing import Sequence
 import msgspec
 
 from .atomic_files import TMP_SUFFIX, fsync_dir, write_atomic
+from .disk_faults import DiskFaults, WritesPaused
 from .checked_blob import HEADER, BadBlob, StalePage, check_header, check_payload, pack_header
 from .fingerprint import ModelFingerprint
 from .store_index import (INDEX_VERSION, IndexNode, StoreIndex, decode_index, encode_index,
@@ -91,6 +93,7 @@ class DiskPageStore:
         self._next_key = 1
         self._next_serial = time.time_ns()      # grows across restarts too
         self._lock_fd: int | None = None
+        self.faults = DiskFaults(str(self.directory))   # I/O errors: counted, never raised up
         self.refusal: str | None = self._open()
         if self.refusal:
             log.warning("KV disk store %s not used: %s; the directory is left untouched",
@@ -123,8 +126,13 @@ class DiskPageStore:
 
     def write_page(self, page_key: int, payload: bytes | memoryview) -> None:
         """Store one page (complete on disk when this returns). Raises StoreRefused,
-        DiskStoreFull (nothing written), ValueError for a key stored now (drop it first)."""
+        DiskStoreFull (nothing written), ValueError for a key stored now (drop it first),
+        OSError when the disk fails (reported to `faults`, which may pause writes: then
+        WritesPaused, without touching the disk)."""
         self._check_usable()
+        path = self._page_path(page_key)
+        if not self.faults.may_write():
+            raise WritesPaused(errno.EAGAIN, "KV disk writes are paused after a fault", str(path))
         size = HEADER.size + len(payload)
         with self._lock:
             if page_key in self._sizes:
@@ -137,11 +145,13 @@ class DiskPageStore:
             serial = self._serials[page_key] = self._next_serial
             self._next_serial += 1
         try:
-            write_atomic(self._page_path(page_key),
-                         [pack_header(PAGE_MAGIC, page_key, payload, serial), payload])
-        except BaseException:
+            write_atomic(path, [pack_header(PAGE_MAGIC, page_key, payload, serial), payload])
+        except BaseException as e:
             self._forget(page_key)
+            if isinstance(e, OSError):
+                self.faults.write_failed(e, path)
             raise
+        self.faults.write_ok()
 
     def read_page(self, page_key: int) -> bytes | None:
         """The page's bytes; None when it is not stored, fails its check (then it is
@@ -157,8 +167,11 @@ class DiskPageStore:
             return payload
         except StalePage as e:
             self._reject(page_key, "stale_pages", str(e))
-        except (BadBlob, OSError) as e:
+        except (BadBlob, FileNotFoundError) as e:
             self._reject(page_key, "corrupt_pages", f"failed its check ({e})")
+        except OSError as e:                    # EIO and the like: the disk, not the page
+            self.faults.read_failed(e, self._page_path(page_key))
+            self.drop_page(page_key)
         return None
 
     def _reject(self, page_key: int, counter: str, why: str) -> None:
@@ -170,10 +183,16 @@ class DiskPageStore:
         self.drop_page(page_key)
 
     def drop_page(self, page_key: int) -> None:
-        """Remove a page (nothing when it is not stored)."""
+        """Remove a page (nothing when it is not stored). A removal the disk refuses is
+        reported to `faults`; the file stays, unnamed by the tree (the next start removes
+        it unless the last save's index names it, with the content it had then)."""
         self._check_usable()
         if self._forget(page_key):
-            self._page_path(page_key).unlink(missing_ok=True)
+            path = self._page_path(page_key)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                self.faults.write_failed(e, path)
 
     # -- index --------------------------------------------------------------------------
 

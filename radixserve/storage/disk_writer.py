@@ -9,17 +9,20 @@ the pages durable (cache/tiers.py: `LowerTiers.writes_finished`); the writer nev
 the tree. Until then a submitted page's bytes stay here (`held_page`), so a request that
 needs the page meanwhile loads it from memory instead of recomputing it.
 
-The queue is bounded: when `max_pages` pages wait, `submit` blocks, so a step that demotes
-faster than the disk writes waits for it (back-pressure) instead of dropping pages or
-holding unbounded memory. `drain` waits until every submitted page is written (saves,
-flushes and shutdown call it).
+The queue is bounded: when `max_pages` pages wait, `submit` drops the page (reported as a
+failed write, counted in `faults` as queue_full) instead of waiting: a slow disk is never
+waited on by the step, and never holds unbounded memory; the dropped page is recomputed
+when needed. `drain` waits until every submitted page is written (saves, flushes and
+shutdown call it).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 from typing import Protocol
 
+from .disk_faults import DiskFaults
 from .queue_worker import QueueWorker
 
 __all__ = ["DiskWriter", "SlotWriter"]
@@ -38,10 +41,12 @@ class SlotWriter(Protocol):
 class DiskWriter(QueueWorker[tuple[int, bytes]]):
     """One daemon thread writing `(slot, payload)` pages into `target`, in order."""
 
-    def __init__(self, target: SlotWriter, max_pages: int = DEFAULT_MAX_PAGES):
+    def __init__(self, target: SlotWriter, max_pages: int = DEFAULT_MAX_PAGES,
+                 faults: DiskFaults | None = None):
         if max_pages < 1:
             raise ValueError("the writer's queue must hold at least one page")
         self.target = target
+        self.faults = faults if faults is not None else DiskFaults("(no store)")
         self.failed_writes = 0
         self._written: list[int] = []
         self._failed: list[int] = []
@@ -49,12 +54,20 @@ class DiskWriter(QueueWorker[tuple[int, bytes]]):
         super().__init__("radixserve-disk-writer", max_pages)
 
     def submit(self, slot: int, payload: bytes) -> None:
-        """Queue one page; blocks while the queue is full (back-pressure on the step)."""
+        """Queue one page; never blocks: with the queue full, the page is dropped (the slot
+        is reported failed by the next `take_finished`)."""
         if not self.alive:
             raise RuntimeError("the disk writer is closed")
         with self._lock:
             self._held[slot] = payload
-        self._put((slot, payload))
+        try:
+            self._queue.put_nowait((slot, payload))
+        except queue.Full:
+            self.faults.queue_full(self._queue.qsize())
+            with self._lock:
+                self._held.pop(slot, None)
+                self._failed.append(slot)
+                self.failed_writes += 1
 
     def held_page(self, slot: int) -> bytes | None:
         """A submitted page's bytes until `take_finished` reports it: the tree may load a
@@ -84,7 +97,7 @@ class DiskWriter(QueueWorker[tuple[int, bytes]]):
                 self._failed.append(slot)
                 self.failed_writes += 1
                 first = self.failed_writes == 1
-            if first:
+            if first and not isinstance(e, OSError):     # the store logs OSErrors by kind
                 log.warning("disk tier: a page write failed (%s: %s); such pages are dropped "
                             "and recomputed when needed", type(e).__name__, e)
             return

@@ -26,6 +26,7 @@ __all__ = ["TierPages"]
 class TierPages:
     def __init__(self, store: DiskPageStore):
         self.store = store
+        self.faults = store.faults
         self._key: dict[int, int] = {}          # slot -> page key of its file
         self._lock = threading.Lock()
         self._held: list[int] | None = None     # keys dropped while a save holds drops

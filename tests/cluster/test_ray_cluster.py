@@ -8,6 +8,9 @@ by a generous timeout that only a hang reaches.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -235,3 +238,76 @@ def test_a_replica_dying_mid_stream_ends_cleanly_and_the_next_requests_succeed(c
     assert victim not in client.replica_ids() or client.state.replicas[victim].digest is None
     for i in range(3):                                  # retried or routed elsewhere
         assert generate(live, prompt(60 + i))["prompt_tokens"] == len(prompt(0))
+
+
+STREAMS = 32
+
+
+def run_streams(live, first: int) -> tuple[list[threading.Thread], list[list[dict]], threading.Event]:
+    """STREAMS concurrent /generate streams; each one's parsed events land in its list."""
+    events: list[list[dict]] = [[] for _ in range(STREAMS)]
+    one_streamed = threading.Event()
+
+    def stream(i: int) -> None:
+        body = {"input_ids": prompt(first + i), "stream": True,
+                "sampling_params": {"max_new_tokens": 24, "ignore_eos": True}}
+        with SSEStream(live.url + "/generate", body, timeout=HANG) as s:
+            for data in s.events():
+                if data != "[DONE]":
+                    events[i].append(json.loads(data))
+                    one_streamed.set()
+                else:
+                    events[i].append({"done": True})
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(STREAMS)]
+    for t in threads:
+        t.start()
+    return threads, events, one_streamed
+
+
+# "replica exits" (the actor ends its process) runs too when RADIXSERVE_SLOW_TESTS is set;
+# the suite's time budget keeps the harsher one, and the test above covers an exiting
+# replica under one stream.
+HOW = ["worker process killed"] + (["replica exits"] if os.environ.get("RADIXSERVE_SLOW_TESTS")
+                                   else [])
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_32_streams_through_a_replica_fault(cluster, how):
+    """A replica dies (its Ray worker process gets SIGKILL, or its actor exits) while 32
+    streams run: every stream ends (no hang) with [DONE]; one that had streamed ends with
+    an error event, one that had not is retried elsewhere and finishes; the router forgets
+    the dead replica at once, the front end keeps serving, and the replacement rejoins."""
+    live, client = cluster, cluster.engine
+    wait_until(lambda: len(client.replica_ids()) == 2, "two replicas")
+    before = set(client.replica_ids())
+    threads, events, one_streamed = run_streams(live, 200 if how == "replica exits" else 300)
+    assert one_streamed.wait(HANG)
+    victim = wait_until(lambda: [r for r, s in list(client.state.replicas.items())
+                                 if s.in_flight], "a replica with streams")[0]
+    if how == "replica exits":
+        with pytest.raises(Exception):
+            live.run(client.control(victim, "exit"))
+    else:
+        os.kill(live.run(client.control(victim, "pid")), signal.SIGKILL)
+    for t in threads:
+        t.join(HANG)
+        assert not t.is_alive(), "a stream hung"
+    errors = 0
+    for stream in events:
+        assert stream[-1] == {"done": True}
+        last = stream[-2]
+        assert last["finished"] is True
+        reason = last["meta_info"]["finish_reason"]
+        assert reason in ("length", "error"), reason
+        if reason == "error":           # only after tokens went out; else it was retried
+            errors += 1
+            assert any(e["output_ids"] for e in stream[:-2]), stream
+        else:
+            assert sum(len(e["output_ids"]) for e in stream[:-1]) == 24
+    assert errors > 0
+    # forgotten at once: no view of the dead replica is used for routing
+    assert victim not in client.replica_ids() or client.state.replicas[victim].digest is None
+    for i in range(3):                                  # the front end keeps serving
+        assert generate(live, prompt(400 + i))["prompt_tokens"] == len(prompt(0))
+    wait_until(lambda: len(client.replica_ids()) == 2 and set(client.replica_ids()) != before,
+               "the replacement replica to rejoin")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import select
+import signal
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -234,3 +236,13 @@ def rss_bytes(pid: int | str = "self") -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
+
+
+def stop_server(proc) -> None:
+    """SIGTERM a server subprocess (it drains and saves), SIGKILL it after 60 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
