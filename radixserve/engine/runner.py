@@ -159,6 +159,7 @@ class ModelRunner:
             if not batch.sample_rows:
                 result = SampleResult(token_ids=[], logprobs=[])
             else:
-                result = self.sampler.sample(logits, batch.sample_params, batch.generators)
+                result = self.sampler.sample(logits, batch.sample_params, batch.generators,
+                                             batch.matchers)
             self.last_forward_seconds = time.perf_counter() - started
             return result
