@@ -55,6 +55,11 @@ class EngineConfig:
     # preemption or page size): row-invariant linears, fixed-split attention, no cascade
     # (docs/deterministic.md).
     deterministic: bool = False
+    # Constrained decoding (docs/structured.md): compiled grammars kept on disk between
+    # starts, and the cap on one compile (a schema past it gets a 400).
+    grammar_cache_dir: str | None = None    # None: <cache dir>/grammars
+    no_grammar_cache: bool = False          # keep compiled grammars in memory only
+    grammar_compile_timeout_s: float = 10.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -124,3 +129,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"at most this many bytes of pages in --kv-disk-dir, e.g. 20GiB, for "
                         f"the disk tier and the saved cache together (default "
                         f"{DEFAULT_KV_DISK_BYTES // 2**30}GiB)")
+    g.add_argument("--grammar-cache-dir", default=None,
+                   help="where compiled grammars (response_format, tools) are kept between "
+                        "starts (default: <weights cache dir>/grammars)")
+    g.add_argument("--no-grammar-cache", action="store_true",
+                   help="keep compiled grammars in memory only")
+    g.add_argument("--grammar-compile-timeout-s", type=float, default=None,
+                   help=f"a grammar that takes longer to compile gets a 400 (default "
+                        f"{d.grammar_compile_timeout_s:g})")

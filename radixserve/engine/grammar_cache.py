@@ -63,8 +63,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Any, cache_dir: Path | None = None,
                  memory_entries: int = DEFAULT_MEMORY_ENTRIES,
                  timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.hf = tokenizer.hf
-        self.eos_token_ids = sorted(tokenizer.eos_token_ids)
+        self.tokenizer = tokenizer          # a model.Tokenizer (its .hf is read on first use)
         self.cache_dir = cache_dir
         self.memory_entries = memory_entries
         self.timeout_s = timeout_s
@@ -84,11 +83,13 @@ class GrammarCompiler:
     def _tokenizer(self) -> tuple[llguidance.LLTokenizer, str]:
         with self._lock:
             if self._ll_tokenizer is None:
-                eos = self.hf.eos_token_id if self.hf.eos_token_id is not None else (
-                    self.eos_token_ids[0] if self.eos_token_ids else None)
-                self._ll_tokenizer = llguidance.hf.from_tokenizer(self.hf, n_vocab=len(self.hf),
+                hf = self.tokenizer.hf
+                eos_ids = sorted(self.tokenizer.eos_token_ids)
+                eos = hf.eos_token_id if hf.eos_token_id is not None else (
+                    eos_ids[0] if eos_ids else None)
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=len(hf),
                                                                   eos_token=eos)
-                vocab = self.hf.get_vocab()
+                vocab = hf.get_vocab()
                 digest = hashlib.sha256()
                 for token, i in sorted(vocab.items(), key=lambda kv: kv[1]):
                     digest.update(struct.pack("<I", i) + token.encode())
@@ -143,7 +144,7 @@ class GrammarCompiler:
         self.stats.compile_seconds += time.perf_counter() - started
         if not from_disk:
             self._write(key, text)
-        grammar = Grammar(spec, template, self.matchers, len(self.hf))
+        grammar = Grammar(spec, template, self.matchers, len(self.tokenizer.hf))
         with self._lock:
             self._memory[key] = grammar
             while len(self._memory) > self.memory_entries:

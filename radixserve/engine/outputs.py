@@ -64,6 +64,7 @@ class EngineStats:
     cache: dict = field(default_factory=dict)   # RadixCache counters (cached/evictable/locked tokens, nodes)
     tiers: dict = field(default_factory=dict)   # host/disk tiers (engine/tier_setup.tier_stats)
     kv_disk: dict | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
+    grammar_masks: dict = field(default_factory=dict)   # steps, rows, seconds (grammar_mask.py)
 
 
 class OneProcessStats:
