@@ -211,7 +211,7 @@ def call_grammar(toolset: ToolSet, choice: ToolChoice, parallel: bool) -> Gramma
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     body = json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
     calls = len(tools) if parallel and choice.mode == "required" else 1
-    repeat = "".join(' ("\\n" call' for _ in range(calls - 1)) + ")?" * (calls - 1)
+    repeat = f' ("\\n" call){{0,{calls - 1}}}' if calls > 1 else ""
     lark = (f"start: call{repeat}\n"
             f'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
             f"body: %json {body}\n")

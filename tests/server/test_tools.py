@@ -117,3 +117,20 @@ def test_streamed_calls_match_the_whole_parse_however_the_text_is_cut(cuts):
     whole_content, whole_calls = parse_calls(text, NAMES)
     assert content.strip() == whole_content
     assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole_calls]
+
+
+def test_fifty_tool_required_grammar_compiles_and_accepts_two_calls():
+    from radixserve.engine.grammar_cache import GrammarCompiler
+    from radixserve.model.tokenizer_loader import load_tokenizer
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    tools = [{"type": "function", "function": {"name": f"t{i:02d}", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+        for i in range(50)]
+    grammar = GrammarCompiler(tokenizer).compile_blocking(
+        call_grammar(parse_tools(tools), ToolChoice("required"), parallel=True))
+    matcher = grammar.matcher()
+    text = ('<tool_call>\n{"name": "t07", "arguments": {"q": "a"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "t49", "arguments": {"q": "b"}}\n</tool_call>')
+    assert all(matcher.accept(t) for t in tokenizer.hf.encode(text, add_special_tokens=False))
+    assert matcher.ll.is_accepting()
+    matcher.release()
