@@ -22,6 +22,7 @@ from radixserve.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from radixserve.engine.grammar import Matcher
     from radixserve.engine.request import SeqState
 
 
@@ -36,6 +37,7 @@ class StepBatch:
     copies: list[CopyOrder] = field(default_factory=list)   # copy-on-write, before the forward
     moves: list[DemoteOrder | LoadOrder] = field(default_factory=list)  # tiers: run first,
                                                             #   in this order
+    matchers: list[Matcher | None] = field(default_factory=list)    # per sampled row: grammar
 
     @property
     def num_tokens(self) -> int:

@@ -59,6 +59,11 @@ class EngineConfig:
     # K-quants -> int4; else bf16) | bf16 (the model's dtype) | int8 | int4 (CPU only;
     # model/weights_dtype.py)
     weights_dtype: str = "auto"
+    # Constrained decoding (docs/structured.md): compiled grammars kept on disk between
+    # starts, and the cap on one compile (a schema past it gets a 400).
+    grammar_cache_dir: str | None = None    # None: <cache dir>/grammars
+    no_grammar_cache: bool = False          # keep compiled grammars in memory only
+    grammar_compile_timeout_s: float = 10.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -134,3 +139,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         "(groups of 32) through torch's CPU weight-only kernels, bf16 as "
                         "--dtype; auto: the GGUF's own precision (a Q4 file runs int4, a "
                         "Q8_0 one int8, float files bf16; CUDA: bf16). docs/configuration.md")
+    g.add_argument("--grammar-cache-dir", default=None,
+                   help="where compiled grammars (response_format, tools) are kept between "
+                        "starts (default: <weights cache dir>/grammars)")
+    g.add_argument("--no-grammar-cache", action="store_true",
+                   help="keep compiled grammars in memory only")
+    g.add_argument("--grammar-compile-timeout-s", type=float, default=None,
+                   help=f"a grammar that takes longer to compile gets a 400 (default "
+                        f"{d.grammar_compile_timeout_s:g})")

@@ -405,6 +405,8 @@ class Engine(OneProcessStats):
         if self.tiers is not None:
             s.tiers = self.tiers.stats()
         s.kv_disk = self.persistence.stats() if self.persistence is not None else None
+        masks = self.runner.sampler.masks
+        s.grammar_masks = {"steps": masks.steps, "rows": masks.rows, "seconds": masks.seconds}
         return s
 
     def cache_summary(self, top_k: int = 20) -> dict:

@@ -66,6 +66,7 @@ class EngineStats:
     cache: CacheStats | None = None     # RadixCache counters (None: not filled in yet)
     tiers: TierStats | None = None      # host/disk tiers (TierRuntime.stats); None: none
     kv_disk: DiskStats | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
+    grammar_masks: dict = field(default_factory=dict)   # steps, rows, seconds (grammar_mask.py)
 
 
 class OneProcessStats:

@@ -25,6 +25,8 @@ from radixserve.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from radixserve.engine.grammar import Matcher
+
 NO_PAGES = np.zeros(0, dtype=np.int32)
 
 
@@ -78,6 +80,7 @@ class SeqState:
                                            # first admission (usage); None before it
     num_generated: int = 0
     preemptions: int = 0
+    matcher: "Matcher | None" = None        # constrained decoding (engine/grammar.py)
 
     @property
     def params(self) -> SamplingParams:
@@ -120,4 +123,7 @@ def new_request(request_id: str, prompt_ids: list[int], params: SamplingParams,
     gens = generators if generators is not None else [None] * params.n
     request.sequences = [SeqState(request, i, new_token_array(prompt_ids), gen,
                                   page_size=page_size) for i, gen in enumerate(gens)]
+    if params.grammar is not None:
+        for seq in request.sequences:
+            seq.matcher = params.grammar.matcher()
     return request

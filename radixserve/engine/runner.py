@@ -164,5 +164,6 @@ class ModelRunner:
             if not batch.sample_rows:
                 result = SampleResult(token_ids=[], logprobs=[])
             else:
-                result = self.sampler.sample(logits, batch.sample_params, batch.generators)
+                result = self.sampler.sample(logits, batch.sample_params, batch.generators,
+                                             batch.matchers)
             return StepResult(result, moves, time.perf_counter() - started)

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 
 from radixserve.engine.batch import SampleResult
+from radixserve.engine.grammar import Matcher
+from radixserve.engine.grammar_mask import GrammarMasks
 from radixserve.engine.outputs import TokenLogprob
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -43,10 +45,14 @@ class Sampler:
         if nucleus_window < 1:
             raise ValueError("nucleus_window must be >= 1")
         self.nucleus_window = nucleus_window
+        self.masks = GrammarMasks()     # constrained rows (and their mask timing)
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-               generators: Sequence[torch.Generator | None]) -> SampleResult:
-        """Choose one token per row of `logits` (float32 [B, vocab])."""
+               generators: Sequence[torch.Generator | None],
+               matchers: Sequence[Matcher | None] | None = None) -> SampleResult:
+        """Choose one token per row of `logits` (float32 [B, vocab]); a row with a grammar
+        matcher chooses among the tokens its grammar allows next (logprobs, too, are then
+        those of the constrained distribution)."""
         if logits.dim() != 2:
             raise ValueError(f"logits must be [batch, vocab], got {tuple(logits.shape)}")
         batch = logits.shape[0]
@@ -56,6 +62,8 @@ class Sampler:
         if batch == 0:
             return SampleResult([], [])
         logits = logits.float()     # no copy when already float32 (the contract)
+        if matchers is not None:
+            self.masks.apply(logits, matchers)
         device = logits.device
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if not random_rows:

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import reprlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from radixserve.engine.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from radixserve.engine.grammar import Grammar
 
 MAX_LOGPROBS = 20
 MAX_N = 16
@@ -48,6 +52,7 @@ class SamplingParams:
     n: int = 1                      # parallel samples sharing the prompt's pages
     logprobs: int | None = None     # top-k logprobs returned per generated token
     include_stop_str_in_output: bool = False
+    grammar: "Grammar | None" = None  # constrained decoding: each sample gets a matcher
 
     @property
     def greedy(self) -> bool:
@@ -76,6 +81,8 @@ class SamplingParams:
              f"must be token ids in [0, {vocab_size})"),
             ("seed", self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
              "must be a non-negative integer"),
+            ("ignore_eos", not (self.ignore_eos and self.grammar is not None),
+             "cannot be combined with a grammar (the grammar ends with end-of-sequence)"),
         ]
         for name, ok, message in checks:
             if not ok:

@@ -265,6 +265,7 @@ class Scheduler:
             batch.sample_rows.append(len(batch.spans) - 1)
             batch.sample_params.append(seq.request.params)
             batch.generators.append(seq.generator)
+            batch.matchers.append(seq.matcher)
         plan.seqs.append(seq)
         plan.new_lens.append(n)
         plan.samples.append(samples)
@@ -298,6 +299,8 @@ class Scheduler:
             token = token_ids[row]
             seq.token_ids.append(token)
             seq.num_generated += 1
+            if seq.matcher is not None:
+                seq.matcher.accept(token)   # masked, so accepted; its mask next step
             sampled_seqs.append(seq)
             sampled_tokens.append(token)
             sampled_logprobs.append(logprobs[row])
@@ -342,6 +345,8 @@ class Scheduler:
             self.waiting.remove(seq)
         self.memory.release(seq, keep=keep)
         seq.status = SeqStatus.FINISHED
+        if seq.matcher is not None:
+            seq.matcher.release()
         if seq.request.finished:
             self.requests.pop(seq.request.request_id, None)
 

@@ -55,16 +55,25 @@ class Tokenizer:
         """Plain text -> ids, with the special tokens the tokenizer adds itself (e.g. BOS)."""
         return list(self.hf.encode(text, add_special_tokens=True))
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
         if not getattr(self.hf, "chat_template", None):
             raise ValueError("this model has no chat template; send plain prompts instead")
+        extra = {"tools": tools} if tools else {}
         return self.hf.apply_chat_template(messages, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
+                                           add_generation_prompt=add_generation_prompt, **extra)
+
+    @functools.cached_property
+    def template_renders_tools(self) -> bool:
+        """The chat template takes `tools=` itself (Llama 3.1+, Qwen 2.5, Hermes...)."""
+        template = getattr(self.hf, "chat_template", None) or ""
+        return isinstance(template, str) and "tools" in template
 
     def apply_chat_template(self, messages: list[dict],
-                            add_generation_prompt: bool = True) -> list[int]:
+                            add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> list[int]:
         # The template writes BOS etc. itself, so the encoding adds no special tokens.
-        text = self.render_chat(messages, add_generation_prompt)
+        text = self.render_chat(messages, add_generation_prompt, tools)
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -19,6 +19,7 @@ from radixserve.server import protocol as P
 from radixserve.server.engine_client import EngineClient, TokenizerClient
 from radixserve.server.errors import ApiError
 from radixserve.server.prompts import Prepared
+from radixserve.server.tool_parser import ToolCall, ToolCallStream, parse_calls
 
 
 # ---------------------------------------------------------------- running on the engine
@@ -72,6 +73,7 @@ class ChoiceState:
     cached_tokens: int = 0
     started: bool = False           # streaming: the first chunk (role / echo) went out
     text_offset: int = 0            # completions logprobs: chars emitted so far
+    tool_stream: ToolCallStream | None = None   # chat with tools: streamed calls
 
 
 class Renderer:
@@ -88,6 +90,9 @@ class Renderer:
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.choices = [ChoiceState() for _ in range(prepared.params.n)]
+        if kind == "chat" and prepared.tools is not None:
+            for c in self.choices:
+                c.tool_stream = ToolCallStream(prepared.tools.names)
         self.prompt_tokens = len(prepared.prompt_ids)
         self.cached_tokens = 0
         self.wants_logprobs = prepared.params.logprobs is not None
@@ -131,7 +136,10 @@ class Renderer:
 
     def on_output(self, out: RequestOutput) -> list[Any]:
         self.add(out)
-        bodies = [chunk] if (chunk := self.chunk(out)) is not None else []
+        if self.choices[out.index].tool_stream is not None:
+            bodies = self._tool_chunks(out)
+        else:
+            bodies = [chunk] if (chunk := self.chunk(out)) is not None else []
         if out.finished and (err := Renderer.failure(out)) is not None:
             bodies.append(err.body())
             self.stopped = True
@@ -150,10 +158,7 @@ class Renderer:
         if self.kind == "chat":
             return P.ChatCompletionResponse(
                 id=self.id, object="chat.completion", created=self.created, model=self.model,
-                choices=[P.ChatChoice(i, P.AssistantMessage("assistant", "".join(c.text)),
-                                      self._chat_logprobs(c.logprobs), c.finish_reason,
-                                      c.stop_reason)
-                         for i, c in enumerate(self.choices)],
+                choices=[self._chat_choice(i, c) for i, c in enumerate(self.choices)],
                 usage=self.usage())
         choices = []
         for i, c in enumerate(self.choices):
@@ -192,6 +197,51 @@ class Renderer:
         return P.CompletionChunk(id=self.id, object="text_completion", created=self.created,
                                  model=self.model, choices=[choice])
 
+    def _chat_choice(self, i: int, c: ChoiceState) -> P.ChatChoice:
+        text = "".join(c.text)
+        content: str | None = text
+        calls: list[ToolCall] = []
+        if self.prepared.tools is not None:
+            content, calls = parse_calls(text, self.prepared.tools.names)
+        message = P.AssistantMessage("assistant", content, [_call_out(t) for t in calls] or None)
+        return P.ChatChoice(i, message, self._chat_logprobs(c.logprobs),
+                            _finish_reason(c.finish_reason, bool(calls)), c.stop_reason)
+
+    def _tool_chunks(self, out: RequestOutput) -> list[Any]:
+        """Chat with tools, streaming: content deltas, then each call as OpenAI streams one
+        (a delta with its index, id, type and name, then one with its arguments)."""
+        c = self.choices[out.index]
+        first = not c.started
+        c.started = True
+        text, calls = c.tool_stream.push(out.text)
+        if out.finished:
+            more_text, more_calls = c.tool_stream.finish()
+            text, calls = text + more_text, calls + more_calls
+        deltas: list[P.DeltaMessage] = []
+        if first or text or out.logprobs:
+            deltas.append(P.DeltaMessage(role="assistant" if first else None,
+                                         content=text if (text or first) else None))
+        made = len(c.tool_stream.calls) - len(calls)
+        for k, call in enumerate(calls, start=made):
+            deltas.append(P.DeltaMessage(tool_calls=[P.DeltaToolCall(
+                k, call.id, "function", P.DeltaFunction(call.name, ""))]))
+            deltas.append(P.DeltaMessage(tool_calls=[P.DeltaToolCall(
+                k, function=P.DeltaFunction(arguments=call.arguments))]))
+        finish = (_finish_reason(out.finish_reason, bool(c.tool_stream.calls))
+                  if out.finished else None)
+        if finish is not None:
+            deltas.append(P.DeltaMessage())
+        chunks = []
+        for j, delta in enumerate(deltas):
+            last = j == len(deltas) - 1
+            choice = P.ChatChunkChoice(
+                out.index, delta, self._chat_logprobs(out.logprobs) if j == 0 else None,
+                finish if last else None, out.stop_reason if (last and out.finished) else None)
+            chunks.append(P.ChatCompletionChunk(id=self.id, object="chat.completion.chunk",
+                                                created=self.created, model=self.model,
+                                                choices=[choice]))
+        return chunks
+
     def usage_chunk(self):
         cls = P.ChatCompletionChunk if self.kind == "chat" else P.CompletionChunk
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -227,6 +277,15 @@ class Renderer:
             out.text_offset.append(c.text_offset)
             c.text_offset += len(tok)
         return out
+
+
+def _call_out(call: ToolCall) -> P.ToolCallOut:
+    return P.ToolCallOut(call.id, "function", P.ToolCallFunction(call.name, call.arguments))
+
+
+def _finish_reason(reason: str | None, made_calls: bool) -> str | None:
+    """OpenAI ends a turn that called tools with "tool_calls"."""
+    return "tool_calls" if made_calls and reason == "stop" else reason
 
 
 async def run_to_response(engine: EngineClient, renderer: Renderer,

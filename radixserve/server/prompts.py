@@ -13,7 +13,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from radixserve.engine.errors import InvalidRequest
 from radixserve.engine.sampling_params import SamplingParams
@@ -22,6 +22,13 @@ from radixserve.server import protocol as P
 from radixserve.server.auth import cache_namespace
 from radixserve.server.engine_client import EngineClient, TokenizerClient
 from radixserve.server.errors import ApiError, api_error_from, bad_request
+from radixserve.server.structured import (ToolOutput, compile_for, native_spec,
+                                          response_format_spec)
+from radixserve.server.tools import (call_grammar, check_history, parse_tool_choice,
+                                     parse_tools, render_messages)
+
+if TYPE_CHECKING:
+    from radixserve.engine.grammar_cache import GrammarCompiler
 
 T = TypeVar("T")
 TOKENIZER_THREADS = 2               # at most this many prompts tokenized at once
@@ -57,6 +64,7 @@ class Prepared:
     params: SamplingParams
     namespace: str | None
     echo_text: str = ""
+    tools: ToolOutput | None = None     # chat with tools: the output may hold calls
 
 
 def checked(fn: Callable[..., T], *args: Any) -> T:
@@ -75,13 +83,24 @@ class PromptBuilder:
     whose bound alone reaches the context is refused without tokenizing it."""
 
     def __init__(self, tokenizer: TokenizerClient, info: ModelInfo,
-                 threads: int = TOKENIZER_THREADS):
+                 threads: int = TOKENIZER_THREADS, grammars: GrammarCompiler | None = None):
         self.tokenizer = tokenizer
         self.info = info
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="radixserve-tokenize")
+        self._grammars = grammars
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles response_format / tool / native grammars (memory-only unless given)."""
+        if self._grammars is None:
+            from radixserve.engine.grammar_cache import GrammarCompiler
+            self._grammars = GrammarCompiler(self.tokenizer)
+        return self._grammars
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._grammars is not None:
+            self._grammars.close()
 
     def check_chars(self, chars: int, parts: int, param: str) -> None:
         """Refuse a prompt whose size alone proves it cannot fit: C characters make at
@@ -101,11 +120,13 @@ class PromptBuilder:
         return await self._off_loop(self.tokenizer.encode, text)
 
     async def chat(self, messages: list[dict[str, str]],
-                   add_generation_prompt: bool = True) -> list[int]:
+                   add_generation_prompt: bool = True,
+                   tools: list[dict] | None = None) -> list[int]:
         self.check_chars(sum(len(m["content"]) for m in messages), len(messages), "messages")
+        extra = (tools,) if tools else ()
         try:
             return await self._off_loop(self.tokenizer.apply_chat_template, messages,
-                                        add_generation_prompt)
+                                        add_generation_prompt, *extra)
         except Exception as exc:    # a template's own raise_exception(...): bad message order
             raise bad_request("messages", f"the chat template refused the messages: "
                                           f"{str(exc)[:200]}") from None
@@ -148,9 +169,27 @@ async def prepare_chat(req: P.ChatCompletionRequest, prompts: PromptBuilder,
     params = req.sampling_params(1, req.requested_logprobs())
     validated_params(params, info)               # before the costly part: the template
     prompts.check_chars(0, len(req.messages), "messages")
-    prompt_ids = await prompts.chat(req.message_dicts())
+    toolset = parse_tools(req.tools) if req.tools else None
+    choice = parse_tool_choice(req.tool_choice, toolset)
+    check_history(req.messages)
+    if choice.forces_call:
+        spec, field = call_grammar(toolset, choice, req.parallel_tool_calls), "tools"
+    else:
+        spec, field = response_format_spec(req.response_format), "response_format"
+    if spec is not None:
+        params.grammar = await compile_for(prompts.grammars, spec, field)
+        validated_params(params, info)
+    if toolset is None and not any(m.tool_calls for m in req.messages):
+        prompt_ids = await prompts.chat(req.message_dicts())
+    else:
+        native = bool(getattr(prompts.tokenizer, "template_renders_tools", False))
+        texts = [m.text(f"messages[{i}]") for i, m in enumerate(req.messages)]
+        messages, tools = render_messages(req.messages, texts, toolset, native)
+        prompt_ids = await prompts.chat(messages, tools=tools)
     params.max_tokens = fit_context(len(prompt_ids), req.requested_max_tokens(), info, "messages")
-    return Prepared(prompt_ids, params, cache_namespace(key_namespace, req.cache_salt))
+    tools_out = ToolOutput(toolset, choice) if toolset and choice.mode != "none" else None
+    return Prepared(prompt_ids, params, cache_namespace(key_namespace, req.cache_salt),
+                    tools=tools_out)
 
 
 async def prepare_completion(req: P.CompletionRequest, prompts: PromptBuilder,
@@ -161,6 +200,10 @@ async def prepare_completion(req: P.CompletionRequest, prompts: PromptBuilder,
     if strict_model:
         check_model(req.model, info)
     params = validated_params(req.sampling_params(1, req.logprobs), info)
+    spec = response_format_spec(req.response_format)
+    if spec is not None:
+        params.grammar = await compile_for(prompts.grammars, spec, "response_format")
+        validated_params(params, info)
     prompt = req.prompt_value()
     echo_text = ""
     if isinstance(prompt, str):
@@ -180,6 +223,10 @@ async def prepare_generate(req: P.GenerateRequest, prompts: PromptBuilder,
     info = prompts.info
     req.check()
     params = validated_params(req.sampling_params.to_params(1), info)
+    spec, field = native_spec(req.sampling_params)
+    if spec is not None:
+        params.grammar = await compile_for(prompts.grammars, spec, field)
+        validated_params(params, info)
     if req.input_ids is not None:
         prompt_ids, param = token_ids(list(req.input_ids), info, "input_ids"), "input_ids"
     else:

@@ -48,8 +48,28 @@ class StreamOptions(Struct, kw_only=True):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Struct, kw_only=True):
+    """response_format's `json_schema` (OpenAI): the schema the output must validate against."""
+
+    name: str = "response"
+    schema: dict[str, Any] | bool | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
 class ResponseFormat(Struct, kw_only=True):
     type: str = "text"
+    json_schema: JsonSchemaFormat | None = None     # type "json_schema"
+
+    def check(self) -> None:
+        if self.type not in ("text", "json_object", "json_schema"):
+            raise unsupported("response_format.type",
+                              f"response_format {self.type!r} is not supported "
+                              f"(text, json_object, json_schema)")
+        if self.type == "json_schema" and (self.json_schema is None
+                                           or self.json_schema.schema is None):
+            raise bad_request("response_format.json_schema.schema",
+                              "response_format 'json_schema' needs 'json_schema.schema'")
 
 
 class _SamplingFields(Struct, kw_only=True):
@@ -124,10 +144,25 @@ class ContentPart(Struct, kw_only=True):
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
+class FunctionCall(Struct, kw_only=True):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(Struct, kw_only=True):
+    """A call an assistant message of the history made (OpenAI's shape)."""
+
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Struct, kw_only=True):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None      # assistant: the calls it made
+    tool_call_id: str | None = None                 # tool: the call this answers
 
     def text(self, where: str) -> str:
         """The message's text; image/audio parts are refused (400)."""
@@ -153,16 +188,15 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     top_logprobs: NumLogprobs | None = None
     tools: list[Any] | None = None
     response_format: ResponseFormat | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
     def check(self) -> None:
         self.check_common()
         if not self.messages:
             raise bad_request("messages", "'messages' must contain at least one message")
-        if self.tools:
-            raise unsupported("tools", "'tools' (tool calling) is not supported")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise unsupported("response_format",
-                              f"response_format {self.response_format.type!r} is not supported")
+        if self.response_format is not None:
+            self.response_format.check()
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs", "'top_logprobs' requires 'logprobs': true")
 
@@ -195,9 +229,12 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     echo: bool = False
     suffix: str | None = None
     best_of: PositiveInt | None = None
+    response_format: ResponseFormat | None = None
 
     def check(self) -> None:
         self.check_common()
+        if self.response_format is not None:
+            self.response_format.check()
         if self.suffix:
             raise unsupported("suffix", "'suffix' (insertion) is not supported")
         if self.best_of is not None and self.best_of != self.n:
@@ -238,6 +275,10 @@ class NativeSampling(Struct, kw_only=True):
     ignore_eos: bool = False
     logprobs: NumLogprobs | None = None
     include_stop_str_in_output: bool = False
+    json_schema: str | dict[str, Any] | None = None   # constrained output (SGLang's names):
+    regex: str | None = None                          #   at most one of these four
+    ebnf: str | None = None                           #   (GBNF, as llama.cpp writes it)
+    lark: str | None = None
 
     def to_params(self, max_tokens: int) -> SamplingParams:
         stop = [] if self.stop is None else ([self.stop] if isinstance(self.stop, str) else self.stop)
@@ -352,9 +393,21 @@ class ChatLogprobs(Struct):
     content: list[ChatTokenLogprob]
 
 
-class AssistantMessage(Struct):
+class ToolCallFunction(Struct):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(Struct):
+    id: str
+    type: str
+    function: ToolCallFunction
+
+
+class AssistantMessage(Struct, omit_defaults=True):
     role: str
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(Struct):
@@ -375,9 +428,25 @@ class ChatCompletionResponse(Struct):
     system_fingerprint: str | None = None
 
 
+class DeltaFunction(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(Struct, omit_defaults=True):
+    """A streamed call (OpenAI's shape): the first delta of a call has id, type and name
+    (arguments ""), the later ones argument fragments."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: DeltaFunction | None = None
+
+
 class DeltaMessage(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(Struct):

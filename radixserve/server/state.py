@@ -20,6 +20,8 @@ from radixserve.server.engine_client import EngineClient
 from radixserve.server.errors import ApiError
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.prompts import ModelInfo, PromptBuilder, model_info
+from radixserve.server.grammar_metrics import GrammarCollector
+from radixserve.server.structured import grammar_compiler
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -76,8 +78,10 @@ class ServerState:
         collector = engine.metrics_collector()      # --replicas N: per replica and router
         if collector is not None:
             metrics.registry.register(collector)
+        grammars = grammar_compiler(engine)
+        metrics.registry.register(GrammarCollector(grammars.stats, engine.stats))
         return cls(engine=engine, config=config, info=info, metrics=metrics,
-                   prompts=PromptBuilder(engine.tokenizer, info))
+                   prompts=PromptBuilder(engine.tokenizer, info, grammars=grammars))
 
     @contextmanager
     def track(self) -> Iterator[str]:

@@ -49,7 +49,7 @@ CASES = [
     ("batched prompts", "POST", "/v1/completions", {"prompt": ["a", "b"]}, AUTH, 400,
      "invalid_request_error", "prompt"),
     ("tools", "POST", CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, AUTH, 400,
-     "invalid_request_error", "tools"),
+     "invalid_request_error", "tools[0].function"),
     ("out-of-vocabulary ids", "POST", "/generate", {"input_ids": [1, 10**7, 3]}, AUTH, 400,
      "invalid_request_error", "input_ids[1]"),
     ("negative ids", "POST", "/generate", {"input_ids": [-1]}, AUTH, 400,

@@ -77,7 +77,7 @@ def test_text_content_parts_are_joined_and_developer_is_system():
     ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"messages": [{"role": "user", "content": "x" * 200}]}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools[0].function"),
     ({"messages": [{"role": "user", "content": "x"}], "model": "other"}, 404, "model"),
 ])
 def test_chat_validation_names_the_field(body, status, param):

@@ -262,7 +262,7 @@ def test_unsupported_features_are_400_and_bad_keys_invalid_request():
     with LiveServer(FakeEngine(), ServerConfig(port=0, auth=auth)) as server:
         with pytest.raises(openai.BadRequestError):
             client(server, "k").chat.completions.create(model="fake-model", messages=MSG,
-                                                        tools=[{"type": "function", "function": {"name": "f"}}])
+                                                        logit_bias={"1": 1.0})
         with pytest.raises(openai.AuthenticationError) as info:
             client(server, "wrong").models.list()
         assert info.value.body["type"] == "invalid_request_error"
