@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from radixserve.server import native_api, openai_api, pin_routes, ui_routes
+from radixserve.server import native_api, openai_api, pin_routes, responses_api, ui_routes
 from radixserve.server.connections import LimitedSite
 from radixserve.server.errors import ApiError, api_error_from
 from radixserve.server.state import (CALLER, STATE, Caller, ServerConfig, ServerState,
@@ -30,7 +30,7 @@ log = logging.getLogger("radixserve.server")
 PUBLIC_PATHS = frozenset({"/health", "/ui"})   # /ui: the page shell, no data (ui_routes.py)
 LINGER_S = 1.0
 # Route modules, each with add_routes(app). Another module (e.g. a UI) appends itself here.
-ROUTE_MODULES = [openai_api, native_api, pin_routes, ui_routes]
+ROUTE_MODULES = [openai_api, native_api, pin_routes, ui_routes, responses_api]
 
 
 def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiError:
@@ -111,7 +111,7 @@ async def gate_middleware(request: web.Request, handler) -> web.StreamResponse:
         if key is None:
             raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            type="invalid_request_error", code="invalid_api_key")
-        request[CALLER] = Caller(auth.key_namespace(key), auth.is_admin(key))
+        request[CALLER] = Caller(auth.key_namespace(key), auth.is_admin(key), auth.key_owner(key))
     if request.method == "POST":
         check_origin(request, state.config.allowed_origins)
         check_json_body(request)
