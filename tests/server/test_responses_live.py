@@ -1,0 +1,101 @@
+"""The Responses API on the real engine (SmolLM2, fp32) through the official `openai`
+client: a 10-turn conversation by `previous_response_id` keeps >= 95% of every follow-up's
+prompt cached while other clients' prompts evict around it, because its stored response
+pins its tokens; the same conversation with pins off (`--response-pin-ttl-s 0`) is measured
+beside it, in the same run, under the same eviction. Then a restart with --kv-disk-dir: the
+stored response and its KV come back, and the follow-up hits from disk."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from radixserve.server.conversations import ConversationConfig
+from radixserve.server.state import ServerConfig
+from tests.server.conftest import MODEL, make_engine
+from tests.server.live import LiveServer
+
+POOL = 1536
+INSTRUCTIONS = ("You are the itinerary assistant of a small travel agency in Lyon. Answer "
+                "in one short sentence, name one place, and never invent prices. ") * 12
+TURNS = 10
+OTHERS = 8
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def server(loaded_model):
+    engine = make_engine(loaded_model, kv_cache_tokens=POOL, max_model_len=768,
+                         max_pinned_tokens=700, debug_invariants=True)
+    with LiveServer(engine, ServerConfig(port=0)) as srv:
+        yield srv
+
+
+def turn(c: openai.OpenAI, i: int, previous: str | None, salt: str):
+    return c.responses.create(model=MODEL, input=f"Stop {i}: where next?",
+                              instructions=INSTRUCTIONS if previous is None else None,
+                              previous_response_id=previous, max_output_tokens=4,
+                              temperature=0, extra_body={"cache_salt": salt})
+
+
+def set_pins(server, on: bool) -> None:
+    pins = server.state.conversations.pins
+    server.call(setattr, pins, "ttl_s", ConversationConfig().pin_ttl_s if on else 0.0)
+
+
+def other_clients(server, rng: random.Random) -> None:
+    """Eight other clients at once, each a prompt of 100 fresh token ids: with the two
+    conversations they overflow the pool, so LRU evicts what is not pinned."""
+    c = client(server)
+    prompts = [[rng.randrange(1000, 40000) for _ in range(100)] for _ in range(OTHERS)]
+    with ThreadPoolExecutor(OTHERS) as pool:
+        list(pool.map(lambda p: c.completions.create(model=MODEL, prompt=p, max_tokens=1,
+                                                     temperature=0), prompts))
+
+
+def test_ten_turns_stay_cached_with_pins_and_not_without(server):
+    c = client(server)
+    rng = random.Random(0)
+    ratios: dict[str, list[float]] = {"pinned": [], "unpinned": []}
+    previous: dict[str, str | None] = {"pinned": None, "unpinned": None}
+    for i in range(TURNS):
+        for name in ("pinned", "unpinned"):
+            set_pins(server, name == "pinned")
+            r = turn(c, i, previous[name], name)
+            previous[name] = r.id
+            u = r.usage
+            ratios[name].append(u.input_tokens_details.cached_tokens / u.input_tokens)
+            if i:
+                assert u.model_extra["radixserve"]["prompt_source"] == "extended"
+        set_pins(server, True)
+        other_clients(server, rng)
+    print("cached/prompt by turn:", {k: [round(x, 3) for x in v] for k, v in ratios.items()})
+    assert ratios["pinned"][0] == 0.0
+    assert min(ratios["pinned"][1:]) >= 0.95
+    # without a pin, LRU trims the history's tail between turns: each follow-up recomputes it
+    assert max(ratios["unpinned"][3:]) < 0.9
+    server.check_invariants()
+
+
+def test_stored_response_and_its_kv_survive_a_restart(loaded_model, tmp_path):
+    def start():
+        engine = make_engine(loaded_model, kv_cache_tokens=2048, max_model_len=768,
+                             kv_disk_dir=str(tmp_path), debug_invariants=True)
+        return LiveServer(engine, ServerConfig(port=0))
+
+    with start() as srv:
+        first = turn(client(srv), 0, None, "restart")
+        srv.check_invariants()
+    with start() as srv:
+        c = client(srv)
+        assert c.responses.retrieve(first.id).output_text == first.output_text
+        second = turn(c, 1, first.id, "restart")
+        history = second.usage.model_extra["radixserve"]["history_tokens"]
+        assert second.usage.input_tokens_details.cached_tokens >= history - 4
+        srv.check_invariants()
