@@ -99,7 +99,8 @@ class OutputProcessor:
         return RequestOutput(request_id=seq.request.request_id, index=seq.index,
                              token_ids=tokens, text=text,
                              arrival_time=seq.request.arrival_time,
-                             first_token_time=state.first_token_time, time=now)
+                             first_token_time=state.first_token_time, time=now,
+                             cached_tokens=seq.prompt_cache_hit)
 
     def _mark_final(self, out: RequestOutput, seq: SeqState, reason: str | None,
                     stop_reason: str | int | None) -> None:

@@ -34,6 +34,8 @@ class RequestOutput:
     arrival_time: float = 0.0      # time.monotonic() of the request's arrival
     first_token_time: float | None = None
     time: float = 0.0              # time.monotonic() when this event was produced
+    cached_tokens: int | None = None   # prompt tokens served from the cache (known from the
+                                       # first event on, so a stream can report it first)
 
 
 @dataclass

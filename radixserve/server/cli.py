@@ -109,13 +109,18 @@ def add_conversation_arguments(parser: argparse.ArgumentParser) -> None:
                         "its last use (0: no pins; an unpinned history is recomputed)")
     g.add_argument("--response-pin-tokens", type=int, default=None,
                    help="tokens those pins may hold together (default: --max-pinned-tokens)")
+    g.add_argument("--cache-control-pin-tokens", type=int, default=None,
+                   help="tokens the pins of /v1/messages cache_control breakpoints may hold "
+                        "together; a breakpoint beyond it is a 400 (default: "
+                        "--max-pinned-tokens)")
 
 
 def conversation_config(args: argparse.Namespace) -> ConversationConfig:
     return ConversationConfig(max_responses=args.response_max_stored,
                               max_tokens=args.response_max_tokens, ttl_s=args.response_ttl_s,
                               pin_ttl_s=args.response_pin_ttl_s,
-                              pin_tokens=args.response_pin_tokens)
+                              pin_tokens=args.response_pin_tokens,
+                              cache_control_pin_tokens=args.cache_control_pin_tokens)
 
 
 def describe_pool(engine) -> str:

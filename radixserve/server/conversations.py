@@ -34,6 +34,7 @@ class ConversationConfig:
     ttl_s: float = 24 * 3600.0          # a response unused this long is dropped (404)
     pin_ttl_s: float = 300.0            # its KV stays pinned this long after its last use
     pin_tokens: int | None = None       # the pins' budget; None: the engine's pin budget
+    cache_control_pin_tokens: int | None = None     # /v1/messages breakpoints' pin budget
 
 
 @dataclass
@@ -57,6 +58,11 @@ class Conversations:
         self.store = ResponseStore(config.max_responses, config.max_tokens, config.ttl_s,
                                    directory, clock)
         self.pins = TimedPins(engine, config.pin_ttl_s, pin_budget, clock)
+        breakpoint_budget = config.cache_control_pin_tokens
+        if breakpoint_budget is None:
+            breakpoint_budget = engine.stats().pinned_tokens_limit
+        # Anthropic cache_control: each pin has its own TTL (5m / 1h); cache_breakpoints.py
+        self.breakpoints = TimedPins(engine, 3600.0, breakpoint_budget, clock)
 
     @classmethod
     def for_engine(cls, engine: EngineClient, config: ConversationConfig) -> "Conversations":
@@ -68,6 +74,7 @@ class Conversations:
         """Tests move time instead of sleeping."""
         self.store.clock = clock
         self.pins.clock = clock
+        self.breakpoints.clock = clock
 
     async def prompt(self, req: ResponsesRequest, prompts: PromptBuilder, owner: str | None,
                      key_namespace: str | None) -> TurnPrompt:
@@ -122,6 +129,7 @@ class Conversations:
 
     def close(self) -> None:
         self.pins.release_all()
+        self.breakpoints.release_all()
 
 
 def new_response_id() -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,11 @@ class _Timed:
     pin_id: str
     tokens: int
     expires_at: float
+    key: tuple[str | None, bytes]
+
+
+def pin_key(token_ids: Sequence[int], namespace: str | None) -> tuple[str | None, bytes]:
+    return namespace, array("q", token_ids).tobytes()
 
 
 class TimedPins:
@@ -53,6 +59,16 @@ class TimedPins:
     def __contains__(self, pin_id: str) -> bool:
         return pin_id in self._pins
 
+    def holds(self, token_ids: Sequence[int], namespace: str | None) -> bool:
+        """A live pin of exactly this prefix exists."""
+        key = pin_key(token_ids, namespace)
+        return any(p.key == key for p in self._pins.values())
+
+    def room(self) -> int:
+        """Tokens that can still be pinned without releasing a live pin."""
+        self.sweep()
+        return self.budget_tokens - self.pinned_tokens if self.enabled else 0
+
     def sweep(self) -> int:
         """Release every lapsed pin; how many were released."""
         now = self.clock()
@@ -72,15 +88,18 @@ class TimedPins:
         return True
 
     async def take(self, token_ids: Sequence[int], namespace: str | None,
-                   ttl_s: float | None = None) -> str | None:
+                   ttl_s: float | None = None, make_room: bool = True) -> str | None:
         """Pin `token_ids` for `ttl_s` (default: the configured TTL), releasing the pins
         that lapse soonest while the budget would be passed. None when pinning is off, the
-        prefix is larger than the whole budget, or the engine refused (its own budget, which
-        `POST /cache/pin` shares, or a prefix shorter than a page): the reference then
-        simply has no pin."""
+        prefix is larger than the whole budget (or, without `make_room`, than what is left),
+        or the engine refused (its own budget, which `POST /cache/pin` shares, or a prefix
+        shorter than a page): the reference then simply has no pin."""
         self.sweep()
         ttl = self.ttl_s if ttl_s is None else ttl_s
         if not self.enabled or ttl <= 0 or len(token_ids) > self.budget_tokens:
+            return None
+        if not make_room and self.pinned_tokens + len(token_ids) > self.budget_tokens \
+                and not self.holds(token_ids, namespace):
             return None
         while self._pins and self.pinned_tokens + len(token_ids) > self.budget_tokens:
             soonest = min(self._pins.values(), key=lambda p: p.expires_at)
@@ -97,7 +116,8 @@ class TimedPins:
         elif not info.created:      # a client's own POST /cache/pin: not ours to release
             return None
         else:
-            self._pins[info.pin_id] = _Timed(info.pin_id, info.tokens, expires)
+            self._pins[info.pin_id] = _Timed(info.pin_id, info.tokens, expires,
+                                             pin_key(token_ids, namespace))
         return info.pin_id
 
     def release(self, pin_id: str | None) -> None:

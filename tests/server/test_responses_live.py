@@ -2,7 +2,9 @@
 client: a 10-turn conversation by `previous_response_id` keeps >= 95% of every follow-up's
 prompt cached while other clients' prompts evict around it, because its stored response
 pins its tokens; the same conversation with pins off (`--response-pin-ttl-s 0`) is measured
-beside it, in the same run, under the same eviction. Then a restart with --kv-disk-dir: the
+beside it, in the same run, under the same eviction. The official `anthropic` client with
+`cache_control` on the system prompt: creation, then a read, then (the TTL passed on the
+injected clock, the cache flushed) a creation again. Then a restart with --kv-disk-dir: the
 stored response and its KV come back, and the follow-up hits from disk."""
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ from __future__ import annotations
 import random
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import openai
 import pytest
 
 from radixserve.server.conversations import ConversationConfig
 from radixserve.server.state import ServerConfig
+from tests.server import http
 from tests.server.conftest import MODEL, make_engine
 from tests.server.live import LiveServer
+from tests.server.test_responses_fake import Clock
 
 POOL = 1536
 INSTRUCTIONS = ("You are the itinerary assistant of a small travel agency in Lyon. Answer "
@@ -34,6 +39,8 @@ def server(loaded_model):
     engine = make_engine(loaded_model, kv_cache_tokens=POOL, max_model_len=768,
                          max_pinned_tokens=700, debug_invariants=True)
     with LiveServer(engine, ServerConfig(port=0)) as srv:
+        srv.clock = Clock()
+        srv.call(srv.state.conversations.set_clock, srv.clock)
         yield srv
 
 
@@ -99,3 +106,35 @@ def test_stored_response_and_its_kv_survive_a_restart(loaded_model, tmp_path):
         history = second.usage.model_extra["radixserve"]["history_tokens"]
         assert second.usage.input_tokens_details.cached_tokens >= history - 4
         srv.check_invariants()
+
+
+def test_anthropic_cache_control_creation_read_and_creation_after_the_ttl(server):
+    c = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=300)
+    system = [{"type": "text", "text": "You are the concierge of a quiet hotel in Annecy. " * 8,
+               "cache_control": {"type": "ephemeral", "ttl": "5m"}}]
+
+    def ask(question: str, marked: bool = True):
+        text = system if marked else [{"type": "text", "text": system[0]["text"]}]
+        r = c.messages.create(model=MODEL, max_tokens=2, system=text,
+                              messages=[{"role": "user", "content": question}])
+        u = r.usage
+        assert u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens \
+            == server.call(lambda: server.engine.stats().prompt_tokens) - before[0]
+        before[0] += u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens
+        return u
+
+    before = [server.call(lambda: server.engine.stats().prompt_tokens)]
+    first = ask("Is breakfast served?")
+    assert first.cache_read_input_tokens == 0 and first.cache_creation_input_tokens > 80
+    second = ask("Is there parking?")
+    assert second.cache_read_input_tokens >= first.cache_creation_input_tokens
+    assert second.cache_creation_input_tokens == 0
+    server.clock.now += 301                         # past the 5m TTL: the pin lapses
+    # (released at the next /v1/messages call; this one does not mark it, so does not renew
+    # it): the prefix is still cached, now evictable...
+    assert ask("Late checkout?", marked=False).cache_read_input_tokens > 0
+    assert http.post(server.url + "/cache/flush", json={}).status == 200   # ...and evicted
+    third = ask("Is breakfast served?")
+    assert third.cache_read_input_tokens == 0
+    assert third.cache_creation_input_tokens == first.cache_creation_input_tokens
+    server.check_invariants()
