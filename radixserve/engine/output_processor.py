@@ -109,6 +109,6 @@ class OutputProcessor:
         out.finish_reason = reason
         out.stop_reason = stop_reason
         out.usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=seq.num_generated,
-                          cached_tokens=seq.prompt_cache_hit or 0)
+                          cached_tokens=seq.prompt_cache_hit or 0, miss=seq.miss)
         counts = self.stats.requests_finished
         counts[reason] = counts.get(reason, 0) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -17,6 +18,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int             # prompt tokens served from the prefix cache
+    miss: Any = None               # cache.miss_reasons.MissReport: where the match stopped, why
 
 
 @dataclass(slots=True)

@@ -25,6 +25,8 @@ from radixserve.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from radixserve.cache.miss_reasons import MissReport
+
 NO_PAGES = np.zeros(0, dtype=np.int32)
 
 
@@ -78,6 +80,7 @@ class SeqState:
                                            # first admission (usage); None before it
     num_generated: int = 0
     preemptions: int = 0
+    miss: "MissReport | None" = None       # why the prompt was not all cached (first admission)
 
     @property
     def params(self) -> SamplingParams:

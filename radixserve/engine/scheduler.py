@@ -179,6 +179,7 @@ class Scheduler:
             self.stats.prefix_hit_tokens += hit
             if seq.prompt_cache_hit is None:
                 seq.prompt_cache_hit = hit
+                seq.miss = self.memory.explain_miss(seq)
                 self.stats.prompt_tokens += seq.prompt_len
             else:
                 self.stats.recompute_hit_tokens += hit

@@ -14,6 +14,8 @@ from radixserve.engine.outputs import RequestOutput
 from radixserve.server import cache_breakpoints as B
 from radixserve.server.anthropic_protocol import MessagesRequest
 from radixserve.server.body import read_json
+from radixserve.server.engine_client import TokenizerClient
+from radixserve.server.miss_report import cache_extension
 from radixserve.server.openai_serving import Renderer, run_on_engine
 from radixserve.server.prompts import Prepared, prepare_chat
 from radixserve.server.sse import NamedEvent, stream_events
@@ -25,8 +27,10 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 class MessageBuilder:
     """One message's outputs, rendered as Anthropic's body or its stream events."""
 
-    def __init__(self, model: str, prepared: Prepared, placed: list[B.PlacedBreakpoint]):
+    def __init__(self, model: str, prepared: Prepared, placed: list[B.PlacedBreakpoint],
+                 tokenizer: TokenizerClient):
         self.id = "msg_" + uuid.uuid4().hex
+        self.tokenizer = tokenizer
         self.model = model
         self.prepared = prepared
         self.placed = placed
@@ -50,7 +54,10 @@ class MessageBuilder:
         return {"input_tokens": split.input_tokens,
                 "cache_creation_input_tokens": split.cache_creation_input_tokens,
                 "cache_read_input_tokens": split.cache_read_input_tokens,
-                "output_tokens": output_tokens}
+                "output_tokens": output_tokens,
+                "radixserve": {"cache": cache_extension(
+                    self.final.usage.miss if self.final and self.final.usage else None,
+                    self.tokenizer)}}
 
     def stop(self) -> tuple[str | None, str | None]:
         final = self.final
@@ -122,7 +129,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     ids = prepared.prompt_ids
     placed = await B.place(req, marks, state.prompts, ids)
     B.check_budget(conv.breakpoints, placed, ids, prepared.namespace)
-    builder = MessageBuilder(state.info.name, prepared, placed)
+    builder = MessageBuilder(state.info.name, prepared, placed, state.engine.tokenizer)
     observer = state.metrics.observer(1)
 
     async def kept(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:

@@ -328,11 +328,12 @@ class PromptTokensDetails(Struct):
     cached_tokens: int
 
 
-class UsageInfo(Struct):
+class UsageInfo(Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    radixserve: dict[str, Any] | None = None    # extension: how the prompt met the cache
 
 
 class TopLogprob(Struct):
@@ -444,7 +445,8 @@ class ModelList(Struct):
     data: list[ModelCard]
 
 
-def usage_info(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+def usage_info(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+               extension: dict[str, Any] | None = None) -> UsageInfo:
     return UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens,
-                     PromptTokensDetails(cached_tokens))
+                     PromptTokensDetails(cached_tokens), extension)
 

@@ -33,7 +33,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     req = await read_json(request, ResponsesRequest)
     who = caller(request)
     turn = await conv.prompt(req, state.prompts, who.owner, who.key_namespace)
-    builder = ResponseBuilder(new_response_id(), state.info.name, req, turn)
+    builder = ResponseBuilder(new_response_id(), state.info.name, req, turn,
+                              state.engine.tokenizer)
     observer = state.metrics.observer(1)
     with state.track() as request_id:
         async with run_on_engine(state.engine, turn.prepared, observer, request_id) as outputs:

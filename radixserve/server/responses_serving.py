@@ -12,7 +12,9 @@ import msgspec
 
 from radixserve.engine.outputs import RequestOutput
 from radixserve.server.conversations import TurnPrompt
+from radixserve.server.engine_client import TokenizerClient
 from radixserve.server.errors import ApiError
+from radixserve.server.miss_report import cache_extension
 from radixserve.server.openai_serving import Renderer
 from radixserve.server.responses_protocol import (OutputMessage, OutputText, ResponseObject,
                                                   ResponsesRequest, response_usage)
@@ -22,8 +24,10 @@ from radixserve.server.sse import NamedEvent
 class ResponseBuilder:
     """Accumulates one response's outputs (n is 1) and renders its object and events."""
 
-    def __init__(self, response_id: str, model: str, req: ResponsesRequest, turn: TurnPrompt):
+    def __init__(self, response_id: str, model: str, req: ResponsesRequest, turn: TurnPrompt,
+                 tokenizer: TokenizerClient):
         self.id = response_id
+        self.tokenizer = tokenizer
         self.model = model
         self.req = req
         self.turn = turn
@@ -56,9 +60,11 @@ class ResponseBuilder:
         """usage.radixserve: how this prompt met the cache."""
         turn = self.turn
         previous = turn.previous
+        usage = self.final.usage if self.final is not None else None
         return {"prompt_source": turn.source,
                 "history_tokens": len(previous.token_ids) if previous is not None else 0,
-                "history_pinned": turn.history_pinned}
+                "history_pinned": turn.history_pinned,
+                "cache": cache_extension(usage.miss if usage else None, self.tokenizer)}
 
     def response(self, status: str | None = None) -> ResponseObject:
         final = self.final

@@ -78,7 +78,8 @@ def test_follow_up_extends_the_exact_ids_and_get_delete_work(fake):
     assert prompt2 == render
     assert second.usage.input_tokens_details.cached_tokens == len(prompt1) + 6 - 1
     assert second.usage.model_extra["radixserve"] == {
-        "prompt_source": "extended", "history_tokens": len(prompt1) + 6, "history_pinned": True}
+        "prompt_source": "extended", "history_tokens": len(prompt1) + 6, "history_pinned": True,
+        "cache": None}      # the fake engine explains no miss
     assert c.responses.retrieve(second.id).output_text == second.output_text
     deleted = http.request("DELETE", f"{fake.base_url}/responses/{second.id}",
                            headers={"Authorization": f"Bearer {KEYS[0]}"})
