@@ -138,3 +138,35 @@ def test_anthropic_cache_control_creation_read_and_creation_after_the_ttl(server
     assert third.cache_read_input_tokens == 0
     assert third.cache_creation_input_tokens == first.cache_creation_input_tokens
     server.check_invariants()
+
+
+def test_a_template_bug_deep_in_the_history_is_named_with_its_position_and_tokens(server):
+    """Two chat requests whose rendered histories differ in one token deep inside (a
+    template that rewrites an earlier reply: 'Sure.' against 'Sure!'): the second's miss
+    reason is a divergence at that token, with both sides decoded."""
+    c = client(server)
+    history = [{"role": "system", "content": INSTRUCTIONS},
+               {"role": "user", "content": "Can you plan a day in Lyon?"},
+               {"role": "assistant", "content": "Sure. Start at Fourviere, then the old town."},
+               {"role": "user", "content": "And the evening?"}]
+    bugged = [dict(m) for m in history]
+    bugged[2]["content"] = bugged[2]["content"].replace("Sure.", "Sure!")
+
+    def ask(messages):
+        r = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                      temperature=0, extra_body={"cache_salt": "template"})
+        return r.usage
+
+    first = ask(history)
+    assert first.model_extra["radixserve"]["cache"]["reason"] in ("never_seen", "diverged")
+    second = ask(bugged)
+    report = second.model_extra["radixserve"]["cache"]
+    assert report["reason"] == "diverged"
+    d = report["divergence"]
+    ids = server.engine.tokenizer.apply_chat_template(bugged)
+    assert d["position"] == report["matched_tokens"] == second.prompt_tokens_details.cached_tokens
+    assert d["position"] > len(server.engine.tokenizer.apply_chat_template(history[:2])) - 8
+    at = d["position"] - d["start"]
+    assert d["prompt_token_ids"][at] == ids[d["position"]] != d["cached_token_ids"][at]
+    assert d["prompt"][at] == "!" and d["cached"][at] == "."
+    server.check_invariants()
