@@ -28,6 +28,7 @@ DECODE_RESERVE_TOKENS = 16      # per running sequence, held back from admission
 LPM_QUEUE_LIMIT = 128           # beyond this many waiting, lpm falls back to arrival order
 AGING_TOKENS_PER_STEP = 32      # lpm: a waiting step is worth this many cached tokens
 SHARED_PREFIX_PROBE = 32        # tokens compared to spot a prefix another request computes
+LPM_MAX_WAIT_STEPS = 16         # lpm: a sequence waiting this many steps is ordered first
 
 
 def _progress_order(seq: SeqState) -> tuple:
@@ -40,6 +41,7 @@ class SchedulerConfig:
     max_running: int
     token_budget: int
     policy: str = "lpm"
+    max_wait_steps: int = LPM_MAX_WAIT_STEPS   # lpm's starvation bound (see _ordered_waiting)
 
 
 @dataclass
@@ -217,16 +219,28 @@ class Scheduler:
 
     def _ordered_waiting(self) -> list[tuple[SeqState, int | None]]:
         """Waiting sequences in admission order, with their cached prefix when it was
-        looked up for the ordering (lpm), so admission need not look it up again."""
+        looked up for the ordering (lpm), so admission need not look it up again.
+
+        lpm orders by cached prefix + 32 tokens per step waited, except that a sequence
+        that has waited `max_wait_steps` steps is *overdue* and goes before every other
+        (overdue ones by arrival). The guarantee: `max_wait_steps` steps after its arrival a
+        sequence is behind only sequences that arrived before it, so it waits no longer
+        than under fcfs from then on (memory and the token budget admitting in order)."""
         if self.config.policy == "fcfs" or len(self.waiting) > LPM_QUEUE_LIMIT:
             ordered = sorted(self.waiting, key=lambda s: (s.request.arrival_time, s.index))
             return [(s, None) for s in ordered]
         step = self.step
+        cap = self.config.max_wait_steps
         scored = []
         for s in self.waiting:
             cached = self.memory.cached_prefix_len(s)
-            aged = cached + AGING_TOKENS_PER_STEP * (step - s.request.arrival_step)
-            scored.append(((-aged, s.request.arrival_time, s.index), s, cached))
+            waited = step - s.request.arrival_step
+            if waited >= cap:       # overdue: ahead of every scored one, oldest first
+                key: tuple = (0, s.request.arrival_time, s.index)
+            else:
+                key = (1, -(cached + AGING_TOKENS_PER_STEP * waited), s.request.arrival_time,
+                       s.index)
+            scored.append((key, s, cached))
         scored.sort(key=lambda item: item[0])
         return [(s, cached) for _, s, cached in scored]
 
