@@ -48,6 +48,8 @@ class SamplingParams:
     n: int = 1                      # parallel samples sharing the prompt's pages
     logprobs: int | None = None     # top-k logprobs returned per generated token
     include_stop_str_in_output: bool = False
+    cache_key: str | None = None    # prompt_cache_key: a scheduling hint (lpm groups by it),
+                                    #   never a cache namespace
 
     @property
     def greedy(self) -> bool:

@@ -225,21 +225,40 @@ class Scheduler:
         that has waited `max_wait_steps` steps is *overdue* and goes before every other
         (overdue ones by arrival). The guarantee: `max_wait_steps` steps after its arrival a
         sequence is behind only sequences that arrived before it, so it waits no longer
-        than under fcfs from then on (memory and the token budget admitting in order)."""
+        than under fcfs from then on (memory and the token budget admitting in order).
+
+        Requests sharing a `prompt_cache_key` are ordered as one group: each takes the
+        group's best score (a running member counts with its cached prefix at admission),
+        and the group stays together (its first arrival breaks ties), so they are admitted
+        one after another and share what the first computes."""
         if self.config.policy == "fcfs" or len(self.waiting) > LPM_QUEUE_LIMIT:
             ordered = sorted(self.waiting, key=lambda s: (s.request.arrival_time, s.index))
             return [(s, None) for s in ordered]
         step = self.step
         cap = self.config.max_wait_steps
+        looked = [(s, self.memory.cached_prefix_len(s)) for s in self.waiting]
+        groups: dict[str, tuple[int, float]] = {}   # cache_key -> (best score, first arrival)
+        for s in self.running:      # a group being served keeps its admission score
+            if (key := s.params.cache_key) is not None:
+                best, first = groups.get(key, (0, s.request.arrival_time))
+                groups[key] = (max(best, s.prompt_cache_hit or 0),
+                               min(first, s.request.arrival_time))
+        for s, cached in looked:
+            key = s.params.cache_key
+            if key is not None:
+                aged = cached + AGING_TOKENS_PER_STEP * (step - s.request.arrival_step)
+                best, first = groups.get(key, (aged, s.request.arrival_time))
+                groups[key] = (max(best, aged), min(first, s.request.arrival_time))
         scored = []
-        for s in self.waiting:
-            cached = self.memory.cached_prefix_len(s)
+        for s, cached in looked:
             waited = step - s.request.arrival_step
+            arrival = s.request.arrival_time
             if waited >= cap:       # overdue: ahead of every scored one, oldest first
-                key: tuple = (0, s.request.arrival_time, s.index)
+                key: tuple = (0, arrival, s.index)
             else:
-                key = (1, -(cached + AGING_TOKENS_PER_STEP * waited), s.request.arrival_time,
-                       s.index)
+                aged, first = groups.get(s.params.cache_key,
+                                         (cached + AGING_TOKENS_PER_STEP * waited, arrival))
+                key = (1, -aged, first, arrival, s.index)
             scored.append((key, s, cached))
         scored.sort(key=lambda item: item[0])
         return [(s, cached) for _, s, cached in scored]

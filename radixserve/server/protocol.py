@@ -74,6 +74,7 @@ class _SamplingFields(Struct, kw_only=True):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     cache_salt: str | None = None             # vLLM's name: the prefix-cache namespace
+    prompt_cache_key: str | None = None       # OpenAI: a routing / grouping hint, not a namespace
 
     def check_common(self) -> None:
         """Refuse what validates as JSON but cannot be honoured."""
@@ -106,6 +107,7 @@ class _SamplingFields(Struct, kw_only=True):
             n=self.n,
             logprobs=logprobs,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            cache_key=self.prompt_cache_key,
         )
 
     @property

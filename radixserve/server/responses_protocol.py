@@ -91,7 +91,8 @@ class ResponsesRequest(Struct, kw_only=True):
             messages=[P.ChatMessage(role=m["role"], content=m["content"]) for m in messages],
             model=self.model, max_completion_tokens=self.max_output_tokens,
             temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-            tools=self.tools, cache_salt=self.cache_salt, user=self.user)
+            tools=self.tools, cache_salt=self.cache_salt, user=self.user,
+            prompt_cache_key=self.prompt_cache_key)
 
 
 # ---------------------------------------------------------------- the response object

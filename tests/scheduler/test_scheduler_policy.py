@@ -276,3 +276,22 @@ def test_without_the_bound_lpm_makes_the_cold_request_wait_for_aging():
             break
     assert bench.scheduler.step - arrival >= 1024 // AGING_TOKENS_PER_STEP
     bench.run()
+
+
+@pytest.mark.parametrize("key, order", [("conv-a", ["r1", "r2", "r3"]),
+                                        (None, ["r1", "r3", "r2"])])
+def test_lpm_admits_a_prompt_cache_key_group_together(key, order):
+    """r2 shares r1's prompt_cache_key but not its cached prefix: it takes r1's score and is
+    admitted right after it, before r3 (whose own score beats r2's); without the key, r3
+    goes first."""
+    rng = random.Random(4)
+    bench = Bench(max_running=8)
+    long_prefix, short_prefix = random_prompt(rng, 256), random_prompt(rng, 128)
+    cache_prefix(bench, long_prefix)
+    cache_prefix(bench, short_prefix)
+    bench.submit(long_prefix + random_prompt(rng, 4), request_id="r1", max_tokens=1,
+                 cache_key=key)
+    bench.submit(random_prompt(rng, 40), request_id="r2", max_tokens=1, cache_key=key)
+    bench.submit(short_prefix + random_prompt(rng, 4), request_id="r3", max_tokens=1)
+    assert ids(bench.step().plan.seqs) == order       # admitted in this order, in one step
+    bench.run()

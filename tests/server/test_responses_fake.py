@@ -186,3 +186,17 @@ def test_store_survives_a_restart_on_disk(tmp_path):
                              last_used=0, messages=[], reply="", token_ids=[1], body={}))
     clock.now += 61
     assert len(ResponseStore(10, 1000, 60, tmp_path, clock)) == 0      # lapsed while down
+
+
+def test_prompt_cache_key_is_a_scheduling_hint_never_a_namespace(fake):
+    c = client(fake)
+    c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "a"}],
+                              max_tokens=1, prompt_cache_key="k1")
+    c.completions.create(model="fake-model", prompt="b", max_tokens=1,
+                         extra_body={"prompt_cache_key": "k2"})
+    r = c.responses.create(model="fake-model", input="c", max_output_tokens=1,
+                           prompt_cache_key="k3")
+    assert r.prompt_cache_key == "k3"
+    calls = fake.engine.calls[-3:]
+    assert [params.cache_key for _, params, _ in calls] == ["k1", "k2", "k3"]
+    assert [namespace for _, _, namespace in calls] == [None, None, None]
