@@ -117,7 +117,8 @@ class SeenPrefixes:
             self._seen.popitem(last=False)
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of `a` and `b`."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -135,7 +136,7 @@ def _closest(node: TreeNode, tokens: Sequence[int], pos: int
         if i == CHILDREN_SCANNED:
             break
         edge = unpack(child.key[:ITEM_BYTES * (len(child.filed_as) // ITEM_BYTES + CONTEXT)])
-        n = _common(edge, tokens[pos:pos + len(edge)])
+        n = common_prefix(edge, tokens[pos:pos + len(edge)])
         if n > best_n or (n == best_n and child.last_access > best.last_access):
             best, best_n, best_edge = child, n, edge
     return best, max(best_n, 0), best_edge
@@ -169,7 +170,7 @@ def explain(tree: RadixCache, tokens: Sequence[int], namespace: str | None,
         child = node.children.get(pack(first)) if len(first) == tree.page_size else None
         if child is not None:
             edge = child.tokens
-            n = _common(edge, tokens[pos:pos + len(edge)])
+            n = common_prefix(edge, tokens[pos:pos + len(edge)])
         else:
             child, n, edge = _closest(node, tokens, pos)
             if child is None:

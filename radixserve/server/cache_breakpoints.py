@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixserve.cache.miss_reasons import common_prefix
 from radixserve.server.anthropic_protocol import Breakpoint, MessagesRequest
 from radixserve.server.errors import ApiError
 from radixserve.server.prompts import PromptBuilder
@@ -29,15 +30,6 @@ class CacheUsage:
     input_tokens: int                   # computed, after the last breakpoint
     cache_creation_input_tokens: int    # computed and kept up to the last breakpoint
     cache_read_input_tokens: int        # not computed: served from the cache
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 async def place(req: MessagesRequest, marks: list[Breakpoint], prompts: PromptBuilder,
