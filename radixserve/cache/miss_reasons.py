@@ -87,26 +87,28 @@ def tenant_of(namespace: str | None) -> str | None:
 
 
 class SeenPrefixes:
-    """Hashes of (namespace, prompt[:64k]) for the prompts admitted so far, bounded."""
+    """Hashes of (namespace, prompt[:chunk * k]) for the prompts admitted so far, bounded
+    (`chunk`: 64 tokens in the server; one block's keys in the replay tool)."""
 
-    def __init__(self, limit: int = SEEN_LIMIT):
+    def __init__(self, limit: int = SEEN_LIMIT, chunk: int = SEEN_CHUNK):
         self.limit = limit
+        self.chunk = chunk
         self._seen: OrderedDict[bytes, None] = OrderedDict()
 
-    @staticmethod
-    def chain(tokens: Sequence[int], namespace: str | None) -> list[bytes]:
-        """hash i covers tokens[:64 * (i + 1)]; each hash folds the one before it."""
+    def chain(self, tokens: Sequence[int], namespace: str | None) -> list[bytes]:
+        """hash i covers tokens[:chunk * (i + 1)]; each hash folds the one before it."""
         h = hashlib.blake2b(str(namespace).encode(), digest_size=16).digest()
         out = []
-        for start in range(0, len(tokens) - SEEN_CHUNK + 1, SEEN_CHUNK):
-            chunk = ",".join(map(str, tokens[start:start + SEEN_CHUNK])).encode()
+        step = self.chunk
+        for start in range(0, len(tokens) - step + 1, step):
+            chunk = ",".join(map(str, tokens[start:start + step])).encode()
             h = hashlib.blake2b(h + chunk, digest_size=16).digest()
             out.append(h)
         return out
 
     def knew(self, chain: list[bytes], position: int) -> bool:
-        """Was the prefix reaching past `position` (to the next 64-token mark) seen?"""
-        i = position // SEEN_CHUNK
+        """Was the prefix reaching past `position` (to the next chunk mark) seen?"""
+        i = position // self.chunk
         return i < len(chain) and chain[i] in self._seen
 
     def add(self, chain: list[bytes]) -> None:
@@ -194,7 +196,7 @@ def explain(tree: RadixCache, tokens: Sequence[int], namespace: str | None,
     if diverged is not None:
         return MissReport(MissReason.DIVERGED, matched, pool_tokens, divergence=diverged)
     if seen is not None and seen.knew(chain if chain is not None
-                                      else SeenPrefixes.chain(tokens, namespace), matched):
+                                      else seen.chain(tokens, namespace), matched):
         return MissReport(MissReason.EVICTED, matched, pool_tokens, "dropped")
     tenant = tenant_of(namespace)
     others = [ns for ns in tree.namespaces() if ns != namespace and tenant_of(ns) == tenant]

@@ -40,7 +40,7 @@ class SequenceMemory:
         if not self.use_cache:
             return None
         prompt = seq.request.prompt_ids
-        chain = SeenPrefixes.chain(prompt, seq.request.namespace)
+        chain = self.seen.chain(prompt, seq.request.namespace)
         report = explain(self.tree, prompt, seq.request.namespace, self.seen, chain)
         self.seen.add(chain)
         return report

@@ -39,7 +39,7 @@ def test_each_reason_on_a_small_tree():
     assert explain(tree, [8] * 80, "key-a").reason is MissReason.NEVER_SEEN
     # seen once, then evicted (dropped: no lower tier)
     other = list(range(500, 700))
-    seen.add(SeenPrefixes.chain(other, None))
+    seen.add(seen.chain(other, None))
     insert(tree, alloc, other)
     tree.evict(tree.evictable_tokens)
     r = explain(tree, other, None, seen)
