@@ -158,7 +158,9 @@ def test_a_template_bug_deep_in_the_history_is_named_with_its_position_and_token
         return r.usage
 
     first = ask(history)
-    assert first.model_extra["radixserve"]["cache"]["reason"] in ("never_seen", "diverged")
+    # (the instructions are cached under the conversation tests' salts: same tenant)
+    assert first.model_extra["radixserve"]["cache"]["reason"] in (
+        "never_seen", "diverged", "other_namespace")
     second = ask(bugged)
     report = second.model_extra["radixserve"]["cache"]
     assert report["reason"] == "diverged"
