@@ -659,6 +659,13 @@ class RadixCache:
             stack.extend(node.children.values())
 
     # ------------------------------------------------------------------ introspection
+    def namespace_root(self, namespace: str | None) -> TreeNode | None:
+        """The root of a namespace's subtree (None: it holds nothing); miss_reasons.py walks it."""
+        return self._ns_roots.get(namespace)
+
+    def namespaces(self) -> list[str | None]:
+        return list(self._ns_roots)
+
     def iter_nodes(self) -> Iterator[TreeNode]:
         """Every token-holding node, parents before children (a walk: not for hot paths)."""
         stack = list(self._ns_roots.values())

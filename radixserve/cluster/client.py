@@ -30,6 +30,7 @@ from ray.serve.exceptions import RequestCancelledError
 from radixserve.engine.errors import CacheBusy, NoDiskStore, PinConflict, UnknownPin, Unsupported
 from radixserve.engine.outputs import EngineStats, RequestOutput
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.routing.routers import cache_key_hash
 
 from .prefix_hashes import prompt_hashes
 from .replica import NamespaceReply, ReplicaInfo, ReplicaSnapshot
@@ -136,7 +137,8 @@ class RayEngineClient:
         if self.prompt_text_for_router:
             text = f"[{namespace}]" + self.tokenizer.decode(prompt_ids) if namespace \
                 else self.tokenizer.decode(prompt_ids)
-        route = RouteInfo(hashes, len(prompt_ids), prompt=text)
+        route = RouteInfo(hashes, len(prompt_ids), prompt=text,
+                          routing_key=cache_key_hash(params.cache_key))
         return self._stream(route, prompt_ids, params, namespace, request_id)
 
     async def _stream(self, route: RouteInfo, prompt_ids: list[int], params: SamplingParams,

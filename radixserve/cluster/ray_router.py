@@ -156,4 +156,5 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
         if self.policy == "pow2" or info is None or not info.hashes:
             return self._pow2.pick(range(n), queued)
         self._cache_aware.num_replicas = n
-        return self._cache_aware.choose(RouteRequest(info.hashes, info.prompt_tokens), view)
+        return self._cache_aware.choose(RouteRequest(info.hashes, info.prompt_tokens,
+                                                     info.routing_key), view)

@@ -17,3 +17,4 @@ class RouteInfo:
     prompt_tokens: int = 0
     target: str | None = None          # a replica id: this call must go there
     prompt: str = ""                   # prompt text, for the prefix-affinity router only
+    routing_key: int | None = None     # a prompt_cache_key's stable hash (routers.py)

@@ -64,6 +64,7 @@ class EngineConfig:
     grammar_cache_dir: str | None = None    # None: <cache dir>/grammars
     no_grammar_cache: bool = False          # keep compiled grammars in memory only
     grammar_compile_timeout_s: float = 10.0
+    lpm_max_wait_steps: int = 16         # lpm: waiting this many steps puts a request first
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -94,6 +95,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
     g.add_argument("--schedule-policy", default=d.schedule_policy, choices=["lpm", "fcfs"])
+    g.add_argument("--lpm-max-wait-steps", type=int, default=d.lpm_max_wait_steps,
+                   help="lpm's bound for cold requests: one that has waited this many steps "
+                        "is admitted before any later arrival (docs/conversations.md)")
     g.add_argument("--disable-radix-cache", action="store_true")
     g.add_argument("--eviction-policy", default=d.eviction_policy, choices=sorted(POLICIES),
                    help="which unlocked prefix the cache evicts first (docs/replay.md)")

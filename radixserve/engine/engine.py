@@ -71,7 +71,8 @@ class Engine(OneProcessStats):
             SchedulerConfig(page_size=config.page_size,
                             max_running=config.max_running_requests,
                             token_budget=config.chunked_prefill_size,
-                            policy=config.schedule_policy),
+                            policy=config.schedule_policy,
+                            max_wait_steps=config.lpm_max_wait_steps),
             self.seq_memory, self._stats)
         self.outputs = OutputProcessor(self.tokenizer, self._stats, self.max_model_len)
         self.core = EngineCore(self.scheduler, self.outputs)

@@ -99,7 +99,8 @@ class OutputProcessor:
         return RequestOutput(request_id=seq.request.request_id, index=seq.index,
                              token_ids=tokens, text=text,
                              arrival_time=seq.request.arrival_time,
-                             first_token_time=state.first_token_time, time=now)
+                             first_token_time=state.first_token_time, time=now,
+                             cached_tokens=seq.prompt_cache_hit)
 
     def _mark_final(self, out: RequestOutput, seq: SeqState, reason: str | None,
                     stop_reason: str | int | None) -> None:
@@ -108,6 +109,6 @@ class OutputProcessor:
         out.finish_reason = reason
         out.stop_reason = stop_reason
         out.usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=seq.num_generated,
-                          cached_tokens=seq.prompt_cache_hit or 0)
+                          cached_tokens=seq.prompt_cache_hit or 0, miss=seq.miss)
         counts = self.stats.requests_finished
         counts[reason] = counts.get(reason, 0) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixserve.engine.cache_stats import CacheStats, DiskStats, TierStats
 
@@ -19,6 +20,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int             # prompt tokens served from the prefix cache
+    miss: Any = None               # cache.miss_reasons.MissReport: where the match stopped, why
 
 
 @dataclass(slots=True)
@@ -36,6 +38,8 @@ class RequestOutput:
     arrival_time: float = 0.0      # time.monotonic() of the request's arrival
     first_token_time: float | None = None
     time: float = 0.0              # time.monotonic() when this event was produced
+    cached_tokens: int | None = None   # prompt tokens served from the cache (known from the
+                                       # first event on, so a stream can report it first)
 
 
 @dataclass

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from radixserve.engine.grammar import Matcher
+    from radixserve.cache.miss_reasons import MissReport
 
 NO_PAGES = np.zeros(0, dtype=np.int32)
 
@@ -81,6 +82,7 @@ class SeqState:
     num_generated: int = 0
     preemptions: int = 0
     matcher: "Matcher | None" = None        # constrained decoding (engine/grammar.py)
+    miss: "MissReport | None" = None       # why the prompt was not all cached (first admission)
 
     @property
     def params(self) -> SamplingParams:

@@ -53,6 +53,8 @@ class SamplingParams:
     logprobs: int | None = None     # top-k logprobs returned per generated token
     include_stop_str_in_output: bool = False
     grammar: "Grammar | None" = None  # constrained decoding: each sample gets a matcher
+    cache_key: str | None = None    # prompt_cache_key: a scheduling hint (lpm groups by it),
+                                    #   never a cache namespace
 
     @property
     def greedy(self) -> bool:

@@ -28,6 +28,7 @@ DECODE_RESERVE_TOKENS = 16      # per running sequence, held back from admission
 LPM_QUEUE_LIMIT = 128           # beyond this many waiting, lpm falls back to arrival order
 AGING_TOKENS_PER_STEP = 32      # lpm: a waiting step is worth this many cached tokens
 SHARED_PREFIX_PROBE = 32        # tokens compared to spot a prefix another request computes
+LPM_MAX_WAIT_STEPS = 16         # lpm: a sequence waiting this many steps is ordered first
 
 
 def _progress_order(seq: SeqState) -> tuple:
@@ -40,6 +41,7 @@ class SchedulerConfig:
     max_running: int
     token_budget: int
     policy: str = "lpm"
+    max_wait_steps: int = LPM_MAX_WAIT_STEPS   # lpm's starvation bound (see _ordered_waiting)
 
 
 @dataclass
@@ -179,6 +181,7 @@ class Scheduler:
             self.stats.prefix_hit_tokens += hit
             if seq.prompt_cache_hit is None:
                 seq.prompt_cache_hit = hit
+                seq.miss = self.memory.explain_miss(seq)
                 self.stats.prompt_tokens += seq.prompt_len
             else:
                 self.stats.recompute_hit_tokens += hit
@@ -216,16 +219,47 @@ class Scheduler:
 
     def _ordered_waiting(self) -> list[tuple[SeqState, int | None]]:
         """Waiting sequences in admission order, with their cached prefix when it was
-        looked up for the ordering (lpm), so admission need not look it up again."""
+        looked up for the ordering (lpm), so admission need not look it up again.
+
+        lpm orders by cached prefix + 32 tokens per step waited, except that a sequence
+        that has waited `max_wait_steps` steps is *overdue* and goes before every other
+        (overdue ones by arrival). The guarantee: `max_wait_steps` steps after its arrival a
+        sequence is behind only sequences that arrived before it, so it waits no longer
+        than under fcfs from then on (memory and the token budget admitting in order).
+
+        Requests sharing a `prompt_cache_key` are ordered as one group: each takes the
+        group's best score (a running member counts with its cached prefix at admission),
+        and the group stays together (its first arrival breaks ties), so they are admitted
+        one after another and share what the first computes."""
         if self.config.policy == "fcfs" or len(self.waiting) > LPM_QUEUE_LIMIT:
             ordered = sorted(self.waiting, key=lambda s: (s.request.arrival_time, s.index))
             return [(s, None) for s in ordered]
         step = self.step
+        cap = self.config.max_wait_steps
+        looked = [(s, self.memory.cached_prefix_len(s)) for s in self.waiting]
+        groups: dict[str, tuple[int, float]] = {}   # cache_key -> (best score, first arrival)
+        for s in self.running:      # a group being served keeps its admission score
+            if (key := s.params.cache_key) is not None:
+                best, first = groups.get(key, (0, s.request.arrival_time))
+                groups[key] = (max(best, s.prompt_cache_hit or 0),
+                               min(first, s.request.arrival_time))
+        for s, cached in looked:
+            key = s.params.cache_key
+            if key is not None:
+                aged = cached + AGING_TOKENS_PER_STEP * (step - s.request.arrival_step)
+                best, first = groups.get(key, (aged, s.request.arrival_time))
+                groups[key] = (max(best, aged), min(first, s.request.arrival_time))
         scored = []
-        for s in self.waiting:
-            cached = self.memory.cached_prefix_len(s)
-            aged = cached + AGING_TOKENS_PER_STEP * (step - s.request.arrival_step)
-            scored.append(((-aged, s.request.arrival_time, s.index), s, cached))
+        for s, cached in looked:
+            waited = step - s.request.arrival_step
+            arrival = s.request.arrival_time
+            if waited >= cap:       # overdue: ahead of every scored one, oldest first
+                key: tuple = (0, arrival, s.index)
+            else:
+                aged, first = groups.get(s.params.cache_key,
+                                         (cached + AGING_TOKENS_PER_STEP * waited, arrival))
+                key = (1, -aged, first, arrival, s.index)
+            scored.append((key, s, cached))
         scored.sort(key=lambda item: item[0])
         return [(s, cached) for _, s, cached in scored]
 

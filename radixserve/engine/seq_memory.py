@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from radixserve.cache.memory import PagedMemory
+from radixserve.cache.miss_reasons import MissReport, SeenPrefixes, explain
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.tiers import ReadPending
 from radixserve.engine.request import SeqState
@@ -32,6 +33,18 @@ class SequenceMemory:
         self.use_cache = use_cache
         self.lookahead_pages = LOOKAHEAD_TOKENS // self.page_size
         self.lookahead_floor = memory.num_pages // 4
+        self.seen = SeenPrefixes()
+
+    def explain_miss(self, seq: SeqState) -> MissReport | None:
+        """Where the prompt stops matching in the tree and why (cache/miss_reasons.py); then
+        the prompt is remembered as seen. None without the cache."""
+        if not self.use_cache:
+            return None
+        prompt = seq.request.prompt_ids
+        chain = self.seen.chain(prompt, seq.request.namespace)
+        report = explain(self.tree, prompt, seq.request.namespace, self.seen, chain)
+        self.seen.add(chain)
+        return report
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)

@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-every", type=int, default=0, metavar="N",
                         help="debug: check tree invariants and page conservation every "
                         "N requests")
+    parser.add_argument("--miss-reasons", action="store_true",
+                        help="count each request's miss reason (hit, diverged, evicted, "
+                             "never_seen...: docs/conversations.md), as the server reports it")
     parser.add_argument("--tile", type=int, default=1, metavar="N",
                         help="replay the trace N times over, one copy after another, each "
                         "with its own hash ids (a bigger trace of the same kind)")
@@ -124,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
             include_outputs=args.include_outputs, warmup_fraction=args.warmup_fraction,
             limit=args.limit, on_error=args.on_error, model=args.model,
             progress=not args.no_progress and not args.json, check_every=args.check_every,
+            miss_reasons=args.miss_reasons,
             tile=args.tile)
         report, table, plot = _simulate(args, options)
     except (TraceError, ValueError, OSError) as exc:

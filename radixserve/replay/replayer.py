@@ -15,10 +15,11 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 from radixserve.cache.memory import PagedMemory
+from radixserve.cache.miss_reasons import SeenPrefixes, explain
 from radixserve.cache.page_allocator import OutOfPages
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.radix_cache import RadixCache
@@ -33,6 +34,7 @@ class ReplayConfig:
     concurrency: int = 1            # requests in flight holding their locks
     warmup_fraction: float = 0.0    # leading share of requests left out of the rates
     check_every: int = 0            # run the conservation checks every N requests (tests)
+    miss_reasons: bool = False      # count each request's miss reason (cache/miss_reasons.py)
 
     def __post_init__(self):
         if self.concurrency < 1:
@@ -94,6 +96,7 @@ class ReplayStats(HitCounts):
     hit_requests: int = 0        # measured requests with any hit
     unfit_requests: int = 0      # measured requests too big for the capacity (misses)
     seconds: float = 0.0
+    miss_reasons: dict[str, int] = field(default_factory=dict)   # measured requests by reason
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -130,11 +133,21 @@ class _Run:
                       else PagedMemory)
         self.mem = memory(num_pages, self.cache)
         self.inflight: deque[_InFlight] = deque()
+        self.seen = SeenPrefixes(chunk=space.tree_page_size) if config.miss_reasons else None
+        self.last_reason: str | None = None
+
+    def explain(self, item: ReplayItem) -> None:
+        """Where the request's prompt stops matching and why, as the server reports it."""
+        chain = self.seen.chain(item.prompt_keys, None)
+        self.last_reason = explain(self.cache, item.prompt_keys, None, self.seen, chain).reason.value
+        self.seen.add(chain)
 
     def admit(self, item: ReplayItem) -> int | None:
         """Run one request's admission; its hit tokens, or None when it cannot fit."""
         space = self.space
         L = item.prompt_len
+        if self.seen is not None:
+            self.explain(item)
         lease = PrefixLease(self.mem)
         match = lease.acquire(item.prompt_keys, max_tokens=space.max_match_keys(L))
         hit = space.hit_tokens(match.matched_tokens, len(match.pages), match.cow_tokens > 0, L)
@@ -213,6 +226,8 @@ def replay(workload: Workload, config: ReplayConfig,
         hit = run.serve(item)
         if i >= warmup:
             stats.count(item.prompt_len, hit)
+            if run.last_reason is not None:
+                stats.miss_reasons[run.last_reason] = stats.miss_reasons.get(run.last_reason, 0) + 1
         run.after_request(i, progress)
     run.finish()
     stats.requests = len(workload)

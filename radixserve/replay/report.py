@@ -124,6 +124,11 @@ def format_table(report: ReplayReport) -> str:
     lines.append(f"{'ceiling':>10} {'-':>8} {c.token_hit_rate:9.2%} "
                  f"{c.request_hit_rate:8.2%} {c.hit_tokens:13,d} {'-':>10} {'-':>10} "
                  f"{c.unfit_requests:6d} {c.seconds:7.2f}")
+    for p in [*report.points, c]:
+        if p.miss_reasons:
+            counts = ", ".join(f"{k} {v:,d}" for k, v in sorted(p.miss_reasons.items()))
+            where = "ceiling" if p is c else f"{p.policy} @ {human_tokens(p.capacity_tokens)}"
+            lines.append(f"miss reasons ({where}, requests): {counts}")
     lines.append(f"prompt tokens measured: {c.query_tokens:,d} over "
                  f"{c.measured_requests:,d} requests")
     if report.skipped_lines:

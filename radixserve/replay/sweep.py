@@ -30,6 +30,7 @@ class SweepOptions:
     model: str = "smollm2-135m-instruct"
     progress: bool = False
     check_every: int = 0
+    miss_reasons: bool = False
     tile: int = 1
 
 
@@ -112,7 +113,7 @@ def run_sweep(opts: SweepOptions, warn: Callable[[str], None] = lambda _: None
 
     def one(cap: int | None, policy: str):
         config = ReplayConfig(cap, policy, opts.concurrency, opts.warmup_fraction,
-                              opts.check_every)
+                              opts.check_every, opts.miss_reasons)
         if bar is not None:
             bar.set_postfix_str(f"{policy} @ {cap if cap is not None else 'inf'}")
         return replay(workload, config, bar.update if bar is not None else None)

@@ -28,6 +28,14 @@ from typing import Protocol
 class RouteRequest:
     page_keys: Sequence[int]   # chained key of each prompt page, in order
     prompt_tokens: int
+    routing_key: int | None = None  # stable hash of a prompt_cache_key: replaces the first
+                                    #   page as the sticky key (ties, consistent hashing)
+
+    @property
+    def sticky_key(self) -> int:
+        if self.routing_key is not None:
+            return self.routing_key
+        return self.page_keys[0] if len(self.page_keys) else 0
 
 
 class ClusterView(Protocol):
@@ -49,6 +57,14 @@ def stable_hash(*parts: int) -> int:
     """A 64-bit hash that is the same in every process (Python's hash() is salted)."""
     data = b"".join(int(p).to_bytes(16, "little", signed=True) for p in parts)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def cache_key_hash(prompt_cache_key: str | None) -> int | None:
+    """A `prompt_cache_key` as a routing key (the same in every process)."""
+    if prompt_cache_key is None:
+        return None
+    digest = hashlib.blake2b(prompt_cache_key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def rendezvous(key: int, candidates: Sequence[int]) -> int:
@@ -122,6 +138,8 @@ class ConsistentHashRouter(Router):
     def choose(self, request, view):
         keys = request.page_keys[: self.key_pages]
         h = stable_hash(*keys) if len(keys) else 0
+        if request.routing_key is not None:
+            h = request.routing_key
         i = bisect_right(self._points, h) % len(self._points)
         return self._owners[i]
 
@@ -276,8 +294,7 @@ class CacheAwareRouter(Router):
         tied = [r for r in candidates if scores[r] == best]
         if len(tied) == 1:
             return tied[0]
-        key = request.page_keys[0] if len(request.page_keys) else 0
-        return rendezvous(key, tied)
+        return rendezvous(request.sticky_key, tied)
 
 
 ROUTERS = ("cache-aware", "prefix-affinity", "pow2", "round-robin", "consistent-hash")

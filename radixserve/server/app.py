@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from radixserve.server import native_api, openai_api, openapi, pin_routes, ui_routes
+from radixserve.server import (anthropic_api, native_api, openai_api, openapi, pin_routes,
+                               responses_api, ui_routes)
 from radixserve.server.connections import LimitedSite
 from radixserve.server.errors import ApiError, api_error_from
 from radixserve.server.state import (CALLER, STATE, Caller, ServerConfig, ServerState,
@@ -31,7 +32,8 @@ PUBLIC_PATHS = frozenset({"/health", "/ui",    # /ui: the page shell, no data (u
                           openapi.OPENAPI_PATH})
 LINGER_S = 1.0
 # Route modules, each with add_routes(app). Another module (e.g. a UI) appends itself here.
-ROUTE_MODULES = [openai_api, native_api, pin_routes, ui_routes, openapi]
+ROUTE_MODULES = [openai_api, native_api, pin_routes, ui_routes, responses_api, anthropic_api,
+                 openapi]
 
 
 def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiError:
@@ -94,6 +96,11 @@ def check_json_body(request: web.Request) -> None:
                        type="invalid_request_error", code="unsupported_media_type")
 
 
+def _bearer(anthropic_key: str | None) -> str | None:
+    """Anthropic's clients send the key as `x-api-key`."""
+    return None if anthropic_key is None else "Bearer " + anthropic_key
+
+
 @web.middleware
 async def gate_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Refuse new work while draining or starting; check the API key, then a POST's origin
@@ -108,11 +115,12 @@ async def gate_middleware(request: web.Request, handler) -> web.StreamResponse:
                        headers={"Retry-After": str(state.config.retry_after_s)})
     auth = state.config.auth
     if auth.enabled and request.path not in PUBLIC_PATHS:
-        key = auth.check(request.headers.get("Authorization"))
+        key = auth.check(request.headers.get("Authorization")
+                         or _bearer(request.headers.get("x-api-key")))
         if key is None:
             raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            type="invalid_request_error", code="invalid_api_key")
-        request[CALLER] = Caller(auth.key_namespace(key), auth.is_admin(key))
+        request[CALLER] = Caller(auth.key_namespace(key), auth.is_admin(key), auth.key_owner(key))
     if request.method == "POST":
         check_origin(request, state.config.allowed_origins)
         check_json_body(request)

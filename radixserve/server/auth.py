@@ -45,6 +45,11 @@ class AuthConfig:
                 found = key
         return found
 
+    def key_owner(self, key: str) -> str:
+        """Who owns what a key stores (stored responses), with or without per-key
+        namespaces: a digest, never the key."""
+        return "owner-" + _digest("owner", key)
+
     def key_namespace(self, key: str | None) -> str | None:
         if key is None or not self.namespace_per_api_key:
             return None

@@ -25,6 +25,7 @@ from radixserve.engine.config import EngineConfig, add_engine_arguments
 from radixserve.phase_timer import PhaseTimer
 from radixserve.server.app import RunningServer, bound_address, drain_and_stop, start_server
 from radixserve.server.auth import AuthConfig
+from radixserve.server.conversations import ConversationConfig
 from radixserve.server.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
 from radixserve.units import parse_bytes
 
@@ -68,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ui-show-text", action="store_true",
                    help="the cache view (/ui, /cache/tree) shows token text, to each caller "
                         "for its own namespace only (default: prefixes named by hash)")
+    add_conversation_arguments(parser)
     add_engine_arguments(parser)
     add_cluster_arguments(parser)
 
@@ -90,7 +92,36 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         shutdown_grace_s=args.shutdown_grace_s,
                         served_model_name=args.served_model_name,
                         retry_after_s=args.retry_after_s, access_log=args.access_log,
-                        ui_show_text=args.ui_show_text)
+                        ui_show_text=args.ui_show_text,
+                        conversations=conversation_config(args))
+
+
+def add_conversation_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("stored responses (/v1/responses, docs/conversations.md)")
+    d = ConversationConfig()
+    g.add_argument("--response-max-stored", type=int, default=d.max_responses,
+                   help="stored responses kept at most (least recently used dropped first)")
+    g.add_argument("--response-max-tokens", type=int, default=d.max_tokens,
+                   help="token ids all stored responses may hold together")
+    g.add_argument("--response-ttl-s", type=float, default=d.ttl_s,
+                   help="a stored response unused this long is dropped (its id answers 404)")
+    g.add_argument("--response-pin-ttl-s", type=float, default=d.pin_ttl_s,
+                   help="a stored response's tokens stay pinned in the KV pool this long after "
+                        "its last use (0: no pins; an unpinned history is recomputed)")
+    g.add_argument("--response-pin-tokens", type=int, default=None,
+                   help="tokens those pins may hold together (default: --max-pinned-tokens)")
+    g.add_argument("--cache-control-pin-tokens", type=int, default=None,
+                   help="tokens the pins of /v1/messages cache_control breakpoints may hold "
+                        "together; a breakpoint beyond it is a 400 (default: "
+                        "--max-pinned-tokens)")
+
+
+def conversation_config(args: argparse.Namespace) -> ConversationConfig:
+    return ConversationConfig(max_responses=args.response_max_stored,
+                              max_tokens=args.response_max_tokens, ttl_s=args.response_ttl_s,
+                              pin_ttl_s=args.response_pin_ttl_s,
+                              pin_tokens=args.response_pin_tokens,
+                              cache_control_pin_tokens=args.cache_control_pin_tokens)
 
 
 def describe_pool(engine) -> str:

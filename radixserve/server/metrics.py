@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -137,6 +137,14 @@ class ServerMetrics:
         self.itl = Histogram("radixserve_inter_token_latency_seconds",
                              "Time between consecutive generated tokens of a sample",
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.misses = Counter("radixserve_prompt_cache_misses",
+                              "Samples by where their prompt stopped matching the cache and why "
+                              "(cache/miss_reasons.py; reason 'hit': nothing missing)",
+                              ["reason", "tier"], registry=self.registry)
+        self.missed_tokens = Counter("radixserve_prompt_cache_missed_tokens",
+                                     "Prompt tokens computed (not served from the cache), by "
+                                     "the reason the match stopped", ["reason"],
+                                     registry=self.registry)
         self.e2e = Histogram("radixserve_e2e_request_latency_seconds",
                              "Arrival to the last sample's final output", buckets=_LATENCY_BUCKETS,
                              registry=self.registry)
@@ -174,6 +182,11 @@ class RequestTimer:
                 for _ in range(k):
                     self._m.itl.observe(gap)
             self._last[out.index] = out.time
+        if out.finished and out.usage is not None and out.usage.miss is not None:
+            miss = out.usage.miss
+            self._m.misses.labels(miss.reason.value, miss.tier or "").inc()
+            self._m.missed_tokens.labels(miss.reason.value).inc(
+                out.usage.prompt_tokens - out.usage.cached_tokens)
         if out.finished:
             self._unfinished -= 1
             if self._unfinished == 0 and out.finish_reason in ("stop", "length"):

@@ -18,6 +18,7 @@ from radixserve.engine.outputs import RequestOutput, TokenLogprob
 from radixserve.server import protocol as P
 from radixserve.server.engine_client import EngineClient, TokenizerClient
 from radixserve.server.errors import ApiError
+from radixserve.server.miss_report import cache_extension
 from radixserve.server.prompts import Prepared
 from radixserve.server.tool_parser import ToolCall, ToolCallStream, parse_calls
 
@@ -95,6 +96,7 @@ class Renderer:
                 c.tool_stream = ToolCallStream(prepared.tools.names)
         self.prompt_tokens = len(prepared.prompt_ids)
         self.cached_tokens = 0
+        self.miss = None                # cache.miss_reasons.MissReport of the first sample
         self.wants_logprobs = prepared.params.logprobs is not None
         self.include_usage = include_usage
         self.stopped = False            # sse.EventSource: an error ended the stream
@@ -114,12 +116,16 @@ class Renderer:
                 c.completion_tokens = out.usage.completion_tokens
                 self.prompt_tokens = out.usage.prompt_tokens
                 self.cached_tokens = max(self.cached_tokens, out.usage.cached_tokens)
+                if out.index == 0:
+                    self.miss = out.usage.miss
         return c
 
     def usage(self) -> P.UsageInfo:
         completion = sum(c.completion_tokens if c.completion_tokens is not None else c.num_tokens
                          for c in self.choices)
-        return P.usage_info(self.prompt_tokens, completion, self.cached_tokens)
+        extension = cache_extension(self.miss, self.tokenizer)
+        return P.usage_info(self.prompt_tokens, completion, self.cached_tokens,
+                            None if extension is None else {"cache": extension})
 
     @staticmethod
     def failure(out: RequestOutput) -> ApiError | None:

@@ -94,6 +94,7 @@ class _SamplingFields(Struct, kw_only=True):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     cache_salt: str | None = None             # vLLM's name: the prefix-cache namespace
+    prompt_cache_key: str | None = None       # OpenAI: a routing / grouping hint, not a namespace
 
     def check_common(self) -> None:
         """Refuse what validates as JSON but cannot be honoured."""
@@ -126,6 +127,7 @@ class _SamplingFields(Struct, kw_only=True):
             n=self.n,
             logprobs=logprobs,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            cache_key=self.prompt_cache_key,
         )
 
     @property
@@ -369,11 +371,12 @@ class PromptTokensDetails(Struct):
     cached_tokens: int
 
 
-class UsageInfo(Struct):
+class UsageInfo(Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    radixserve: dict[str, Any] | None = None    # extension: how the prompt met the cache
 
 
 class TopLogprob(Struct):
@@ -513,7 +516,8 @@ class ModelList(Struct):
     data: list[ModelCard]
 
 
-def usage_info(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+def usage_info(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+               extension: dict[str, Any] | None = None) -> UsageInfo:
     return UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens,
-                     PromptTokensDetails(cached_tokens))
+                     PromptTokensDetails(cached_tokens), extension)
 

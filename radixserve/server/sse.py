@@ -22,7 +22,18 @@ DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
 
 
+class NamedEvent(msgspec.Struct):
+    """An event with a type line (`event: name`), as the Responses and Anthropic streams
+    send them."""
+
+    name: str
+    data: Any
+
+
 def event(body: Any) -> bytes:
+    if isinstance(body, NamedEvent):
+        return (b"event: " + body.name.encode() + b"\ndata: " + msgspec.json.encode(body.data)
+                + b"\n\n")
     return b"data: " + msgspec.json.encode(body) + b"\n\n"
 
 

@@ -16,6 +16,7 @@ import msgspec
 from aiohttp import web
 
 from radixserve.server.auth import AuthConfig
+from radixserve.server.conversations import ConversationConfig, Conversations
 from radixserve.server.engine_client import EngineClient
 from radixserve.server.errors import ApiError
 from radixserve.server.metrics import ServerMetrics
@@ -43,6 +44,7 @@ class ServerConfig:
     sse_keepalive_s: float = 5.0        # a ': keep-alive' comment while a stream has no token
     allowed_origins: tuple[str, ...] = ()   # cross-origin pages allowed to POST (same-origin is)
     ui_show_text: bool = False      # the cache view may show token text (own namespace only)
+    conversations: ConversationConfig = field(default_factory=ConversationConfig)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Caller:
 
     key_namespace: str | None = None
     admin: bool = True
+    owner: str | None = None        # the key's digest: who may read what it stored
 
 
 @dataclass(eq=False)
@@ -67,6 +70,7 @@ class ServerState:
     # request ids being served -> set when the server ends them (shutdown grace ending)
     active: dict[str, asyncio.Event] = field(default_factory=dict)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    conversations: Conversations | None = None      # stored responses (POST /v1/responses)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -81,7 +85,8 @@ class ServerState:
         grammars = grammar_compiler(engine)
         metrics.registry.register(GrammarCollector(grammars.stats, engine.stats))
         return cls(engine=engine, config=config, info=info, metrics=metrics,
-                   prompts=PromptBuilder(engine.tokenizer, info, grammars=grammars))
+                   prompts=PromptBuilder(engine.tokenizer, info, grammars=grammars),
+                   conversations=Conversations.for_engine(engine, config.conversations))
 
     @contextmanager
     def track(self) -> Iterator[str]:

@@ -137,3 +137,19 @@ def test_bad_numbers_get_clear_messages(cycle_trace, capsys, flags, message):
     assert replay_main([str(cycle_trace), "--block-size", "4", "--no-progress"] + flags) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_miss_reasons_in_aggregate(cycle_trace, capsys):
+    """Each repeat finds its block cached (room for everything) and stops at its own tail,
+    never seen; at 12 tokens under LRU the block was evicted in between (dropped: no lower
+    tier)."""
+    code = replay_main([str(cycle_trace), "--block-size", "4", "--capacity-tokens", "12,1k",
+                        "--policy", "lru", "--no-optimal", "--miss-reasons", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    points = {p["capacity_tokens"]: p["miss_reasons"] for p in report["points"]}
+    assert points[1000] == report["ceiling"]["miss_reasons"] == {"never_seen": 9}
+    assert points[12] == {"never_seen": 3, "evicted": 6}
+    replay_main([str(cycle_trace), "--block-size", "4", "--capacity-tokens", "12",
+                 "--policy", "lru", "--no-optimal", "--miss-reasons"])
+    assert "miss reasons (lru @ 12, requests): evicted 6, never_seen 3" in capsys.readouterr().out

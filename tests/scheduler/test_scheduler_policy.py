@@ -47,6 +47,7 @@ def test_lpm_ages_waiting_requests(delay, policy, winner):
     assert AGING_TOKENS_PER_STEP * 7 < 256 < AGING_TOKENS_PER_STEP * 9
     rng = random.Random(1)
     bench = Bench(max_running=1, policy=policy)
+    bench.scheduler.config.max_wait_steps = 10**9      # aging alone (the bound: below)
     shared = random_prompt(rng, 256)
     cache_prefix(bench, shared)
     blocker = bench.submit(random_prompt(rng, 8), max_tokens=30)   # holds the one slot
@@ -233,3 +234,64 @@ def test_a_hit_whose_lock_blocks_its_own_admission_is_given_up():
     final = bench.final("b")
     assert final.finished and final.usage.completion_tokens == 2
     assert final.usage.cached_tokens == 0
+
+
+@pytest.mark.parametrize("cap", [4, 16])
+def test_lpm_admits_a_cold_request_within_its_wait_bound(cap):
+    """A stream of hot requests (1,024 cached tokens each: 32 steps of aging) keeps arriving
+    while one slot serves them; the cold one is admitted within `max_wait_steps` steps of
+    its arrival plus the running request's end, and never before an older hot one."""
+    rng = random.Random(3)
+    bench = Bench(max_running=1)
+    bench.scheduler.config.max_wait_steps = cap
+    shared = random_prompt(rng, 1024)
+    cache_prefix(bench, shared)
+    bench.submit(shared + random_prompt(rng, 4), max_tokens=3)
+    bench.step()
+    arrival = bench.scheduler.step
+    bench.submit(random_prompt(rng, 16), request_id="cold", max_tokens=1)
+    admitted_at = None
+    for i in range(200):
+        bench.submit(shared + random_prompt(rng, 4), request_id=f"hot{i}", max_tokens=1)
+        record = bench.step()
+        if "cold" in ids(record.admitted):
+            admitted_at = record.step
+            break
+    assert admitted_at is not None and admitted_at - arrival <= cap + 3
+    assert admitted_at - arrival >= min(cap, 3)      # hot ones did go first while not overdue
+    bench.run()
+
+
+def test_without_the_bound_lpm_makes_the_cold_request_wait_for_aging():
+    rng = random.Random(3)
+    bench = Bench(max_running=1)
+    bench.scheduler.config.max_wait_steps = 10**9
+    shared = random_prompt(rng, 1024)
+    cache_prefix(bench, shared)
+    bench.submit(random_prompt(rng, 16), request_id="cold", max_tokens=1)
+    arrival = bench.scheduler.step
+    for i in range(200):
+        bench.submit(shared + random_prompt(rng, 4), request_id=f"hot{i}", max_tokens=1)
+        if "cold" in ids(bench.step().admitted):
+            break
+    assert bench.scheduler.step - arrival >= 1024 // AGING_TOKENS_PER_STEP
+    bench.run()
+
+
+@pytest.mark.parametrize("key, order", [("conv-a", ["r1", "r2", "r3"]),
+                                        (None, ["r1", "r3", "r2"])])
+def test_lpm_admits_a_prompt_cache_key_group_together(key, order):
+    """r2 shares r1's prompt_cache_key but not its cached prefix: it takes r1's score and is
+    admitted right after it, before r3 (whose own score beats r2's); without the key, r3
+    goes first."""
+    rng = random.Random(4)
+    bench = Bench(max_running=8)
+    long_prefix, short_prefix = random_prompt(rng, 256), random_prompt(rng, 128)
+    cache_prefix(bench, long_prefix)
+    cache_prefix(bench, short_prefix)
+    bench.submit(long_prefix + random_prompt(rng, 4), request_id="r1", max_tokens=1,
+                 cache_key=key)
+    bench.submit(random_prompt(rng, 40), request_id="r2", max_tokens=1, cache_key=key)
+    bench.submit(short_prefix + random_prompt(rng, 4), request_id="r3", max_tokens=1)
+    assert ids(bench.step().plan.seqs) == order       # admitted in this order, in one step
+    bench.run()

@@ -1,0 +1,156 @@
+"""An Anthropic-compatible `POST /v1/messages`: system, messages, streaming events in
+Anthropic's format, and `cache_control` breakpoints kept as TTL pins (cache_breakpoints.py),
+with exact `cache_read_input_tokens` / `cache_creation_input_tokens`. Runs as a chat request
+through the chat route's pipeline, so the official `anthropic` client works unchanged."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+
+from radixserve.engine.outputs import RequestOutput
+from radixserve.server import cache_breakpoints as B
+from radixserve.server.anthropic_protocol import MessagesRequest
+from radixserve.server.body import read_json
+from radixserve.server.engine_client import TokenizerClient
+from radixserve.server.miss_report import cache_extension
+from radixserve.server.openai_serving import Renderer, run_on_engine
+from radixserve.server.prompts import Prepared, prepare_chat
+from radixserve.server.sse import NamedEvent, stream_events
+from radixserve.server.state import STATE, caller, json_response
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+
+
+class MessageBuilder:
+    """One message's outputs, rendered as Anthropic's body or its stream events."""
+
+    def __init__(self, model: str, prepared: Prepared, placed: list[B.PlacedBreakpoint],
+                 tokenizer: TokenizerClient):
+        self.id = "msg_" + uuid.uuid4().hex
+        self.tokenizer = tokenizer
+        self.model = model
+        self.prepared = prepared
+        self.placed = placed
+        self.text: list[str] = []
+        self.cached: int | None = None
+        self.final: RequestOutput | None = None
+        self.started = False
+        self.stopped = False            # sse.EventSource
+
+    def add(self, out: RequestOutput) -> None:
+        self.text.append(out.text)
+        if out.cached_tokens is not None:
+            self.cached = out.cached_tokens
+        if out.finished:
+            self.final = out
+            if out.usage is not None:
+                self.cached = out.usage.cached_tokens
+
+    def usage(self, output_tokens: int) -> dict[str, Any]:
+        split = B.split_usage(len(self.prepared.prompt_ids), self.cached or 0, self.placed)
+        return {"input_tokens": split.input_tokens,
+                "cache_creation_input_tokens": split.cache_creation_input_tokens,
+                "cache_read_input_tokens": split.cache_read_input_tokens,
+                "output_tokens": output_tokens,
+                "radixserve": {"cache": cache_extension(
+                    self.final.usage.miss if self.final and self.final.usage else None,
+                    self.tokenizer)}}
+
+    def stop(self) -> tuple[str | None, str | None]:
+        final = self.final
+        if final is None:
+            return None, None
+        if isinstance(final.stop_reason, str):
+            return "stop_sequence", final.stop_reason
+        return STOP_REASONS.get(final.finish_reason or "", "end_turn"), None
+
+    def output_tokens(self) -> int:
+        final = self.final
+        return final.usage.completion_tokens if final is not None and final.usage else 0
+
+    def message(self, text: str, with_stop: bool = True) -> dict[str, Any]:
+        reason, sequence = self.stop() if with_stop else (None, None)
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                "content": [{"type": "text", "text": text}] if with_stop else [],
+                "stop_reason": reason, "stop_sequence": sequence,
+                "usage": self.usage(self.output_tokens() if with_stop else 0)}
+
+    def body(self) -> dict[str, Any]:
+        return self.message("".join(self.text))
+
+    # -- sse.EventSource (outputs are `add`ed by the handler first)
+
+    def on_output(self, out: RequestOutput) -> list[Any]:
+        events = []
+        if not self.started:
+            self.started = True
+            events += [NamedEvent("message_start", {"type": "message_start",
+                                                    "message": self.message("", False)}),
+                       NamedEvent("content_block_start", {
+                           "type": "content_block_start", "index": 0,
+                           "content_block": {"type": "text", "text": ""}})]
+        if out.text:
+            events.append(NamedEvent("content_block_delta", {
+                "type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": out.text}}))
+        if out.finished and (err := Renderer.failure(out)) is not None:
+            events.append(NamedEvent("error", {"type": "error", "error": {
+                "type": err.type, "message": err.message}}))
+            self.stopped = True
+        return events
+
+    def closing(self) -> list[Any]:
+        reason, sequence = self.stop()
+        return [NamedEvent("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                NamedEvent("message_delta", {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": self.usage(self.output_tokens())}),
+                NamedEvent("message_stop", {"type": "message_stop"})]
+
+    def abort_outputs(self) -> list[RequestOutput]:
+        if self.final is not None:
+            return []
+        return [RequestOutput("", 0, [], "", True, "abort", "aborted by the server")]
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    conv = state.conversations
+    assert conv is not None
+    req = await read_json(request, MessagesRequest)
+    req.check()
+    marks = req.breakpoints()
+    prepared = await prepare_chat(req.chat_request(), state.prompts,
+                                  caller(request).key_namespace)
+    ids = prepared.prompt_ids
+    placed = await B.place(req, marks, state.prompts, ids)
+    B.check_budget(conv.breakpoints, placed, ids, prepared.namespace)
+    builder = MessageBuilder(state.info.name, prepared, placed, state.engine.tokenizer)
+    observer = state.metrics.observer(1)
+
+    async def kept(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+        async for out in outputs:
+            builder.add(out)
+            if out.finished and Renderer.failure(out) is None:
+                await B.keep(conv.breakpoints, placed, ids, prepared.namespace)
+            yield out
+
+    with state.track() as request_id:
+        async with run_on_engine(state.engine, prepared, observer, request_id) as outputs:
+            if req.stream:
+                return await stream_events(request, kept(outputs), builder,
+                                           state.config.sse_keepalive_s,
+                                           state.stop_event(request_id))
+            async for _ in kept(outputs):
+                pass
+    if builder.final is not None and (err := Renderer.failure(builder.final)) is not None:
+        raise err
+    return json_response(builder.body())
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/messages", create_message)

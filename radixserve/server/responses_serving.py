@@ -1,0 +1,144 @@
+"""One response of the Responses API: its outputs accumulated into the response object, and
+its stream in OpenAI's event types (`response.created` ... `response.completed`), each
+written as `event: <type>` + `data: {...}` with a `sequence_number`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from radixserve.engine.outputs import RequestOutput
+from radixserve.server.conversations import TurnPrompt
+from radixserve.server.engine_client import TokenizerClient
+from radixserve.server.errors import ApiError
+from radixserve.server.miss_report import cache_extension
+from radixserve.server.openai_serving import Renderer
+from radixserve.server.responses_protocol import (OutputMessage, OutputText, ResponseObject,
+                                                  ResponsesRequest, response_usage)
+from radixserve.server.sse import NamedEvent
+
+
+class ResponseBuilder:
+    """Accumulates one response's outputs (n is 1) and renders its object and events."""
+
+    def __init__(self, response_id: str, model: str, req: ResponsesRequest, turn: TurnPrompt,
+                 tokenizer: TokenizerClient):
+        self.id = response_id
+        self.tokenizer = tokenizer
+        self.model = model
+        self.req = req
+        self.turn = turn
+        self.created_at = int(time.time())
+        self.message_id = "msg_" + uuid.uuid4().hex
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.final: RequestOutput | None = None
+        self.sequence = 0
+        self.stopped = False            # sse.EventSource: an error ended the stream
+
+    # -- accumulation
+
+    def add(self, out: RequestOutput) -> None:
+        self.text.append(out.text)
+        self.token_ids.extend(out.token_ids)
+        if out.finished:
+            self.final = out
+
+    @property
+    def reply(self) -> str:
+        return "".join(self.text)
+
+    def failure(self) -> ApiError | None:
+        return Renderer.failure(self.final) if self.final is not None else None
+
+    # -- the response object
+
+    def extension(self) -> dict[str, Any]:
+        """usage.radixserve: how this prompt met the cache."""
+        turn = self.turn
+        previous = turn.previous
+        usage = self.final.usage if self.final is not None else None
+        return {"prompt_source": turn.source,
+                "history_tokens": len(previous.token_ids) if previous is not None else 0,
+                "history_pinned": turn.history_pinned,
+                "cache": cache_extension(usage.miss if usage else None, self.tokenizer)}
+
+    def response(self, status: str | None = None) -> ResponseObject:
+        final = self.final
+        if status is None:
+            status = "incomplete" if final is not None and final.finish_reason == "length" \
+                else "completed"
+        done = final is not None
+        content = [OutputText("output_text", self.reply, [])] if done else []
+        output = [OutputMessage("message", self.message_id, "completed", "assistant", content)] \
+            if done else []
+        usage = None
+        if done and final.usage is not None:
+            u = final.usage
+            usage = response_usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens,
+                                   self.extension())
+        req = self.req
+        return ResponseObject(
+            id=self.id, object="response", created_at=self.created_at, status=status,
+            model=self.model, output=output, usage=usage, instructions=req.instructions,
+            previous_response_id=req.previous_response_id, store=req.store,
+            temperature=req.temperature, top_p=req.top_p,
+            max_output_tokens=req.max_output_tokens, metadata=req.metadata or {},
+            prompt_cache_key=req.prompt_cache_key,
+            incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None)
+
+    def body(self) -> dict:
+        return msgspec.to_builtins(self.response())
+
+    # -- sse.EventSource
+
+    def _event(self, type: str, **fields: Any) -> NamedEvent:
+        self.sequence += 1
+        return NamedEvent(type, {"type": type, "sequence_number": self.sequence - 1, **fields})
+
+    def opening(self) -> list[NamedEvent]:
+        empty = self.response("in_progress")
+        item = OutputMessage("message", self.message_id, "in_progress", "assistant", [])
+        part = OutputText("output_text", "", [])
+        return [self._event("response.created", response=empty),
+                self._event("response.in_progress", response=empty),
+                self._event("response.output_item.added", output_index=0, item=item),
+                self._event("response.content_part.added", item_id=self.message_id,
+                            output_index=0, content_index=0, part=part)]
+
+    def on_output(self, out: RequestOutput) -> list[Any]:
+        """Events for an output already `add`ed (the handler adds, and stores the finished
+        response, before the stream renders it)."""
+        first = self.sequence == 0
+        events = self.opening() if first else []
+        if out.text:
+            events.append(self._event("response.output_text.delta", item_id=self.message_id,
+                                      output_index=0, content_index=0, delta=out.text,
+                                      logprobs=[]))
+        if out.finished and (err := self.failure()) is not None:
+            events.append(self._event("error", code=err.code, message=err.message,
+                                      param=None))
+            self.stopped = True
+        return events
+
+    def closing(self) -> list[Any]:
+        """The done events and `response.completed` (the caller stored the response)."""
+        text = self.reply
+        part = OutputText("output_text", text, [])
+        whole = self.response()
+        return [self._event("response.output_text.done", item_id=self.message_id,
+                            output_index=0, content_index=0, text=text, logprobs=[]),
+                self._event("response.content_part.done", item_id=self.message_id,
+                            output_index=0, content_index=0, part=part),
+                self._event("response.output_item.done", output_index=0,
+                            item=whole.output[0]),
+                self._event("response.completed" if whole.status == "completed"
+                            else "response.incomplete", response=whole)]
+
+    def abort_outputs(self) -> list[RequestOutput]:
+        if self.final is not None:
+            return []
+        return [RequestOutput("", 0, [], "", True, "abort", "aborted by the server")]

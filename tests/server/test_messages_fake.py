@@ -1,0 +1,81 @@
+"""POST /v1/messages through the official `anthropic` client, against the fake engine:
+the body and stream in Anthropic's shapes, the usage split adding up to the prompt, and the
+bad inputs of cache_control (five breakpoints, a bad `ttl`, a pin budget passed) and tools
+answered 400 naming the field."""
+
+from __future__ import annotations
+
+import anthropic
+import pytest
+
+from radixserve.server.auth import AuthConfig
+from radixserve.server.conversations import ConversationConfig
+from radixserve.server.state import ServerConfig
+from tests.server import http
+from tests.server.fake_engine import FakeEngine
+from tests.server.live import LiveServer
+
+KEY = "anthropic-key"
+SYSTEM = "You answer in one word. " * 4
+BREAKPOINT_BUDGET = 200
+
+
+@pytest.fixture(scope="module")
+def fake():
+    config = ServerConfig(port=0, auth=AuthConfig((KEY,)), conversations=ConversationConfig(
+        cache_control_pin_tokens=BREAKPOINT_BUDGET))
+    with LiveServer(FakeEngine(max_model_len=2048, reply="Yes. "), config) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def settled(fake):
+    yield
+    fake.check_invariants()
+
+
+def client(server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=30)
+
+
+def system(text: str = SYSTEM, ttl: str | None = None) -> list[dict]:
+    control = {"type": "ephemeral"} if ttl is None else {"type": "ephemeral", "ttl": ttl}
+    return [{"type": "text", "text": text, "cache_control": control}]
+
+
+def test_message_body_stream_and_usage_split(fake):
+    c = client(fake)
+    msgs = [{"role": "user", "content": "Sky colour?"}]
+    first = c.messages.create(model="fake-model", max_tokens=5, system=system(),
+                              messages=msgs)
+    assert first.type == "message" and first.role == "assistant"
+    assert first.content[0].text == "[0]Ye" and first.stop_reason == "max_tokens"
+    u = first.usage
+    prompt = len(fake.engine.calls[-1][0])
+    assert u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens == prompt
+    assert u.cache_read_input_tokens == 0 and u.cache_creation_input_tokens > len(SYSTEM)
+    with c.messages.stream(model="fake-model", max_tokens=5, system=system(),
+                           messages=[{"role": "user", "content": "Grass colour?"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "[0]Ye" == final.content[0].text
+    # the system prompt (its breakpoint) was read, the rest computed
+    assert final.usage.cache_read_input_tokens >= u.cache_creation_input_tokens - 1
+    assert final.usage.cache_creation_input_tokens <= 1
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"system": [{"type": "text", "text": f"s{i}", "cache_control": {"type": "ephemeral"}}
+                 for i in range(5)]}, "system[4].cache_control"),
+    ({"system": system(ttl="10m")}, "system[0].cache_control.ttl"),
+    ({"system": system("x" * (2 * BREAKPOINT_BUDGET))}, "system[0].cache_control"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
+])
+def test_bad_cache_control_and_tools_are_400_naming_the_field(fake, body, param):
+    full = {"model": "fake-model", "max_tokens": 3,
+            "messages": [{"role": "user", "content": "hi"}], **body}
+    r = http.post(fake.url + "/v1/messages", json=full, headers={"x-api-key": KEY})
+    assert r.status == 400, r.body
+    assert r.json()["error"]["param"] == param
+    with pytest.raises(anthropic.BadRequestError):
+        client(fake).messages.create(**full)
