@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 
 from radixserve.engine.outputs import RequestOutput
+from radixserve.server.openapi import RouteDoc, documented
 from radixserve.server import cache_breakpoints as B
 from radixserve.server.anthropic_protocol import MessagesRequest
 from radixserve.server.body import read_json
@@ -117,6 +118,9 @@ class MessageBuilder:
         return [RequestOutput("", 0, [], "", True, "abort", "aborted by the server")]
 
 
+@documented(RouteDoc("Create a message (Anthropic Messages API, cache_control breakpoints); "
+                     "server-sent events with stream=true", body=MessagesRequest, response=dict,
+                     stream=dict))
 async def create_message(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     conv = state.conversations

@@ -16,7 +16,9 @@ from radixserve.engine.outputs import RequestOutput
 from radixserve.server.body import read_json
 from radixserve.server.conversations import Conversations, TurnPrompt, new_response_id
 from radixserve.server.openai_serving import run_on_engine
-from radixserve.server.responses_protocol import DeletedResponse, ResponsesRequest
+from radixserve.server.openapi import RouteDoc, documented
+from radixserve.server.responses_protocol import (DeletedResponse, ResponseObject,
+                                                  ResponsesRequest)
 from radixserve.server.responses_serving import ResponseBuilder
 from radixserve.server.sse import stream_events
 from radixserve.server.state import STATE, ServerState, caller, json_response
@@ -27,6 +29,9 @@ def _conversations(state: ServerState) -> Conversations:
     return state.conversations
 
 
+@documented(RouteDoc("Create a response (OpenAI Responses API); server-sent events (typed "
+                     "events) with stream=true", body=ResponsesRequest, response=ResponseObject,
+                     stream=dict, errors=(404,)))
 async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     conv = _conversations(state)
@@ -63,6 +68,8 @@ async def _stored(outputs: AsyncIterator[RequestOutput], builder: ResponseBuilde
         yield out
 
 
+@documented(RouteDoc("A stored response, by id (the caller's own only)",
+                     response=ResponseObject, errors=(404,)))
 async def get_response(request: web.Request) -> web.Response:
     state = request.app[STATE]
     item = _conversations(state).store.get(request.match_info["response_id"],
@@ -70,6 +77,8 @@ async def get_response(request: web.Request) -> web.Response:
     return json_response(item.body)
 
 
+@documented(RouteDoc("Delete a stored response (the caller's own only)",
+                     response=DeletedResponse, errors=(404,)))
 async def delete_response(request: web.Request) -> web.Response:
     state = request.app[STATE]
     response_id = request.match_info["response_id"]
