@@ -132,7 +132,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                                   caller(request).key_namespace)
     ids = prepared.prompt_ids
     placed = await B.place(req, marks, state.prompts, ids)
-    B.check_budget(conv.breakpoints, placed, ids, prepared.namespace)
+    await B.check_budget(conv.breakpoints, placed, ids, prepared.namespace)
     builder = MessageBuilder(state.info.name, prepared, placed, state.engine.tokenizer)
     observer = state.metrics.observer(1)
 

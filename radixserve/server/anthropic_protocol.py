@@ -62,6 +62,9 @@ class MessagesRequest(Struct, kw_only=True):
     def check(self) -> None:
         if not self.messages:
             raise bad_request("messages", "'messages' must contain at least one message")
+        if self.tools:              # Anthropic's tool items are not mapped to chat tools yet
+            raise unsupported("tools", "'tools' on /v1/messages is not supported yet; "
+                                       "use /v1/chat/completions for tool calling")
 
     def breakpoints(self) -> list[Breakpoint]:
         found = []
@@ -99,7 +102,7 @@ class MessagesRequest(Struct, kw_only=True):
         return P.ChatCompletionRequest(
             messages=[P.ChatMessage(role=m["role"], content=m["content"]) for m in msgs],
             model=self.model, max_tokens=self.max_tokens, temperature=self.temperature,
-            top_p=self.top_p, top_k=self.top_k, stop=self.stop_sequences, tools=self.tools)
+            top_p=self.top_p, top_k=self.top_k, stop=self.stop_sequences)
 
 
 def _text(content: str | list[TextBlock], where: str, upto: Breakpoint | None,

@@ -41,11 +41,11 @@ async def place(req: MessagesRequest, marks: list[Breakpoint], prompts: PromptBu
     return placed
 
 
-def check_budget(pins: TimedPins, placed: list[PlacedBreakpoint], prompt_ids: list[int],
+async def check_budget(pins: TimedPins, placed: list[PlacedBreakpoint], prompt_ids: list[int],
                  namespace: str | None) -> None:
     """400 naming the breakpoint whose prefix the pin budget cannot take (live pins of
     other prefixes are never released for it); a prefix pinned already costs nothing."""
-    room = pins.room()
+    room = await pins.room()
     for p in placed:
         prefix = prompt_ids[:p.tokens]
         if pins.holds(prefix, namespace):

@@ -96,7 +96,7 @@ class Conversations:
         prepared = await prepare_chat(req.chat_request(messages), prompts, key_namespace)
         if previous is None:
             return TurnPrompt(prepared, messages, None, "new", False)
-        pinned = self.pins.refresh(previous.pin_id)
+        pinned = await self.pins.refresh(previous.pin_id)
         ids = None
         if previous.namespace == prepared.namespace and history[:-1] == previous.messages:
             ids = await next_turn_ids(prompts.chat, history[:-1], previous.token_ids, new)
@@ -116,20 +116,20 @@ class Conversations:
                               created_at=created_at, last_used=0.0, messages=turn.messages,
                               reply=reply, token_ids=ids, body=body)
         for dropped in self.store.put(item):
-            self.pins.release(dropped.pin_id)
+            await self.pins.release(dropped.pin_id)
         item.pin_id = await self.pins.take(ids[:-1], item.namespace)
         if turn.previous is not None and turn.previous.pin_id != item.pin_id:
-            self.pins.release(turn.previous.pin_id)
+            await self.pins.release(turn.previous.pin_id)
             turn.previous.pin_id = None
 
-    def delete(self, response_id: str, owner: str | None) -> StoredResponse:
+    async def delete(self, response_id: str, owner: str | None) -> StoredResponse:
         item = self.store.delete(response_id, owner)
-        self.pins.release(item.pin_id)
+        await self.pins.release(item.pin_id)
         return item
 
-    def close(self) -> None:
-        self.pins.release_all()
-        self.breakpoints.release_all()
+    async def close(self) -> None:
+        await self.pins.release_all()
+        await self.breakpoints.release_all()
 
 
 def new_response_id() -> str:

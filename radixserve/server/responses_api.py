@@ -82,7 +82,7 @@ async def get_response(request: web.Request) -> web.Response:
 async def delete_response(request: web.Request) -> web.Response:
     state = request.app[STATE]
     response_id = request.match_info["response_id"]
-    item = _conversations(state).delete(response_id, caller(request).owner)
+    item = await _conversations(state).delete(response_id, caller(request).owner)
     return json_response(DeletedResponse(item.id, "response", True))
 
 

@@ -73,6 +73,9 @@ class ResponsesRequest(Struct, kw_only=True):
     def check(self) -> None:
         if self.background:
             raise unsupported("background", "'background' responses are not supported")
+        if self.tools:              # the Responses API's flat tool items are not mapped yet
+            raise unsupported("tools", "'tools' on /v1/responses is not supported yet; "
+                                       "use /v1/chat/completions for tool calling")
         if isinstance(self.input, list) and not self.input:
             raise bad_request("input", "'input' must not be empty")
         if self.previous_response_id is not None and not self.previous_response_id:
@@ -85,13 +88,12 @@ class ResponsesRequest(Struct, kw_only=True):
         return [item.message(f"input[{i}]") for i, item in enumerate(self.input)]
 
     def chat_request(self, messages: list[dict[str, str]]) -> P.ChatCompletionRequest:
-        """The chat request this response runs as (the chat route's checks apply: 'tools'
-        gets its answer there)."""
+        """The chat request this response runs as (the chat route's checks apply)."""
         return P.ChatCompletionRequest(
             messages=[P.ChatMessage(role=m["role"], content=m["content"]) for m in messages],
             model=self.model, max_completion_tokens=self.max_output_tokens,
             temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-            tools=self.tools, cache_salt=self.cache_salt, user=self.user,
+            cache_salt=self.cache_salt, user=self.user,
             prompt_cache_key=self.prompt_cache_key)
 
 

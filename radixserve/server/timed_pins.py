@@ -64,23 +64,23 @@ class TimedPins:
         key = pin_key(token_ids, namespace)
         return any(p.key == key for p in self._pins.values())
 
-    def room(self) -> int:
+    async def room(self) -> int:
         """Tokens that can still be pinned without releasing a live pin."""
-        self.sweep()
+        await self.sweep()
         return self.budget_tokens - self.pinned_tokens if self.enabled else 0
 
-    def sweep(self) -> int:
+    async def sweep(self) -> int:
         """Release every lapsed pin; how many were released."""
         now = self.clock()
         lapsed = [p.pin_id for p in self._pins.values() if p.expires_at <= now]
         for pin_id in lapsed:
-            self.release(pin_id)
+            await self.release(pin_id)
         return len(lapsed)
 
-    def refresh(self, pin_id: str | None) -> bool:
+    async def refresh(self, pin_id: str | None) -> bool:
         """A hit on the pinned prefix: its deadline moves to now + ttl. False when the pin
         is gone (lapsed, released for room), so the caller knows it was recomputed."""
-        self.sweep()
+        await self.sweep()
         pin = self._pins.get(pin_id) if pin_id else None
         if pin is None:
             return False
@@ -94,7 +94,7 @@ class TimedPins:
         prefix is larger than the whole budget (or, without `make_room`, than what is left),
         or the engine refused (its own budget, which `POST /cache/pin` shares, or a prefix
         shorter than a page): the reference then simply has no pin."""
-        self.sweep()
+        await self.sweep()
         ttl = self.ttl_s if ttl_s is None else ttl_s
         if not self.enabled or ttl <= 0 or len(token_ids) > self.budget_tokens:
             return None
@@ -103,7 +103,7 @@ class TimedPins:
             return None
         while self._pins and self.pinned_tokens + len(token_ids) > self.budget_tokens:
             soonest = min(self._pins.values(), key=lambda p: p.expires_at)
-            self.release(soonest.pin_id)
+            await self.release(soonest.pin_id)
         try:
             info = await self.engine.pin(token_ids, namespace)
         except (PinConflict, EngineError) as exc:
@@ -120,15 +120,15 @@ class TimedPins:
                                              pin_key(token_ids, namespace))
         return info.pin_id
 
-    def release(self, pin_id: str | None) -> None:
+    async def release(self, pin_id: str | None) -> None:
         """Drop a pin now (its pages stay cached, evictable); unknown ids are ignored."""
         if pin_id is None or self._pins.pop(pin_id, None) is None:
             return
         try:
-            self.engine.unpin(pin_id)
+            await self.engine.unpin(pin_id)
         except UnknownPin:          # the engine dropped it already (it stopped)
             pass
 
-    def release_all(self) -> None:
+    async def release_all(self) -> None:
         for pin_id in list(self._pins):
-            self.release(pin_id)
+            await self.release(pin_id)
