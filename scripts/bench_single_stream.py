@@ -81,7 +81,7 @@ def stream(url: str, model: str, max_tokens: int) -> tuple[float, float, int]:
 def measure(name: str, cmd: list[str], url: str, args) -> dict[int, tuple[float, float]]:
     proc = start(cmd, url, args.timeout)
     try:
-        stream(url, args.model, 4)                                # warm: the prompt enters the cache
+        stream(url, args.model, 4)                    # warm: the prompt enters the cache
         out = {}
         for n in map(int, args.output_tokens.split(",")):
             runs = [stream(url, args.model, n) for _ in range(args.repeats)]
