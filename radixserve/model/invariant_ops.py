@@ -184,6 +184,24 @@ def choose_row_blocks(linear: nn.Linear) -> RowBlocks:
     return RowBlocks.safe()
 
 
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes bf16 GEMMs natively (AVX512-BF16 or AMX). Without either,
+    oneDNN emulates bf16 and its kernels were measured not row-invariant (an Intel Xeon with
+    AVX512 but no AVX512-BF16: rows change with the call's size at 3 threads), so
+    deterministic mode refuses bf16 there."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def deterministic_dtype_error(dtype: torch.dtype, device: torch.device | str) -> str | None:
+    """Why --deterministic cannot promise batch invariance for linears of `dtype` here, or
+    None (weight-only int4/int8 kernels are row-invariant on every CPU: not asked)."""
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not native_bf16_cpu():
+        return ("--deterministic in bfloat16 needs a CPU with AVX512-BF16 or AMX (this one "
+                "emulates bf16, and its bf16 GEMMs are not row-invariant); use --dtype "
+                "float16 or float32")
+    return None
+
+
 def row_invariant_model(model: nn.Module) -> nn.Module:
     """A copy of ``model``'s module tree whose nn.Linear layers are RowInvariantLinear; the
     parameters and buffers are shared with ``model`` (no memory), which is left unchanged.
@@ -193,6 +211,8 @@ def row_invariant_model(model: nn.Module) -> nn.Module:
     def convert(module: nn.Module) -> nn.Module:
         if isinstance(module, nn.Linear):
             w = module.weight
+            if (reason := deterministic_dtype_error(w.dtype, w.device)) is not None:
+                raise ValueError(reason)
             key = (tuple(w.shape), w.dtype, w.device)
             if key not in chosen:
                 chosen[key] = choose_row_blocks(module)

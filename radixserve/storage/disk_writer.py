@@ -9,7 +9,8 @@ the pages durable (cache/tiers.py: `LowerTiers.writes_finished`); the writer nev
 the tree. Until then a submitted page's bytes stay here (`held_page`), so a request that
 needs the page meanwhile loads it from memory instead of recomputing it.
 
-The queue is bounded: when `max_pages` pages wait, `submit` drops the page (reported as a
+The queue is bounded in bytes (`max_bytes`, so that a page size of 1 does not make it a few
+tokens long; `max_pages` can bound the count too): when it is full, `submit` drops the page (reported as a
 failed write, counted in `faults` as queue_full) instead of waiting: a slow disk is never
 waited on by the step, and never holds unbounded memory; the dropped page is recomputed
 when needed. `drain` waits until every submitted page is written (saves, flushes and
@@ -29,7 +30,7 @@ __all__ = ["DiskWriter", "SlotWriter"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_PAGES = 64          # pages waiting at most (SmolLM2-135M fp32, 16-token pages: 46 MiB)
+DEFAULT_MAX_BYTES = 64 << 20    # bytes of pages waiting at most (SmolLM2-135M fp32: ~1,400 tokens)
 
 
 class SlotWriter(Protocol):
@@ -41,11 +42,13 @@ class SlotWriter(Protocol):
 class DiskWriter(QueueWorker[tuple[int, bytes]]):
     """One daemon thread writing `(slot, payload)` pages into `target`, in order."""
 
-    def __init__(self, target: SlotWriter, max_pages: int = DEFAULT_MAX_PAGES,
-                 faults: DiskFaults | None = None):
-        if max_pages < 1:
+    def __init__(self, target: SlotWriter, max_pages: int = 0,
+                 faults: DiskFaults | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
+        if max_pages < 0 or max_bytes < 1:
             raise ValueError("the writer's queue must hold at least one page")
         self.target = target
+        self.max_bytes = max_bytes
+        self._queued_bytes = 0          # payload bytes submitted and not yet taken up
         self.faults = faults if faults is not None else DiskFaults("(no store)")
         self.failed_writes = 0
         self._written: list[int] = []
@@ -59,12 +62,19 @@ class DiskWriter(QueueWorker[tuple[int, bytes]]):
         if not self.alive:
             raise RuntimeError("the disk writer is closed")
         with self._lock:
-            self._held[slot] = payload
+            over = self._queued_bytes > 0 and self._queued_bytes + len(payload) > self.max_bytes
+            if not over:
+                self._held[slot] = payload
+                self._queued_bytes += len(payload)
         try:
+            if over:
+                raise queue.Full
             self._queue.put_nowait((slot, payload))
         except queue.Full:
             self.faults.queue_full(self._queue.qsize())
             with self._lock:
+                if not over:
+                    self._queued_bytes -= len(payload)
                 self._held.pop(slot, None)
                 self._failed.append(slot)
                 self.failed_writes += 1
@@ -90,6 +100,8 @@ class DiskWriter(QueueWorker[tuple[int, bytes]]):
 
     def _handle(self, item: tuple[int, bytes]) -> None:
         slot, payload = item
+        with self._lock:
+            self._queued_bytes -= len(payload)
         try:
             self.target.write_page(slot, payload)
         except Exception as e:      # full, refused, I/O: the page is not demoted

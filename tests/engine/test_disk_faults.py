@@ -77,7 +77,7 @@ async def serve_all(engine, prompts) -> list[list[int]]:
         await wait_idle(engine)
         engine.check_invariants()
     await asyncio.to_thread(tiers.writer.drain)
-    tiers.collect_io()
+    tiers.lower.collect_io()
     engine.check_invariants()
     return got
 
@@ -113,16 +113,16 @@ def test_disk_faults_never_fail_a_request_and_the_tier_resumes(
                 assert engine.stats().kv_disk.faults[kind] == faults.counts[kind]  # /metrics
                 inject.clear()
             assert disk_files(tmp_path) == set()                    # nothing half-written
-            assert tiers.counters.loaded_tokens["l3"] == 0
+            assert tiers.lower.counters.loaded_tokens["l3"] == 0
             # the faults cleared (space freed, ...): writes resume, A goes to disk
             assert await serve_all(engine, prompts[:-1]) == replies[:-1]
             assert faults.paused_kind is None and disk_files(tmp_path)
             # A comes back, but its page files cannot be read: dropped, recomputed
             inject.read_errno = errno.EIO
-            loaded, hits = tiers.counters.loaded_tokens["l3"], inject.hits
+            loaded, hits = tiers.lower.counters.loaded_tokens["l3"], inject.hits
             assert await serve_all(engine, prompts[-1:]) == replies[-1:]
             assert inject.hits > hits and faults.counts["read_error"] == inject.hits - hits
-            assert tiers.counters.loaded_tokens["l3"] == loaded     # recomputed, not loaded
+            assert tiers.lower.counters.loaded_tokens["l3"] == loaded     # recomputed, not loaded
             assert faults.paused_kind is None                       # reads do not pause writes
         finally:
             inject.clear()

@@ -68,7 +68,7 @@ def test_cached_tokens_are_the_tokens_not_computed(model_fp32, tier, tmp_path):
     assert rows[-1][1] > 50                     # the first prompt again: a hit...
     if tier != "pool":                          # ...loaded back from below the pool
         name = {"host": "l2", "disk": "l3"}[tier]
-        assert engine.stats().tiers[name]["loaded_tokens"] > 0
+        assert getattr(engine.stats().tiers, name).loaded_tokens > 0
 
 
 def test_preemption_recompute_is_not_counted_as_cached(model_fp32):
