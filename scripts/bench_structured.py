@@ -77,7 +77,7 @@ async def mask_cost(loaded, batch: int, tokens: int) -> dict:
         steps = engine.stats().steps - steps0
         out[label] = {"steps": steps, "ms_per_step": round(wall / steps * 1e3, 2),
                       "mask_ms_per_step": round((masks.seconds - mask0) / max(steps, 1) * 1e3, 3)}
-        engine.flush_cache()
+        await engine.flush_cache()
     await engine.shutdown()
     c = out["constrained"]
     out["mask_share_of_step"] = round(c["mask_ms_per_step"] / c["ms_per_step"], 4)
