@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 __all__ = ["POOL", "HOST", "DISK", "DemoteOrder", "LoadOrder", "LoadPlan",
            "LowerTiers", "PageStore", "ReadPending", "ReadResults", "TierCounters",
-           "WriteResults"]
+           "TierFlow", "WriteResults"]
 
 POOL, HOST, DISK = Tier.POOL, Tier.HOST, Tier.DISK      # short names for this module's users
 
@@ -148,18 +148,29 @@ class ReadPending(Exception):
 
 
 @dataclass
-class TierCounters:
-    """Cumulative, by tier name ("l2", "l3"): tokens demoted into a tier, loaded from it,
-    dropped from it, and the bytes moved in and out; corrupt disk pages; disk writes that
-    failed (their pages were dropped instead of demoted)."""
+class TierFlow:
+    """What moved through one tier, cumulative: tokens demoted into it, loaded from it into
+    the pool, dropped from it (no room below), and the bytes written into it and read out
+    of it. The pool's flow counts only its drops (evicted pages no lower tier took)."""
 
-    demoted_tokens: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
-    loaded_tokens: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
-    dropped_tokens: dict[str, int] = field(default_factory=lambda: {"l1": 0, "l2": 0, "l3": 0})
-    bytes_in: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
-    bytes_out: dict[str, int] = field(default_factory=lambda: {"l2": 0, "l3": 0})
+    demoted_tokens: int = 0
+    loaded_tokens: int = 0
+    dropped_tokens: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+@dataclass
+class TierCounters:
+    """Per tier (`counters[Tier.HOST].loaded_tokens`), and the disk's corrupt pages and
+    failed writes (their pages were dropped instead of demoted)."""
+
+    flows: dict[Tier, TierFlow] = field(default_factory=lambda: {t: TierFlow() for t in Tier})
     corrupt_pages: int = 0
     failed_writes: int = 0
+
+    def __getitem__(self, tier: Tier) -> TierFlow:
+        return self.flows[tier]
 
 
 @dataclass
@@ -288,7 +299,7 @@ class LowerTiers:
             if dst is not None:
                 break
         else:
-            self.counters.dropped_tokens[POOL.label] += leaf.num_tokens
+            self.counters[POOL].dropped_tokens += leaf.num_tokens
             for child in list(leaf.children.values()):
                 self._drop_branch(child, force=True)
         # Making room may have dropped a child of the leaf, which put the leaf (being
@@ -363,7 +374,7 @@ class LowerTiers:
 
     def _drop(self, node: TreeNode) -> None:
         """Remove a childless lower node from the tree; its ids are freed."""
-        self.counters.dropped_tokens[node.tier.label] += node.num_tokens
+        self.counters[node.tier].dropped_tokens += node.num_tokens
         self.release(node)
         self.tree.drop_lower(node)
 
@@ -490,7 +501,7 @@ class LowerTiers:
             i += n
             tier = node.tier
             self._moves.append(LoadOrder(tier, self.local(tier, node.pages), dst, data))
-            self.counters.loaded_tokens[tier.label] += node.num_tokens
+            self.counters[tier].loaded_tokens += node.num_tokens
             self._count_out(tier, node.num_tokens)
             self.tree.enter_pool(node, dst)
         return plan.nodes[-1]
@@ -584,13 +595,12 @@ class LowerTiers:
         self.nodes[node.tier][node.id] = node
 
     def _count_in(self, tier: Tier, tokens: int) -> None:
-        name = tier.label
-        self.counters.demoted_tokens[name] += tokens
-        self.counters.bytes_in[name] += tokens // self.tree.page_size * self.page_bytes
+        flow = self.counters[tier]
+        flow.demoted_tokens += tokens
+        flow.bytes_in += tokens // self.tree.page_size * self.page_bytes
 
     def _count_out(self, tier: Tier, tokens: int) -> None:
-        self.counters.bytes_out[tier.label] += \
-            tokens // self.tree.page_size * self.page_bytes
+        self.counters[tier].bytes_out += tokens // self.tree.page_size * self.page_bytes
 
     # ------------------------------------------------------------------ checks
     def check(self) -> None:

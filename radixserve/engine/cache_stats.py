@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-__all__ = ["CacheStats", "DiskStats", "LowerTierStats", "TierStats"]
+__all__ = ["CacheStats", "DiskStats", "DroppedTokens", "LowerTierStats", "TierStats"]
 
 
 @dataclass
@@ -49,11 +49,21 @@ class LowerTierStats:
 
 
 @dataclass
+class DroppedTokens:
+    """Tokens dropped from each tier, by its label: `l1` evicted pool pages no lower tier
+    took, `l2`/`l3` host/disk pages pushed out with no room below."""
+
+    l1: int = 0
+    l2: int = 0
+    l3: int = 0
+
+
+@dataclass
 class TierStats:
     """The host/disk tiers (engine/tier_runtime.py): `l2` host memory, `l3` disk."""
 
     corrupt_pages: int = 0
-    dropped_tokens: dict[str, int] = field(default_factory=dict)    # by tier label
+    dropped_tokens: DroppedTokens = field(default_factory=DroppedTokens)
     costs: dict = field(default_factory=dict)       # TierCosts.as_dict()
     pending_disk_writes: int = 0
     failed_disk_writes: int = 0

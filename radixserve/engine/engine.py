@@ -27,7 +27,7 @@ from radixserve.engine.kv_persistence import KVPersistence, open_store
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
                                       NoDiskStore, PinConflict, QueueFull)
 from radixserve.engine.output_processor import OutputProcessor
-from radixserve.engine.outputs import EngineStats, OneProcessStats, RequestOutput
+from radixserve.engine.outputs import EngineStats, GrammarMaskStats, OneProcessStats, RequestOutput
 from radixserve.cache.namespaces import in_namespace
 from radixserve.engine.pins import PinBook, PinInfo
 from radixserve.engine.request import Request, new_request
@@ -407,7 +407,8 @@ class Engine(OneProcessStats):
             s.tiers = self.tiers.stats()
         s.kv_disk = self.persistence.stats() if self.persistence is not None else None
         masks = self.runner.sampler.masks
-        s.grammar_masks = {"steps": masks.steps, "rows": masks.rows, "seconds": masks.seconds}
+        s.grammar_masks = GrammarMaskStats(steps=masks.steps, rows=masks.rows,
+                                           seconds=masks.seconds)
         return s
 
     def cache_summary(self, top_k: int = 20) -> dict:

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from radixserve.engine.cache_stats import CacheStats, DiskStats, TierStats
+
+
+@dataclass
+class GrammarMaskStats:
+    """The sampler's grammar masks (engine/grammar_mask.py: GrammarMasks), cumulative."""
+
+    steps: int = 0          # steps with at least one constrained row
+    rows: int = 0           # constrained rows masked, all steps
+    seconds: float = 0.0    # filling + applying the masks, all steps
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(slots=True)
@@ -70,7 +82,7 @@ class EngineStats:
     cache: CacheStats | None = None     # RadixCache counters (None: not filled in yet)
     tiers: TierStats | None = None      # host/disk tiers (TierRuntime.stats); None: none
     kv_disk: DiskStats | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
-    grammar_masks: dict = field(default_factory=dict)   # steps, rows, seconds (grammar_mask.py)
+    grammar_masks: GrammarMaskStats = field(default_factory=lambda: GrammarMaskStats())
 
 
 class OneProcessStats:

@@ -18,7 +18,7 @@ from radixserve.cache.radix_cache import MatchResult
 from radixserve.cache.tier_types import LOWER_TIERS, Move, Tier
 from radixserve.cache.tiers import DemoteOrder, LoadOrder, LowerTiers
 from radixserve.engine.batch import StepResult
-from radixserve.engine.cache_stats import LowerTierStats, TierStats
+from radixserve.engine.cache_stats import DroppedTokens, LowerTierStats, TierStats
 from radixserve.engine.tier_costs import TierCosts
 from radixserve.storage.disk_reader import DiskReader
 from radixserve.storage.disk_writer import DiskWriter
@@ -88,13 +88,14 @@ class TierRuntime:
         ps = self.page_size
         by_tier = {}
         for tier in LOWER_TIERS:
-            name = tier.label
-            by_tier[name] = LowerTierStats(
+            flow = c[tier]
+            by_tier[tier.label] = LowerTierStats(
                 capacity_tokens=tiers.capacity_pages(tier) * ps,
                 cached_tokens=tiers.used_pages(tier) * ps,
-                demoted_tokens=c.demoted_tokens[name], loaded_tokens=c.loaded_tokens[name],
-                bytes_in=c.bytes_in[name], bytes_out=c.bytes_out[name])
-        return TierStats(corrupt_pages=c.corrupt_pages, dropped_tokens=dict(c.dropped_tokens),
+                demoted_tokens=flow.demoted_tokens, loaded_tokens=flow.loaded_tokens,
+                bytes_in=flow.bytes_in, bytes_out=flow.bytes_out)
+        dropped = DroppedTokens(**{t.label: c[t].dropped_tokens for t in Tier})
+        return TierStats(corrupt_pages=c.corrupt_pages, dropped_tokens=dropped,
                          costs=self.costs.as_dict(),
                          pending_disk_writes=len(tiers.pending_writes),
                          failed_disk_writes=c.failed_writes, **by_tier)

@@ -35,12 +35,12 @@ class GrammarCollector(Collector):
                                   "Grammars refused (unsupported or malformed)", value=g.refused)
         yield CounterMetricFamily("radixserve_grammar_compile_timeouts",
                                   "Grammars past the compile cap (400)", value=g.timeouts)
-        masks = getattr(self._engine_stats(), "grammar_masks", None) or {}
+        masks = self._engine_stats().grammar_masks
         yield CounterMetricFamily("radixserve_grammar_mask_seconds",
                                   "Time spent computing and applying grammar masks",
-                                  value=masks.get("seconds", 0.0))
+                                  value=masks.seconds)
         yield CounterMetricFamily("radixserve_grammar_mask_steps",
                                   "Steps with at least one constrained row",
-                                  value=masks.get("steps", 0))
+                                  value=masks.steps)
         yield CounterMetricFamily("radixserve_grammar_masked_rows",
-                                  "Constrained rows masked, all steps", value=masks.get("rows", 0))
+                                  "Constrained rows masked, all steps", value=masks.rows)

@@ -49,7 +49,7 @@ def test_a_prefix_goes_down_to_host_then_disk_and_matches_in_every_tier():
     assert lease.load(m) == 8 and lease.matched_tokens == 8
     loads = [mv for mv in tiers.take_moves() if isinstance(mv, LoadOrder)]
     assert [mv.src_tier for mv in loads] == [DISK] and sum(len(mv.payloads) for mv in loads) == 4
-    assert tiers.counters.loaded_tokens["l3"] == 8
+    assert tiers.counters[DISK].loaded_tokens == 8
     lease.release()
     tree.check_invariants()
     mem.check_conservation()
@@ -69,7 +69,7 @@ def test_a_corrupt_disk_page_ends_the_load_and_the_rest_is_dropped():
     m = lease.acquire(a + [99])
     assert lease.load(m) == 4                # pages 1 and 2 load; 3 and 4 are recomputed
     assert tiers.counters.corrupt_pages == 1 and store.corrupt == 1
-    assert tiers.counters.dropped_tokens["l3"] == 4
+    assert tiers.counters[DISK].dropped_tokens == 4
     assert tree.peek_prefix(a + [99]) == 4
     lease.release()
     tree.check_invariants()
@@ -89,7 +89,7 @@ def test_lent_disk_slots_make_room_from_disk_victims_and_are_counted():
     assert tiers.used_pages(DISK) == 4 and tiers.tokens(DISK) == 8
     lent = tiers.lend_disk_slots(3)          # the disk leaf (one node of 4 pages) goes
     assert len(lent) == 3 and tiers.used_pages(DISK) == 3 and tiers.tokens(DISK) == 0
-    assert tiers.counters.dropped_tokens["l3"] == 8
+    assert tiers.counters[DISK].dropped_tokens == 8
     tree.check_invariants()
     assert len(tiers.lend_disk_slots(5)) == 1   # only one slot left: the rest is lent
     tree.check_invariants()

@@ -19,6 +19,7 @@ from engine_helpers import collect, make_engine, wait_idle
 from test_disk_writer_engine import PAGE, disk_files, expected  # noqa: F401 (fixture)
 from test_engine_tiers import GREEDY, pool_for
 
+from radixserve.cache.tier_types import Tier
 from radixserve.storage import atomic_files, disk_store
 
 
@@ -113,16 +114,16 @@ def test_disk_faults_never_fail_a_request_and_the_tier_resumes(
                 assert engine.stats().kv_disk.faults[kind] == faults.counts[kind]  # /metrics
                 inject.clear()
             assert disk_files(tmp_path) == set()                    # nothing half-written
-            assert tiers.lower.counters.loaded_tokens["l3"] == 0
+            assert tiers.lower.counters[Tier.DISK].loaded_tokens == 0
             # the faults cleared (space freed, ...): writes resume, A goes to disk
             assert await serve_all(engine, prompts[:-1]) == replies[:-1]
             assert faults.paused_kind is None and disk_files(tmp_path)
             # A comes back, but its page files cannot be read: dropped, recomputed
             inject.read_errno = errno.EIO
-            loaded, hits = tiers.lower.counters.loaded_tokens["l3"], inject.hits
+            loaded, hits = tiers.lower.counters[Tier.DISK].loaded_tokens, inject.hits
             assert await serve_all(engine, prompts[-1:]) == replies[-1:]
             assert inject.hits > hits and faults.counts["read_error"] == inject.hits - hits
-            assert tiers.lower.counters.loaded_tokens["l3"] == loaded     # recomputed, not loaded
+            assert tiers.lower.counters[Tier.DISK].loaded_tokens == loaded  # recomputed
             assert faults.paused_kind is None                       # reads do not pause writes
         finally:
             inject.clear()

@@ -79,7 +79,7 @@ def test_steps_run_while_the_writer_is_held_and_pages_become_files_after(
                 await wait_idle(engine)
                 engine.check_invariants()       # every tier: free / held exactly once
             assert writer.target.entered.is_set()
-            assert tiers.counters.demoted_tokens["l3"] > 0
+            assert tiers.counters[DISK].demoted_tokens > 0
             # Nothing is durable: the gate holds the first write; the demoted nodes are
             # still pending, so they are not pushed out or reused, and no file exists.
             assert tiers.pending_writes
@@ -94,7 +94,7 @@ def test_steps_run_while_the_writer_is_held_and_pages_become_files_after(
             engine.check_invariants()
             assert got == replies
             assert last.final.usage.cached_tokens > 0
-            assert tiers.counters.loaded_tokens["l3"] > 0
+            assert tiers.counters[DISK].loaded_tokens > 0
             assert tiers.pending_writes             # still nothing written
             # Open the gate; wait for the queue to drain (an event, not a sleep).
             gate.set()
@@ -139,7 +139,7 @@ def test_a_failed_write_drops_the_page_and_replies_stay_correct(model_fp32, expe
             engine.check_invariants()
             assert got == replies
             assert tiers.counters.failed_writes > 0
-            assert tiers.counters.loaded_tokens["l3"] == 0
+            assert tiers.counters[DISK].loaded_tokens == 0
             assert not tiers.nodes[DISK] and not tiers.pending_writes
             assert tiers.alloc[DISK].num_free == tiers.capacity_pages(DISK)
             assert engine.stats().tiers.failed_disk_writes == tiers.counters.failed_writes
@@ -250,8 +250,8 @@ def test_disk_reads_run_off_the_event_loop_and_the_request_waits_for_them(
             await wait_idle(engine)
             engine.check_invariants()
             assert got == replies
-            assert tiers.counters.loaded_tokens["l3"] > 0
-            assert last.final.usage.cached_tokens >= tiers.counters.loaded_tokens["l3"]
+            assert tiers.counters[DISK].loaded_tokens > 0
+            assert last.final.usage.cached_tokens >= tiers.counters[DISK].loaded_tokens
         finally:
             watchdog.cancel()
             gate.set()
