@@ -97,8 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "inf: no bound)")
     cluster.add_argument("--seed", type=int, default=0, help="seed of the random routers")
     tiers = parser.add_argument_group(
-        "tier simulation", "host memory and disk below the cache: evicted pages are demoted, "
-        "a hit there is loaded instead of recomputed")
+        "tier simulation", "host memory and disk below the cache, run by the server's tier "
+        "code: evicted pages are demoted, a hit there is loaded instead of recomputed")
     tiers.add_argument("--host-capacity-tokens", default=None, metavar="TOKENS",
                        help="host-memory tier size (suffixes as --capacity-tokens)")
     tiers.add_argument("--disk-capacity-tokens", default=None, metavar="TOKENS",

@@ -22,7 +22,7 @@ from radixserve.cache.memory import PagedMemory
 from radixserve.cache.miss_reasons import SeenPrefixes, explain
 from radixserve.cache.page_allocator import OutOfPages
 from radixserve.cache.prefix_lease import PrefixLease
-from radixserve.cache.radix_cache import RadixCache
+from radixserve.cache.radix_cache import MatchResult, RadixCache
 
 from .belady import PageAtATimeMemory, make_policy
 from .workload import ReplayItem, Workload
@@ -135,6 +135,9 @@ class _Run:
         self.inflight: deque[_InFlight] = deque()
         self.seen = SeenPrefixes(chunk=space.tree_page_size) if config.miss_reasons else None
         self.last_reason: str | None = None
+        # Lower tiers (tiers.py): loads a fresh lease's host/disk match part into the pool
+        # and returns the prompt tokens that served; None: no tiers below the cache.
+        self.load: Callable[[PrefixLease, MatchResult], int] | None = None
 
     def explain(self, item: ReplayItem) -> None:
         """Where the request's prompt stops matching and why, as the server reports it."""
@@ -151,7 +154,9 @@ class _Run:
         lease = PrefixLease(self.mem)
         match = lease.acquire(item.prompt_keys, max_tokens=space.max_match_keys(L))
         hit = space.hit_tokens(match.matched_tokens, len(match.pages), match.cow_tokens > 0, L)
-        need = math.ceil((L + item.output_len) / space.page_size) - len(match.pages)
+        if match.lower and self.load is not None:
+            hit += self.load(lease, match)
+        need = math.ceil((L + item.output_len) / space.page_size) - len(lease.pages)
         if not self._grow(lease, need):
             lease.release()
             return None

@@ -1,4 +1,5 @@
-"""The tier sweep: every (capacity, policy) point with host and disk tiers below it."""
+"""The tier sweep: every (capacity, policy) point with the server's host and disk tiers
+(cache/tiers.py, run by tiers.py) below it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from .replayer import ReplayConfig
 from .report import human_tokens
 from .sweep import SweepOptions, prepare, progress_bar
-from .tiers import TierConfig, TierStats, simulate_tiers
+from .tiers import TierConfig, TierReplayStats, simulate_tiers
 
 
 @dataclass(slots=True)
@@ -20,7 +21,7 @@ class TierReport:
     concurrency: int
     warmup_fraction: float
     tiers: TierConfig
-    points: list[TierStats] = field(default_factory=list)
+    points: list[TierReplayStats] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"trace": self.trace, "requests": self.requests, "mode": self.mode,
@@ -50,8 +51,9 @@ def format_tier_table(report: TierReport) -> str:
             f"{_gb(p.bytes_out['host']):>11} {_gb(p.bytes_in['disk']):>10} "
             f"{_gb(p.bytes_out['disk']):>11} {p.seconds:7.2f}")
     lines.append("capacity: the first tier (the KV pool); hit rates are shares of all prompt "
-                 "tokens; in = written into the tier (demotions, disk loads passing through "
-                 "host), out = read from it (loads, demotions to disk)")
+                 "tokens; the server's tiers (exclusive: a load takes a page out of its tier); "
+                 "in = written into the tier (demotions), out = read from it (loads, "
+                 "demotions to disk)")
     return "\n".join(lines)
 
 

@@ -1,104 +1,64 @@
-"""Tier simulation: a KV cache with host memory and disk below it (demote, then load).
+"""Tier replay: the server's host and disk tiers below the replay's cache.
 
-The first tier is the replay's own cache (RadixCache + PagedMemory at `--capacity-tokens`),
-unchanged: a page it evicts is *demoted* to the host tier, a page the host tier evicts goes
-to disk, and one the disk evicts is gone. Host and disk are LRU sets of pages, named by
-their chained block-mode symbol (a page and its whole prefix). A request whose prefix runs
-on past what the first tier holds continues its match in host memory, then on disk: those
-pages are *loaded* instead of recomputed (disk pages through host memory, where they stay).
-Loaded pages enter the first tier as computed ones would, so the first tier behaves exactly
-as in a plain replay; the lower tiers only add hits. Counts are in tokens and bytes
-(`kv_bytes_per_token`, whole pages moved).
+The first tier is the replay's own cache (RadixCache + PagedMemory at `--capacity-tokens`).
+Below it runs the server's tier code, `LowerTiers` (cache/tiers.py), attached to the same
+tree as the engine attaches it (engine/tier_setup.py), so replay's tier figures and the
+server's come from one implementation. What the replay has no use for is simulated: there
+is no KV data, so `ReplayDisk` only records which disk slots hold a written page, and the
+orders the tiers issue are "run" after each request (a disk demotion marks its slots
+written) before `moves_done` ends them, as the engine's step does.
+
+Per request, as the engine admits one (engine/seq_memory.py, engine/tier_runtime.py):
+match and lock the prefix, load its host/disk part into the pool (`PrefixLease.load`),
+then grow and extend as in a plain replay. The engine loads while its measured costs say
+loading beats computing; the replay always loads (it counts hits, not seconds). Hits are
+split by the tier that served them; bytes are `LowerTiers`' own counters over the measured
+requests, whole pages of `--kv-bytes-per-token` x page size.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixserve.cache.memory import PagedMemory
+from radixserve.cache.prefix_lease import PrefixLease
+from radixserve.cache.radix_cache import MatchResult
+from radixserve.cache.tier_types import LOWER_TIERS, Tier
+from radixserve.cache.tiers import DemoteOrder, LowerTiers
 
-from .belady import PageAtATimeMemory
-from .cluster import route_requests
 from .replayer import ReplayConfig, _Run
 from .workload import Workload
 
 TIERS = ("host", "disk")
+_NAMES = {Tier.POOL: "gpu", Tier.HOST: "host", Tier.DISK: "disk"}    # the report's names
 
 
-class _Demoting:
-    """Memory that reports each page its allocations evict (block mode: by page symbol).
+class ReplayDisk:
+    """The disk tier's page store without bytes: the slots (the store's page keys) whose
+    page was written. A read of any other slot fails, as a missing file would."""
 
-    Before an allocation that must evict, it notes the pages of the nodes that can lose
-    pages: the first `short` evictable leaves in policy order and their unlocked ancestors
-    (at most `short` leaves lose a page, and a node only becomes evictable once its
-    children are gone). Afterwards a node that left the tree lost all its pages, a trimmed
-    one its tail. The eviction itself is the base memory's, unchanged.
-    """
+    def __init__(self) -> None:
+        self.written: set[int] = set()
 
-    on_demote: Callable[[int], None]
+    def write_page(self, key: int) -> None:
+        self.written.add(key)
 
-    def alloc_after(self, head, n: int):
-        short = n - self.num_free
-        watched = self._watch(short) if short > 0 else []
-        pages = super().alloc_after(head, n)
-        for node, symbols in watched:
-            kept = 0 if node.parent is None else len(node.pages)
-            for symbol in symbols[kept:]:
-                self.on_demote(symbol)
-        return pages
+    def read_page(self, key: int) -> bytes | None:
+        return b"" if key in self.written else None
 
-    def _watch(self, short: int) -> list:
-        seen: dict[int, tuple] = {}
-        for k, leaf in enumerate(self.tree.iter_evictable()):
-            if k == short:
-                break
-            node = leaf
-            while node.depth and node.lock_ref == 0 and node.id not in seen:
-                seen[node.id] = (node, node.tokens[0::2])   # [symbol, MARK] per page
-                node = node.parent
-        return list(seen.values())
+    def drop_page(self, key: int) -> None:
+        self.written.discard(key)
 
 
-class DemotingMemory(_Demoting, PagedMemory):
-    def __init__(self, num_pages: int, tree, on_demote: Callable[[int], None]):
-        super().__init__(num_pages, tree)
-        self.on_demote = on_demote
-
-
-class DemotingPageAtATimeMemory(_Demoting, PageAtATimeMemory):
-    def __init__(self, num_pages: int, tree, on_demote: Callable[[int], None]):
-        super().__init__(num_pages, tree)
-        self.on_demote = on_demote
-
-
-class LRUPages:
-    """One lower tier: a set of page symbols, least recently used dropped when full."""
-
-    def __init__(self, capacity_pages: int):
-        self.capacity_pages = capacity_pages
-        self._pages: OrderedDict[int, None] = OrderedDict()
-
-    def __contains__(self, symbol: int) -> bool:
-        return symbol in self._pages
-
-    def __len__(self) -> int:
-        return len(self._pages)
-
-    def touch(self, symbol: int) -> None:
-        self._pages.move_to_end(symbol)
-
-    def add(self, symbol: int) -> tuple[bool, int | None]:
-        """Store (or refresh) a page: (was it written, the page dropped to make room)."""
-        if symbol in self._pages:
-            self._pages.move_to_end(symbol)
-            return False, None
-        self._pages[symbol] = None
-        if len(self._pages) > self.capacity_pages:
-            return True, self._pages.popitem(last=False)[0]
-        return True, None
+def run_orders(lower: LowerTiers, disk: ReplayDisk) -> None:
+    """What the engine's runner does with the queued tier orders, in issue order, minus the
+    bytes: pages demoted to disk are written. Then the orders are done."""
+    for order in lower.take_moves():
+        if isinstance(order, DemoteOrder) and order.dst_tier == Tier.DISK:
+            for key in order.dst.tolist():
+                disk.write_page(key)
+    lower.moves_done()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +75,7 @@ class TierConfig:
 
 
 @dataclass(slots=True)
-class TierStats:
+class TierReplayStats:
     """Hits split by the tier that served them, and the bytes that moved between tiers."""
 
     capacity_tokens: int
@@ -128,8 +88,8 @@ class TierStats:
     unfit_requests: int = 0
     hit_tokens: dict[str, int] = field(default_factory=lambda: {"gpu": 0, "host": 0,
                                                                 "disk": 0})
-    # Bytes written into a tier (demotions, and disk -> host on a load) and read out of it
-    # (loads towards the first tier, and host -> disk demotions).
+    # Bytes written into a tier (demotions) and read out of it (loads into the first tier,
+    # and host -> disk demotions): LowerTiers' counters.
     bytes_in: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     bytes_out: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     seconds: float = 0.0
@@ -157,113 +117,74 @@ class TierStats:
         }
 
 
-class _Hierarchy:
-    """The lower tiers, page moves between them, and the byte counts."""
+class _Loader:
+    """Loads a match's host/disk part at admission and notes what each tier served."""
 
-    def __init__(self, config: TierConfig, page_size: int, stats: TierStats):
-        self.tiers: list[tuple[str, LRUPages]] = []
-        for name, cap in (("host", config.host_capacity_tokens),
-                          ("disk", config.disk_capacity_tokens)):
-            if cap // page_size:
-                self.tiers.append((name, LRUPages(cap // page_size)))
-        self.page_bytes = page_size * config.kv_bytes_per_token
-        self.stats = stats
-        self.counting = False           # byte counts start with the measured requests
+    def __init__(self, lower: LowerTiers, tokens_per_key: float):
+        self.lower = lower
+        self.tokens_per_key = tokens_per_key    # block mode: a page is 2 keys
+        self.served: dict[Tier, int] = {}       # the last admission's loaded tokens by tier
 
-    def demote(self, symbol: int, level: int = 0) -> None:
-        """A page leaves the tier above `level` (the first tier for 0): store it here."""
-        if level >= len(self.tiers):
-            return
-        name, tier = self.tiers[level]
-        written, dropped = tier.add(symbol)
-        if written and self.counting:
-            self.stats.bytes_in[name] += self.page_bytes
-            if level:
-                self.stats.bytes_out[self.tiers[level - 1][0]] += self.page_bytes
-        if dropped is not None:
-            self.demote(dropped, level + 1)
-
-    def where(self, symbol: int) -> int | None:
-        """The highest lower tier holding the page, or None."""
-        for level, (_, tier) in enumerate(self.tiers):
-            if symbol in tier:
-                return level
-        return None
-
-    def reserve(self, symbol: int, level: int) -> None:
-        """A page the request will load: most recently used, so its own evictions keep it."""
-        self.tiers[level][1].touch(symbol)
-
-    def load(self, symbol: int, level: int) -> None:
-        """Read the page up (through host memory, where a page from disk then stays)."""
-        if self.counting:
-            self.stats.bytes_out[self.tiers[level][0]] += self.page_bytes
-        if level:                       # disk -> host -> first tier; it stays in host memory
-            self.demote(symbol, 0)
-            if self.counting:
-                self.stats.bytes_out[self.tiers[0][0]] += self.page_bytes
+    def __call__(self, lease: PrefixLease, match: MatchResult) -> int:
+        flows = self.lower.counters.flows
+        before = {t: flows[t].loaded_tokens for t in LOWER_TIERS}
+        lease.load(match, Tier.DISK)
+        self.served = {t: round((flows[t].loaded_tokens - before[t]) * self.tokens_per_key)
+                       for t in LOWER_TIERS}
+        return sum(self.served.values())
 
 
 def simulate_tiers(workload: Workload, config: ReplayConfig, tiers: TierConfig,
-                   progress: Callable[[int], None] | None = None) -> TierStats:
-    """Replay the workload on the first tier with host and disk tiers below it."""
+                   progress: Callable[[int], None] | None = None) -> TierReplayStats:
+    """Replay the workload on the first tier with the server's host and disk tiers below."""
     space = workload.space
-    requests = route_requests(workload)            # block mode: each page's chained symbol
-    stats = TierStats(config.capacity_tokens, config.policy, tiers.host_capacity_tokens,
-                      tiers.disk_capacity_tokens)
-    hierarchy = _Hierarchy(tiers, space.page_size, stats)
-
-    def memory(num_pages, cache):
-        page_at_a_time = getattr(cache.policy, "evicts_pages_one_at_a_time", False)
-        kind = DemotingPageAtATimeMemory if page_at_a_time else DemotingMemory
-        return kind(num_pages, cache, hierarchy.demote)
-
-    run = _Run(workload, config, memory=memory)
+    ps = space.page_size
+    stats = TierReplayStats(config.capacity_tokens, config.policy, tiers.host_capacity_tokens,
+                            tiers.disk_capacity_tokens)
+    run = _Run(workload, config)
+    disk = ReplayDisk()
+    disk_pages = tiers.disk_capacity_tokens // ps
+    lower = LowerTiers(run.cache, run.mem.num_pages, tiers.host_capacity_tokens // ps,
+                       disk_pages, disk if disk_pages else None,
+                       page_bytes=ps * tiers.kv_bytes_per_token)
+    loader = run.load = _Loader(lower, ps / space.tree_page_size)
     set_now = getattr(run.policy, "set_now", None)
-    ps, pair = space.page_size, space.tree_page_size
     warmup = int(config.warmup_fraction * len(workload))
+    flows = lower.counters.flows
+    at_warmup = {t: (0, 0) for t in LOWER_TIERS}
     start = time.perf_counter()
     for i, item in enumerate(workload):
         if set_now is not None:
             set_now(i)
         measured = i >= warmup
-        hierarchy.counting = measured
-        L = item.prompt_len
-        keys = run.cache.peek_prefix(item.prompt_keys, max_tokens=space.max_match_keys(L))
-        lower = []                               # (page, tier level, tokens) past tier 1
-        if not keys % pair:                      # tier 1 did not end inside a capped page
-            matchable = L - 1
-            symbols = requests[i].page_keys
-            for page in range(keys // pair, -(-matchable // ps)):
-                level = hierarchy.where(symbols[page])
-                if level is None:
-                    break
-                lower.append((symbols[page], level, min(ps, matchable - page * ps)))
-        for symbol, level, _ in lower:
-            hierarchy.reserve(symbol, level)
+        if i == warmup:
+            at_warmup = {t: (flows[t].bytes_in, flows[t].bytes_out) for t in LOWER_TIERS}
+        loader.served = {}
         hit = run.serve(item)
-        if hit is not None:
-            for symbol, level, _ in lower:
-                hierarchy.load(symbol, level)
+        run_orders(lower, disk)
         if measured:
             stats.measured_requests += 1
-            stats.query_tokens += L
+            stats.query_tokens += item.prompt_len
             if hit is None:
                 stats.unfit_requests += 1
             else:
-                stats.hit_tokens["gpu"] += hit
-                for _, level, tokens in lower:
-                    stats.hit_tokens[hierarchy.tiers[level][0]] += tokens
+                served = sum(loader.served.values())
+                stats.hit_tokens["gpu"] += hit - served
+                for tier, tokens in loader.served.items():
+                    stats.hit_tokens[_NAMES[tier]] += tokens
         run.after_request(i, progress)
     run.finish()
+    run_orders(lower, disk)
+    for tier in LOWER_TIERS:
+        start_in, start_out = at_warmup[tier]
+        stats.bytes_in[_NAMES[tier]] = flows[tier].bytes_in - start_in
+        stats.bytes_out[_NAMES[tier]] = flows[tier].bytes_out - start_out
     stats.requests = len(workload)
     stats.seconds = time.perf_counter() - start
     return stats
 
 
-def tier_levels(stats: TierStats) -> list[str]:
+def tier_levels(stats: TierReplayStats) -> list[str]:
     """The tiers a run had, top first: gpu, then host and disk where configured."""
     return ["gpu"] + [t for t, cap in (("host", stats.host_capacity_tokens),
                                        ("disk", stats.disk_capacity_tokens)) if cap]
-
-
