@@ -38,7 +38,7 @@ class PageWriter(Protocol):
     """Takes a demoted page's bytes for the disk (storage/disk_writer.py: DiskWriter,
     whose thread writes them; blocks while its queue is full)."""
 
-    def submit(self, page_key: int, payload: bytes) -> None: ...
+    def submit(self, slot: int, payload: bytes) -> None: ...
 
 
 class HostKVPool:

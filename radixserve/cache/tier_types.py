@@ -10,8 +10,11 @@ Ids, one name each:
   pages, then host slots, then disk slots, see tiers.py), so ids of two tiers never
   collide and conservation checks see every id once.
 - `SlotId`: a tier's own index of a page (`LowerTiers.local(tier, tree_ids)`): a pool page,
-  a host slot, a disk slot. A disk slot also names the page's file in the store
-  (`DiskPageStore` calls it a page key; it is the same number). Orders carry `SlotId`s.
+  a host slot, a disk slot. Orders, the disk writer and the disk reader carry `SlotId`s.
+  A disk slot is *not* the name of the page's file: `DiskPageStore` names files by a
+  *page key*, a number never reused (a saved index must never name a later write), while
+  slots are reused as pages come and go; `TierPages` (storage/tier_pages.py) maps each
+  disk slot to the page key of the file holding it now.
 """
 
 from __future__ import annotations

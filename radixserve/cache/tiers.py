@@ -3,9 +3,11 @@
 Every TreeNode records the tier holding its pages (`node.tier`): 1 = the KV pool the model
 reads (`pages` are pool page ids), 2 = host memory, 3 = disk (`pages` are that tier's slot
 ids). Ids live in one space, `[0, pool)` for the pool, then `[pool, pool + host)` for host
-slots, then disk keys, so the ids of two tiers never collide: an insert that compares its
+slots, then disk slots, so the ids of two tiers never collide: an insert that compares its
 pool pages with a host node's ids can never take them for its own, and conservation checks
-see every id once. Orders carry tier-local ids (a pool page, a host slot, a disk key).
+see every id once. Orders carry tier-local ids (a pool page, a host slot, a disk slot;
+tier_types.SlotId; the disk store names the file holding a slot by another number, its
+page key: storage/tier_pages.py).
 
 Shape of the tree: a node's parent is in the same tier or a higher one, so the pool's nodes
 form a prefix-closed subtree (what a match serves from the pool is a prefix), and pool plus
@@ -27,7 +29,7 @@ reads of a load):
   into the pool on the caller's pages the same way (`RadixCache.enter_pool`).
 - Orders are executed by whoever owns the KV data (the engine's runner, at the start of the
   next step, before copy-on-write and the forward pass) strictly in the order they were
-  issued. That order is causal: an order that reuses a page, slot or key was issued after
+  issued. That order is causal: an order that reuses a page or slot was issued after
   the order that read it (the pool page an eviction frees is read by its DemoteOrder before
   the step writes into it; a host slot freed by a load is read before a later demote
   writes it). The one read out of order is a load's disk read, done when the order is
@@ -104,19 +106,19 @@ class LoadOrder:
 class PageStore(Protocol):
     """The disk tier's reads (the runner writes pages with the store's `write_page`)."""
 
-    def read_page(self, page_key: int) -> bytes | None:
+    def read_page(self, slot: int) -> bytes | None:
         """The page, or None when it is missing or its checksum fails."""
 
-    def drop_page(self, page_key: int) -> None: ...
+    def drop_page(self, slot: int) -> None: ...
 
 
 class WriteResults(Protocol):
-    """The disk writer's reports (storage/disk_writer.py: DiskWriter), as disk keys."""
+    """The disk writer's reports (storage/disk_writer.py: DiskWriter), by disk slot."""
 
     def take_finished(self) -> tuple[list[int], list[int]]:
         """(written, failed) since the last call."""
 
-    def held_page(self, key: int) -> bytes | None:
+    def held_page(self, slot: int) -> bytes | None:
         """A queued page's bytes until its result is taken (None: not queued yet)."""
 
     def drain(self) -> None:
@@ -127,19 +129,19 @@ class WriteResults(Protocol):
 
 
 class ReadResults(Protocol):
-    """The disk reader (storage/disk_reader.py: DiskReader), by disk key."""
+    """The disk reader (storage/disk_reader.py: DiskReader), by disk slot."""
 
-    def request(self, keys: list[int]) -> None: ...
+    def request(self, slots: list[int]) -> None: ...
 
-    def asked(self, key: int) -> bool: ...
+    def asked(self, slot: int) -> bool: ...
 
-    def ready(self, key: int) -> bool: ...
+    def ready(self, slot: int) -> bool: ...
 
-    def take(self, key: int) -> bytes | None: ...
+    def take(self, slot: int) -> bytes | None: ...
 
     def take_finished(self) -> list[int]: ...
 
-    def discard(self, key: int) -> None: ...
+    def discard(self, slot: int) -> None: ...
 
 
 class ReadPending(Exception):
@@ -253,13 +255,13 @@ class LowerTiers:
             self.writes_finished(*self.writer.take_finished())
 
     def writes_finished(self, written: Sequence[int], failed: Sequence[int]) -> None:
-        """Disk keys now durable, and keys whose write failed: the nodes holding failed
-        keys are dropped (with their branch, all disk nodes) as an ordinary eviction
-        would; orphaned keys get their slot back (and their file removed)."""
+        """Disk slots now durable, and slots whose write failed: the nodes holding failed
+        slots are dropped (with their branch, all disk nodes) as an ordinary eviction
+        would; orphaned slots are freed (and their file removed)."""
         off = self.offset[DISK]
-        for key in written:
-            self.pending_writes.discard(key + off)
-        bad = {key + off for key in failed}
+        for slot in written:
+            self.pending_writes.discard(slot + off)
+        bad = {slot + off for slot in failed}
         self.pending_writes.difference_update(bad)
         self.counters.failed_writes += len(bad)
         bad -= self.orphaned
@@ -272,7 +274,7 @@ class LowerTiers:
                     self._drop_branch(node)
 
     def local(self, tier: Tier, ids: np.ndarray) -> np.ndarray:
-        """Tree ids of `tier` as that tier's own slot ids / disk keys."""
+        """Tree ids of `tier` as that tier's own slot ids."""
         return (ids - self.offset[tier]).astype(np.int32) if tier != POOL else ids
 
     # ------------------------------------------------------------------ demotion
@@ -434,8 +436,8 @@ class LowerTiers:
         (an order not run yet has not handed them over)."""
         if self.writer is None:
             return None
-        got = tuple(self.writer.held_page(key)
-                    for key in self.local(DISK, node.pages).tolist())
+        got = tuple(self.writer.held_page(slot)
+                    for slot in self.local(DISK, node.pages).tolist())
         return None if None in got else got
 
     def _ask_reads(self, lower: Sequence[TreeNode], max_tier: Tier) -> bool:
@@ -451,22 +453,22 @@ class LowerTiers:
                 continue
             if node.tier != DISK:
                 continue
-            keys = [k for k in self.local(DISK, node.pages).tolist()
-                    if not self.reader.ready(k)]
-            if keys:
+            slots = [s for s in self.local(DISK, node.pages).tolist()
+                     if not self.reader.ready(s)]
+            if slots:
                 wait = True
-                new = [k for k in keys if not self.reader.asked(k)]
+                new = [s for s in slots if not self.reader.asked(s)]
                 self.reader.request(new)
-                self.reading.update(k + self.offset[DISK] for k in new)
+                self.reading.update(s + self.offset[DISK] for s in new)
         return wait
 
     def _read(self, node: TreeNode) -> tuple[bytes, ...]:
         """The node's pages, up to the first missing or corrupt one: from the reader's
         results (read off this thread) or, without a reader, from the disk here."""
         got = []
-        for key in self.local(DISK, node.pages).tolist():
-            data = (self.reader.take(key) if self.reader is not None
-                    else self.disk.read_page(key))
+        for slot in self.local(DISK, node.pages).tolist():
+            data = (self.reader.take(slot) if self.reader is not None
+                    else self.disk.read_page(slot))
             if data is None:
                 self.counters.corrupt_pages += 1
                 break
@@ -568,10 +570,10 @@ class LowerTiers:
                                  dtype=np.int64)
         local = self.local(tier, ids)
         if tier == DISK:
-            for key in local.tolist():
+            for slot in local.tolist():
                 if self.reader is not None:
-                    self.reader.discard(key)
-                self.disk.drop_page(key)
+                    self.reader.discard(slot)
+                self.disk.drop_page(slot)
         self.alloc[tier].free(local)
 
     def _busy(self, tree_id: int) -> bool:

@@ -35,20 +35,20 @@ _NAMES = {Tier.POOL: "gpu", Tier.HOST: "host", Tier.DISK: "disk"}    # the repor
 
 
 class ReplayDisk:
-    """The disk tier's page store without bytes: the slots (the store's page keys) whose
-    page was written. A read of any other slot fails, as a missing file would."""
+    """The disk tier's page store without bytes: the disk slots whose page was written. A
+    read of any other slot fails, as a missing file would."""
 
     def __init__(self) -> None:
         self.written: set[int] = set()
 
-    def write_page(self, key: int) -> None:
-        self.written.add(key)
+    def write_page(self, slot: int) -> None:
+        self.written.add(slot)
 
-    def read_page(self, key: int) -> bytes | None:
-        return b"" if key in self.written else None
+    def read_page(self, slot: int) -> bytes | None:
+        return b"" if slot in self.written else None
 
-    def drop_page(self, key: int) -> None:
-        self.written.discard(key)
+    def drop_page(self, slot: int) -> None:
+        self.written.discard(slot)
 
 
 def run_orders(lower: LowerTiers, disk: ReplayDisk) -> None:
@@ -56,8 +56,8 @@ def run_orders(lower: LowerTiers, disk: ReplayDisk) -> None:
     bytes: pages demoted to disk are written. Then the orders are done."""
     for order in lower.take_moves():
         if isinstance(order, DemoteOrder) and order.dst_tier == Tier.DISK:
-            for key in order.dst.tolist():
-                disk.write_page(key)
+            for slot in order.dst.tolist():
+                disk.write_page(slot)
     lower.moves_done()
 
 

@@ -161,8 +161,8 @@ def _engine_side(prompts, pool_pages: int, host_pages: int, disk_pages: int,
             plan = core.schedule()
             for order in plan.batch.moves:
                 if isinstance(order, DemoteOrder) and order.dst_tier == Tier.DISK:
-                    for key in order.dst.tolist():
-                        disk.write_page(key)
+                    for slot in order.dst.tolist():
+                        disk.write_page(slot)
             core.complete(plan, runner.execute(plan.batch))
             memory.check(core.scheduler.running + core.scheduler.waiting)
         hits += finals[0].usage.cached_tokens
