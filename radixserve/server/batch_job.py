@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Awaitable, Callable
 
 import msgspec
 from tqdm import tqdm
@@ -25,11 +25,26 @@ from radixserve.engine.config import EngineConfig, add_engine_arguments
 from radixserve.server import protocol as P
 from radixserve.server.errors import ApiError, api_error_from
 from radixserve.server.engine_client import EngineClient
-from radixserve.server.openai_serving import Renderer, run_to_response
+from radixserve.server.openai_serving import (ChatRenderer, CompletionRenderer, Renderer,
+                                              run_to_response)
 from radixserve.server.prompts import (ModelInfo, Prepared, PromptBuilder, model_info,
                                        prepare_chat, prepare_completion)
 
-KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What a batch line's URL selects: its body's type, how it is prepared, its renderer."""
+
+    request_type: type
+    prepare: Callable[..., Awaitable[Prepared]]
+    renderer: type[Renderer]
+
+
+ENDPOINTS = {
+    "/v1/chat/completions": Endpoint(P.ChatCompletionRequest, prepare_chat, ChatRenderer),
+    "/v1/completions": Endpoint(P.CompletionRequest, prepare_completion, CompletionRenderer),
+}
 QUEUE_FULL_RETRY_S = 0.05
 
 
@@ -64,7 +79,7 @@ class Item:
 
     index: int
     custom_id: str | None
-    kind: str = ""
+    endpoint: Endpoint | None = None
     prepared: Prepared | None = None
     result: BatchResult | None = None
 
@@ -94,19 +109,15 @@ async def parse_line(index: int, line: bytes, prompts: PromptBuilder, seen: set[
             "duplicate_custom_id", f"line {index + 1}: custom_id {entry.custom_id!r} repeats an earlier line"))
         return item
     seen.add(entry.custom_id)
-    if entry.method.upper() != "POST" or entry.url not in KINDS:
+    if entry.method.upper() != "POST" or entry.url not in ENDPOINTS:
         item.result = _result(entry.custom_id, error=BatchError(
             "invalid_url", f"line {index + 1}: {entry.method} {entry.url} is not supported; "
-                           f"use POST {' or POST '.join(KINDS)}"))
+                           f"use POST {' or POST '.join(ENDPOINTS)}"))
         return item
-    item.kind = KINDS[entry.url]
+    item.endpoint = endpoint = ENDPOINTS[entry.url]
     try:
-        if item.kind == "chat":
-            req = P.decode(entry.body, P.ChatCompletionRequest)
-            item.prepared = await prepare_chat(req, prompts, strict_model=False)
-        else:
-            req = P.decode(entry.body, P.CompletionRequest)
-            item.prepared = await prepare_completion(req, prompts, strict_model=False)
+        req = P.decode(entry.body, endpoint.request_type)
+        item.prepared = await endpoint.prepare(req, prompts, strict_model=False)
     except ApiError as err:
         item.result = api_error_result(entry.custom_id, err)
     return item
@@ -129,7 +140,7 @@ def work_order(items: list[Item]) -> list[Item]:
 
 async def run_item(engine: EngineClient, info: ModelInfo, item: Item) -> BatchResult:
     while True:
-        renderer = Renderer(item.kind, info.name, item.prepared, engine.tokenizer)
+        renderer = item.endpoint.renderer(info.name, item.prepared, engine.tokenizer)
         request_id = "req_" + uuid.uuid4().hex
         try:
             body = await run_to_response(engine, renderer, request_id=request_id)

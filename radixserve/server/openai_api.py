@@ -8,7 +8,8 @@ from radixserve.server import protocol as P
 from radixserve.server.body import read_json
 from radixserve.server.errors import ApiError
 from radixserve.server.openapi import RouteDoc, documented
-from radixserve.server.openai_serving import Renderer, run_on_engine, run_to_response
+from radixserve.server.openai_serving import (ChatRenderer, CompletionRenderer, Renderer,
+                                              run_on_engine, run_to_response)
 from radixserve.server.prompts import ModelInfo, prepare_chat, prepare_completion
 from radixserve.server.sse import stream_events
 from radixserve.server.state import STATE, ServerState, caller, json_response
@@ -18,23 +19,24 @@ from radixserve.server.state import STATE, ServerState, caller, json_response
                      body=P.ChatCompletionRequest, response=P.ChatCompletionResponse,
                      stream=P.ChatCompletionChunk))
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await serve(request, "chat", P.ChatCompletionRequest, prepare_chat)
+    return await serve(request, ChatRenderer, P.ChatCompletionRequest, prepare_chat)
 
 
 @documented(RouteDoc("Text completion (OpenAI); server-sent events with stream=true",
                      body=P.CompletionRequest, response=P.CompletionResponse,
                      stream=P.CompletionChunk))
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await serve(request, "completion", P.CompletionRequest, prepare_completion)
+    return await serve(request, CompletionRenderer, P.CompletionRequest, prepare_completion)
 
 
-async def serve(request: web.Request, kind: str, request_type: type, prepare) -> web.StreamResponse:
+async def serve(request: web.Request, renderer_type: type[Renderer], request_type: type,
+                prepare) -> web.StreamResponse:
     """Decode, prepare (tokenize off the loop) and run one chat or completions request."""
     state = request.app[STATE]
     req = await read_json(request, request_type)
     prepared = await prepare(req, state.prompts, caller(request).key_namespace)
-    renderer = Renderer(kind, state.info.name, prepared, state.engine.tokenizer,
-                        req.include_usage)
+    renderer = renderer_type(state.info.name, prepared, state.engine.tokenizer,
+                             req.include_usage)
     return await respond(request, state, renderer, req.stream)
 
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, ClassVar, Protocol
 
 from radixserve.engine.outputs import RequestOutput, TokenLogprob
 from radixserve.server import protocol as P
@@ -78,22 +78,22 @@ class ChoiceState:
 
 
 class Renderer:
-    """Accumulates a request's outputs and renders OpenAI bodies (chat or completions)."""
+    """Accumulates a request's outputs and renders OpenAI bodies. One subclass per API
+    (ChatRenderer, CompletionRenderer) renders its own whole responses and chunks; what
+    they share (accumulation, usage, errors, logprobs) is here."""
 
-    def __init__(self, kind: str, model: str, prepared: Prepared, tokenizer: TokenizerClient,
+    id_prefix: ClassVar[str]            # of the response id: "chatcmpl-", "cmpl-"
+    chunk_type: ClassVar[type]          # the stream chunk's struct
+    chunk_object: ClassVar[str]         # its "object" field
+
+    def __init__(self, model: str, prepared: Prepared, tokenizer: TokenizerClient,
                  include_usage: bool = False):
-        if kind not in ("chat", "completion"):
-            raise ValueError(kind)
-        self.kind = kind
         self.model = model
         self.prepared = prepared
         self.tokenizer = tokenizer
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.id = self.id_prefix + uuid.uuid4().hex
         self.created = int(time.time())
         self.choices = [ChoiceState() for _ in range(prepared.params.n)]
-        if kind == "chat" and prepared.tools is not None:
-            for c in self.choices:
-                c.tool_stream = ToolCallStream(prepared.tools.names)
         self.prompt_tokens = len(prepared.prompt_ids)
         self.cached_tokens = 0
         self.miss = None                # cache.miss_reasons.MissReport of the first sample
@@ -161,19 +161,7 @@ class Renderer:
     # -- whole responses
 
     def response(self) -> P.ChatCompletionResponse | P.CompletionResponse:
-        if self.kind == "chat":
-            return P.ChatCompletionResponse(
-                id=self.id, object="chat.completion", created=self.created, model=self.model,
-                choices=[self._chat_choice(i, c) for i, c in enumerate(self.choices)],
-                usage=self.usage())
-        choices = []
-        for i, c in enumerate(self.choices):
-            c.text_offset = len(self.prepared.echo_text)
-            choices.append(P.CompletionChoice(
-                i, self.prepared.echo_text + "".join(c.text),
-                self._completion_logprobs(c, c.logprobs), c.finish_reason, c.stop_reason))
-        return P.CompletionResponse(id=self.id, object="text_completion", created=self.created,
-                                    model=self.model, choices=choices, usage=self.usage())
+        raise NotImplementedError
 
     # -- stream chunks
 
@@ -184,24 +172,13 @@ class Renderer:
         c.started = True
         finish = out.finish_reason if out.finished else None
         stop_reason = out.stop_reason if out.finished else None
-        if self.kind == "chat":
-            if not (first or out.text or finish or out.logprobs):
-                return None
-            delta = P.DeltaMessage(role="assistant" if first else None,
-                                   content=out.text if (out.text or first) else None)
-            choice = P.ChatChunkChoice(out.index, delta, self._chat_logprobs(out.logprobs),
-                                       finish, stop_reason)
-            return P.ChatCompletionChunk(id=self.id, object="chat.completion.chunk",
-                                         created=self.created, model=self.model, choices=[choice])
-        text = (self.prepared.echo_text if first else "") + out.text
-        if first:
-            c.text_offset = len(self.prepared.echo_text)
-        if not (text or finish or out.logprobs):
-            return None
-        choice = P.CompletionChoice(out.index, text, self._completion_logprobs(c, out.logprobs),
-                                    finish, stop_reason)
-        return P.CompletionChunk(id=self.id, object="text_completion", created=self.created,
-                                 model=self.model, choices=[choice])
+        return self._chunk(out, c, first, finish, stop_reason)
+
+    def _chunk(self, out: RequestOutput, c: ChoiceState, first: bool, finish: str | None,
+               stop_reason: str | int | None):
+        raise NotImplementedError
+
+    # -- chat's messages and tool calls (ChatRenderer's)
 
     def _chat_choice(self, i: int, c: ChoiceState) -> P.ChatChoice:
         text = "".join(c.text)
@@ -249,10 +226,8 @@ class Renderer:
         return chunks
 
     def usage_chunk(self):
-        cls = P.ChatCompletionChunk if self.kind == "chat" else P.CompletionChunk
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return cls(id=self.id, object=obj, created=self.created, model=self.model, choices=[],
-                   usage=self.usage())
+        return self.chunk_type(id=self.id, object=self.chunk_object, created=self.created,
+                               model=self.model, choices=[], usage=self.usage())
 
     # -- logprobs in OpenAI's two shapes
 
@@ -283,6 +258,68 @@ class Renderer:
             out.text_offset.append(c.text_offset)
             c.text_offset += len(tok)
         return out
+
+
+class ChatRenderer(Renderer):
+    """/v1/chat/completions: assistant messages, tool calls when the request has tools."""
+
+    id_prefix = "chatcmpl-"
+    chunk_type = P.ChatCompletionChunk
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, model: str, prepared: Prepared, tokenizer: TokenizerClient,
+                 include_usage: bool = False):
+        super().__init__(model, prepared, tokenizer, include_usage)
+        if prepared.tools is not None:
+            for c in self.choices:
+                c.tool_stream = ToolCallStream(prepared.tools.names)
+
+    def response(self) -> P.ChatCompletionResponse:
+        return P.ChatCompletionResponse(
+            id=self.id, object="chat.completion", created=self.created, model=self.model,
+            choices=[self._chat_choice(i, c) for i, c in enumerate(self.choices)],
+            usage=self.usage())
+
+    def _chunk(self, out: RequestOutput, c: ChoiceState, first: bool, finish: str | None,
+               stop_reason: str | int | None) -> P.ChatCompletionChunk | None:
+        if not (first or out.text or finish or out.logprobs):
+            return None
+        delta = P.DeltaMessage(role="assistant" if first else None,
+                               content=out.text if (out.text or first) else None)
+        choice = P.ChatChunkChoice(out.index, delta, self._chat_logprobs(out.logprobs),
+                                   finish, stop_reason)
+        return P.ChatCompletionChunk(id=self.id, object="chat.completion.chunk",
+                                     created=self.created, model=self.model, choices=[choice])
+
+
+class CompletionRenderer(Renderer):
+    """/v1/completions: text choices, the echoed prompt first when asked."""
+
+    id_prefix = "cmpl-"
+    chunk_type = P.CompletionChunk
+    chunk_object = "text_completion"
+
+    def response(self) -> P.CompletionResponse:
+        choices = []
+        for i, c in enumerate(self.choices):
+            c.text_offset = len(self.prepared.echo_text)
+            choices.append(P.CompletionChoice(
+                i, self.prepared.echo_text + "".join(c.text),
+                self._completion_logprobs(c, c.logprobs), c.finish_reason, c.stop_reason))
+        return P.CompletionResponse(id=self.id, object="text_completion", created=self.created,
+                                    model=self.model, choices=choices, usage=self.usage())
+
+    def _chunk(self, out: RequestOutput, c: ChoiceState, first: bool, finish: str | None,
+               stop_reason: str | int | None) -> P.CompletionChunk | None:
+        text = (self.prepared.echo_text if first else "") + out.text
+        if first:
+            c.text_offset = len(self.prepared.echo_text)
+        if not (text or finish or out.logprobs):
+            return None
+        choice = P.CompletionChoice(out.index, text, self._completion_logprobs(c, out.logprobs),
+                                    finish, stop_reason)
+        return P.CompletionChunk(id=self.id, object="text_completion", created=self.created,
+                                 model=self.model, choices=[choice])
 
 
 def _call_out(call: ToolCall) -> P.ToolCallOut:
