@@ -19,16 +19,16 @@ requests, whole pages of `--kv-bytes-per-token` x page size.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.radix_cache import MatchResult
 from radixserve.cache.tier_types import LOWER_TIERS, Tier
-from radixserve.cache.tiers import DemoteOrder, LowerTiers
+from radixserve.cache.tiers import DemoteOrder, LoadOrder, LowerTiers
 
 from .replayer import ReplayConfig, _Run
-from .workload import Workload
+from .workload import KeySpace, Workload
 
 TIERS = ("host", "disk")
 _NAMES = {Tier.POOL: "gpu", Tier.HOST: "host", Tier.DISK: "disk"}    # the report's names
@@ -50,14 +50,18 @@ class ReplayDisk:
     def drop_page(self, slot: int) -> None:
         self.written.discard(slot)
 
+    def run(self, orders: Sequence[DemoteOrder | LoadOrder]) -> None:
+        """What the engine's runner does with a step's tier orders, in issue order, minus
+        the bytes: the pages they demote to disk are written."""
+        for order in orders:
+            if isinstance(order, DemoteOrder) and order.dst_tier == Tier.DISK:
+                for slot in order.dst.tolist():
+                    self.write_page(slot)
+
 
 def run_orders(lower: LowerTiers, disk: ReplayDisk) -> None:
-    """What the engine's runner does with the queued tier orders, in issue order, minus the
-    bytes: pages demoted to disk are written. Then the orders are done."""
-    for order in lower.take_moves():
-        if isinstance(order, DemoteOrder) and order.dst_tier == Tier.DISK:
-            for slot in order.dst.tolist():
-                disk.write_page(slot)
+    """The queued orders run (as at the engine's next step), then they are done."""
+    disk.run(lower.take_moves())
     lower.moves_done()
 
 
@@ -120,17 +124,18 @@ class TierReplayStats:
 class _Loader:
     """Loads a match's host/disk part at admission and notes what each tier served."""
 
-    def __init__(self, lower: LowerTiers, tokens_per_key: float):
+    def __init__(self, lower: LowerTiers, space: KeySpace):
         self.lower = lower
-        self.tokens_per_key = tokens_per_key    # block mode: a page is 2 keys
+        self.space = space                      # block mode: a page is 2 keys
         self.served: dict[Tier, int] = {}       # the last admission's loaded tokens by tier
 
     def __call__(self, lease: PrefixLease, match: MatchResult) -> int:
         flows = self.lower.counters.flows
         before = {t: flows[t].loaded_tokens for t in LOWER_TIERS}
         lease.load(match, Tier.DISK)
-        self.served = {t: round((flows[t].loaded_tokens - before[t]) * self.tokens_per_key)
-                       for t in LOWER_TIERS}
+        space = self.space      # loads are whole pages: keys -> pages -> tokens
+        self.served = {t: (flows[t].loaded_tokens - before[t]) // space.tree_page_size
+                       * space.page_size for t in LOWER_TIERS}
         return sum(self.served.values())
 
 
@@ -147,7 +152,7 @@ def simulate_tiers(workload: Workload, config: ReplayConfig, tiers: TierConfig,
     lower = LowerTiers(run.cache, run.mem.num_pages, tiers.host_capacity_tokens // ps,
                        disk_pages, disk if disk_pages else None,
                        page_bytes=ps * tiers.kv_bytes_per_token)
-    loader = run.load = _Loader(lower, ps / space.tree_page_size)
+    loader = run.load = _Loader(lower, space)
     set_now = getattr(run.policy, "set_now", None)
     warmup = int(config.warmup_fraction * len(workload))
     flows = lower.counters.flows

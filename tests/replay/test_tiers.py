@@ -126,8 +126,7 @@ def _engine_side(prompts, pool_pages: int, host_pages: int, disk_pages: int,
     request at a time (max_tokens 1: prefill only). Its runner stand-in writes the pages
     the step's orders demote to disk. Returns the engine's TierStats and the hit tokens."""
     from radixserve.cache import PagedMemory, RadixCache
-    from radixserve.cache.tier_types import Tier
-    from radixserve.cache.tiers import DemoteOrder, LowerTiers
+    from radixserve.cache.tiers import LowerTiers
     from radixserve.engine.core import EngineCore
     from radixserve.engine.null_model import NullRunner, OneCharTokenizer
     from radixserve.engine.output_processor import OutputProcessor
@@ -159,10 +158,7 @@ def _engine_side(prompts, pool_pages: int, host_pages: int, disk_pages: int,
                              lambda o: finals.append(o) if o.finished else None, ENGINE_PS))
         while core.scheduler.has_work():
             plan = core.schedule()
-            for order in plan.batch.moves:
-                if isinstance(order, DemoteOrder) and order.dst_tier == Tier.DISK:
-                    for slot in order.dst.tolist():
-                        disk.write_page(slot)
+            disk.run(plan.batch.moves)      # the runner's part: write what goes to disk
             core.complete(plan, runner.execute(plan.batch))
             memory.check(core.scheduler.running + core.scheduler.waiting)
         hits += finals[0].usage.cached_tokens
