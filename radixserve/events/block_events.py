@@ -1,0 +1,163 @@
+"""BlockEvents: the radix tree's changes as vLLM KV events, at a fixed block size.
+
+External routers index blocks of `block_size` tokens (16 by default), whatever our tree's
+page size: a block is a whole-block prefix of a cached path, and it is "in" the tier of the
+node that holds its last token (a node's parent is in the same tier or a higher one, so
+that is the slowest tier the block touches). This observer (cache/tree_observer.py) turns
+each tree change into the blocks it changes:
+- a node stored: `BlockStored` for the blocks ending in it, in its tier's medium;
+- removed (or trimmed): `BlockRemoved` for those blocks (or those past the cut);
+- moved between tiers: `BlockRemoved` in the old medium, then `BlockStored` in the new;
+- the tree flushed: `AllBlocksCleared`.
+
+Block hashes are the path hashes of cache/path_hash.py (chained over the namespace and
+every token to the block's end; `block_int`: the same ids the cluster's digests carry), so
+equal hashes are equal namespaced prefixes and every `parent_block_hash` is a block still
+announced: a node's parent stays in the tree while it does. The namespace goes into each
+block's `extra_keys`, so a consumer that recomputes keys from tokens keeps tenants apart.
+
+Work per change is proportional to the tokens changed: each node's chain state at its end
+(the last whole block's hash and the tokens after it) is kept by node id; it does not
+change when the node is split (the lower part keeps its id and its end) and is dropped
+when the node is trimmed or leaves. Runs on the tree's thread; `take_batch` hands the
+events gathered since the last call to the publisher.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from radixserve.cache.path_hash import block_int, chain_blocks, namespace_seed
+from radixserve.cache.tier_types import Tier
+from radixserve.cache.token_keys import ITEM_BYTES, unpack
+from radixserve.events.schema import (MEDIUM_CPU, MEDIUM_CPU_HOST, MEDIUM_DISK, MEDIUM_GPU,
+                                      EventClasses)
+
+if TYPE_CHECKING:
+    from radixserve.cache.tree_node import TreeNode
+
+__all__ = ["BlockEvents", "media_for"]
+
+
+def media_for(pool_device: str) -> dict[Tier, str]:
+    """The `medium` of each tier: vLLM's "GPU" for a GPU pool and "CPU" for memory below
+    it; a pool in CPU memory is "CPU" and the host tier below it "CPU_HOST"."""
+    if pool_device.startswith("cuda"):
+        return {Tier.POOL: MEDIUM_GPU, Tier.HOST: MEDIUM_CPU, Tier.DISK: MEDIUM_DISK}
+    return {Tier.POOL: MEDIUM_CPU, Tier.HOST: MEDIUM_CPU_HOST, Tier.DISK: MEDIUM_DISK}
+
+
+class BlockEvents:
+    """A TreeObserver that records vLLM events for whole blocks of `block_size` tokens."""
+
+    def __init__(self, classes: EventClasses, block_size: int, page_size: int,
+                 media: dict[Tier, str], data_parallel_rank: int = 0):
+        if block_size < 1 or block_size % page_size:
+            raise ValueError(f"--kv-events-block-size must be a multiple of the page size "
+                             f"({page_size}), got {block_size}")
+        self.classes = classes
+        self.block_size = block_size
+        self.media = media
+        self.rank = data_parallel_rank
+        self._step = block_size * ITEM_BYTES
+        self._carry: dict[int, tuple[bytes, bytes]] = {}     # node id -> (hash, tail bytes)
+        self._seeds: dict[str | None, bytes] = {}
+        self._events: list = []
+
+    # ------------------------------------------------------------------ TreeObserver
+    def stored(self, node: TreeNode) -> None:
+        self._store(node, node.tier)
+
+    def removed(self, node: TreeNode) -> None:
+        hashes = self._blocks(node)[1]
+        self._carry.pop(node.id, None)
+        if hashes:
+            self._remove(hashes, node.tier)
+
+    def trimmed(self, node: TreeNode, keep_tokens: int) -> None:
+        _, hashes, _ = self._blocks(node)
+        self._carry.pop(node.id, None)
+        # Blocks ending past the cut: those whose end lies beyond start + keep_tokens.
+        start = node.depth - node.num_tokens
+        first_end = (start // self.block_size + 1) * self.block_size
+        kept = max(0, (start + keep_tokens - first_end) // self.block_size + 1)
+        if hashes[kept:]:
+            self._remove(hashes[kept:], node.tier)
+
+    def moved(self, node: TreeNode, src: Tier) -> None:
+        hashes = self._blocks(node)[1]
+        if hashes:
+            self._remove(hashes, src)
+            self._store(node, node.tier)
+
+    def cleared(self) -> None:
+        self._carry.clear()
+        self._events.append(self.classes.AllBlocksCleared())
+
+    # ------------------------------------------------------------------ batches
+    def take_batch(self):
+        """The events since the last call as one KVEventBatch (None: there were none)."""
+        if not self._events:
+            return None
+        events, self._events = self._events, []
+        return self.classes.KVEventBatch(ts=time.time(), events=events,
+                                         data_parallel_rank=self.rank)
+
+    # ------------------------------------------------------------------ blocks
+    def _store(self, node: TreeNode, tier: Tier) -> None:
+        parent, hashes, data = self._blocks(node)
+        if not hashes:
+            return
+        n = len(hashes)
+        extra = None if node.namespace is None else [(node.namespace,)] * n
+        self._events.append(self.classes.BlockStored(
+            block_hashes=[block_int(h) for h in hashes],
+            parent_block_hash=parent, token_ids=unpack(data[:n * self._step]),
+            block_size=self.block_size, lora_id=None, medium=self.media[tier],
+            lora_name=None, extra_keys=extra))
+
+    def _remove(self, hashes: list[bytes], tier: Tier) -> None:
+        medium = self.media[tier]
+        ids = [block_int(h) for h in hashes]
+        last = self._events[-1] if self._events else None
+        if type(last) is self.classes.BlockRemoved and last.medium == medium:
+            last.block_hashes.extend(ids)       # one event for a run of evictions
+        else:
+            self._events.append(self.classes.BlockRemoved(block_hashes=ids, medium=medium))
+
+    def _blocks(self, node: TreeNode) -> tuple[int | None, list[bytes], bytes]:
+        """(the parent block's id or None, the hashes of the blocks ending in `node`, the
+        packed tokens from the first of those blocks' start to the node's end)."""
+        h, rest = self._carry_of(node.parent)
+        data = rest + node.key if rest else node.key
+        hashes = chain_blocks(h, data, self.block_size)
+        first_start = node.depth - node.num_tokens - len(rest) // ITEM_BYTES
+        parent = None if first_start == 0 else block_int(h)
+        whole = len(data) - len(data) % self._step
+        self._carry[node.id] = (hashes[-1] if hashes else h, data[whole:])
+        return parent, hashes, data
+
+    def _carry_of(self, node: TreeNode) -> tuple[bytes, bytes]:
+        """The chain state at `node`'s end: (hash of the last whole block ending there or
+        above, the tokens after that block), walking up to the nearest node that has it."""
+        path = []
+        while node.depth and node.id not in self._carry:
+            path.append(node)
+            node = node.parent
+        if node.depth:
+            h, rest = self._carry[node.id]
+        else:
+            h = self._seeds.get(node.namespace)
+            if h is None:
+                h = self._seeds[node.namespace] = namespace_seed(node.namespace)
+            rest = b""
+        step = self._step
+        for x in reversed(path):
+            data = rest + x.key if rest else x.key
+            hashes = chain_blocks(h, data, self.block_size)
+            if hashes:
+                h = hashes[-1]
+            rest = data[len(data) - len(data) % step:]
+            self._carry[x.id] = (h, rest)
+        return h, rest
