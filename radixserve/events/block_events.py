@@ -64,6 +64,7 @@ class BlockEvents:
         self._carry: dict[int, tuple[bytes, bytes]] = {}     # node id -> (hash, tail bytes)
         self._seeds: dict[str | None, bytes] = {}
         self._events: list = []
+        self._sealed = 0            # events before this index are final (see mark)
 
     # ------------------------------------------------------------------ TreeObserver
     def stored(self, node: TreeNode) -> None:
@@ -86,10 +87,10 @@ class BlockEvents:
             self._remove(hashes[kept:], node.tier)
 
     def moved(self, node: TreeNode, src: Tier) -> None:
-        hashes = self._blocks(node)[1]
-        if hashes:
-            self._remove(hashes, src)
-            self._store(node, node.tier)
+        blocks = self._blocks(node)
+        if blocks[1]:
+            self._remove(blocks[1], src)
+            self._store(node, node.tier, blocks)
 
     def cleared(self) -> None:
         self._carry.clear()
@@ -101,12 +102,20 @@ class BlockEvents:
         if not self._events:
             return None
         events, self._events = self._events, []
+        self._sealed = 0
         return self.classes.KVEventBatch(ts=time.time(), events=events,
                                          data_parallel_rank=self.rank)
 
+    def mark(self) -> int:
+        """Where the stream stands: the number of events gathered for the next batch. A
+        consumer that applied the batches before it and these events has seen every
+        change so far; later events never merge into them."""
+        self._sealed = len(self._events)
+        return self._sealed
+
     # ------------------------------------------------------------------ blocks
-    def _store(self, node: TreeNode, tier: Tier) -> None:
-        parent, hashes, data = self._blocks(node)
+    def _store(self, node: TreeNode, tier: Tier, blocks: tuple | None = None) -> None:
+        parent, hashes, data = blocks or self._blocks(node)
         if not hashes:
             return
         n = len(hashes)
@@ -120,7 +129,7 @@ class BlockEvents:
     def _remove(self, hashes: list[bytes], tier: Tier) -> None:
         medium = self.media[tier]
         ids = [block_int(h) for h in hashes]
-        last = self._events[-1] if self._events else None
+        last = self._events[-1] if len(self._events) > self._sealed else None
         if type(last) is self.classes.BlockRemoved and last.medium == medium:
             last.block_hashes.extend(ids)       # one event for a run of evictions
         else:

@@ -85,6 +85,9 @@ class EventPublisher:
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
+            # No high-water mark: a ROUTER silently drops what passes it, and a replay is
+            # at most the buffer (vLLM keeps the default 1,000 and loses longer replays).
+            self._replay.setsockopt(zmq.SNDHWM, 0)
             self._replay.bind(replay_endpoint)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self.topic = topic

@@ -71,6 +71,7 @@ class EventSubscriber:
             return None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)      # a long replay must not be cut
         try:
             sock.connect(self.replay_endpoint)
             sock.send_multipart((b"", start.to_bytes(8, "big", signed=True)))

@@ -88,37 +88,40 @@ class _Index:
 
     def apply(self, batch) -> None:
         for ev in batch.events:
-            kind = type(ev).__name__
-            if kind == "BlockStored":
-                assert ev.block_size == self.block_size
-                assert len(ev.token_ids) == len(ev.block_hashes) * ev.block_size
-                if ev.parent_block_hash is None:
-                    parent = None
-                else:
-                    assert ev.parent_block_hash in self.key_of, \
-                        "BlockStored names a parent that was never announced"
-                    parent = self.key_of[ev.parent_block_hash]
-                extras = ev.extra_keys or [None] * len(ev.block_hashes)
-                for i, h in enumerate(ev.block_hashes):
-                    toks = ev.token_ids[i * ev.block_size:(i + 1) * ev.block_size]
-                    extra = extras[i]
-                    key = self.block_key(parent, toks, extra)
-                    self.key_of[h] = key
-                    self.media.setdefault(key, set()).add(ev.medium)
-                    parent = key
-                    self.stored_blocks += 1
-            elif kind == "BlockRemoved":
-                for h in ev.block_hashes:
-                    key = self.key_of[h]
-                    held = self.media[key]
-                    assert ev.medium in held, "BlockRemoved in a medium never stored"
-                    held.discard(ev.medium)
-                    if not held:
-                        del self.media[key]
+            self.apply_event(ev)
+
+    def apply_event(self, ev) -> None:
+        kind = type(ev).__name__
+        if kind == "BlockStored":
+            assert ev.block_size == self.block_size
+            assert len(ev.token_ids) == len(ev.block_hashes) * ev.block_size
+            if ev.parent_block_hash is None:
+                parent = None
             else:
-                assert kind == "AllBlocksCleared"
-                self.key_of.clear()
-                self.media.clear()
+                assert ev.parent_block_hash in self.key_of, \
+                    "BlockStored names a parent that was never announced"
+                parent = self.key_of[ev.parent_block_hash]
+            extras = ev.extra_keys or [None] * len(ev.block_hashes)
+            for i, h in enumerate(ev.block_hashes):
+                toks = ev.token_ids[i * ev.block_size:(i + 1) * ev.block_size]
+                extra = extras[i]
+                key = self.block_key(parent, toks, extra)
+                self.key_of[h] = key
+                self.media.setdefault(key, set()).add(ev.medium)
+                parent = key
+                self.stored_blocks += 1
+        elif kind == "BlockRemoved":
+            for h in ev.block_hashes:
+                key = self.key_of[h]
+                held = self.media[key]
+                assert ev.medium in held, "BlockRemoved in a medium never stored"
+                held.discard(ev.medium)
+                if not held:
+                    del self.media[key]
+        else:
+            assert kind == "AllBlocksCleared"
+            self.key_of.clear()
+            self.media.clear()
 
     def request_keys(self, tokens, namespace) -> list[int]:
         bs = self.block_size
