@@ -100,6 +100,7 @@ class EventPublisher:
         self._wake = threading.Event()
         self._sent = threading.Condition()
         self._running = True
+        self._accepted = 0          # batches given to publish, dropped ones included
         self._seq = 0
         self._encoder = msgspec.msgpack.Encoder()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
@@ -113,10 +114,17 @@ class EventPublisher:
                 self._queue.popleft()
                 self.stats.dropped_batches += 1
             self._queue.append(batch)
+            self._accepted += 1
         self._wake.set()
 
     def queued(self) -> int:
         return len(self._queue)
+
+    def will_send(self) -> int:
+        """Batches sent once the queue is empty: every one published and not dropped (the
+        sequence number after the last)."""
+        with self._lock:
+            return self._accepted - self.stats.dropped_batches
 
     def wait_sent(self, num_batches: int, timeout_s: float) -> bool:
         """Block until `num_batches` batches in all were sent (False at the timeout)."""

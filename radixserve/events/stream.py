@@ -33,6 +33,14 @@ class KVEventsConfig:
             raise ValueError(f"--kv-events-encoding must be one of {sorted(ENCODINGS)}, "
                              f"got {self.encoding!r}")
 
+    @classmethod
+    def from_engine(cls, config) -> KVEventsConfig | None:
+        """The flags of an EngineConfig (None: --kv-events not given)."""
+        if not config.kv_events:
+            return None
+        return cls(config.kv_events, config.kv_events_replay, config.kv_events_topic,
+                   config.kv_events_block_size, config.kv_events_encoding)
+
     def for_replica(self, index: int) -> KVEventsConfig:
         """Replica `index`'s own endpoints (ports moved by `index`, as vLLM does per
         data-parallel rank); the topic is kept, so consumers key replicas by endpoint."""
@@ -51,6 +59,8 @@ class KVEvents:
                                   tree.page_size, media_for(pool_device), rank)
         self.publisher = EventPublisher(config.endpoint, config.replay_endpoint, config.topic)
         tree.attach_observer(self.blocks)
+        self.blocks.cleared()       # a fresh engine holds nothing: consumers start over
+        self.flush()
 
     def flush(self) -> None:
         """Queue the events gathered since the last flush as one batch (none: nothing)."""
