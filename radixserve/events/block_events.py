@@ -17,9 +17,11 @@ announced: a node's parent stays in the tree while it does. The namespace goes i
 block's `extra_keys`, so a consumer that recomputes keys from tokens keeps tenants apart.
 
 Work per change is proportional to the tokens changed: each node's chain state at its end
-(the last whole block's hash and the tokens after it) is kept by node id; it does not
-change when the node is split (the lower part keeps its id and its end) and is dropped
-when the node is trimmed or leaves. Runs on the tree's thread; `take_batch` hands the
+(the last whole block's hash and the tokens after it) and the hashes of the blocks ending
+in it are kept by node id. A split leaves them right (the lower part keeps its id and its
+end; blocks are known by their end position, so those now ending in the upper part are
+skipped); a trim cuts the hash list and drops the chain state; a node leaving drops both.
+So evicting a long leaf page by page (page size 1) hashes nothing again. Runs on the tree's thread; `take_batch` hands the
 events gathered since the last call to the publisher.
 """
 
@@ -62,6 +64,8 @@ class BlockEvents:
         self.rank = data_parallel_rank
         self._step = block_size * ITEM_BYTES
         self._carry: dict[int, tuple[bytes, bytes]] = {}     # node id -> (hash, tail bytes)
+        # node id -> (end position of its first block, hashes of the blocks ending in it)
+        self._hashes: dict[int, tuple[int, list[bytes]]] = {}
         self._seeds: dict[str | None, bytes] = {}
         self._events: list = []
         self._sealed = 0            # events before this index are final (see mark)
@@ -71,18 +75,24 @@ class BlockEvents:
         self._store(node, node.tier)
 
     def removed(self, node: TreeNode) -> None:
-        hashes = self._blocks(node)[1]
+        hashes = self._hashes_of(node)
         self._carry.pop(node.id, None)
+        self._hashes.pop(node.id, None)
         if hashes:
             self._remove(hashes, node.tier)
 
     def trimmed(self, node: TreeNode, keep_tokens: int) -> None:
-        _, hashes, _ = self._blocks(node)
         self._carry.pop(node.id, None)
-        # Blocks ending past the cut: those whose end lies beyond start + keep_tokens.
         start = node.depth - node.num_tokens
+        known = self._hashes.get(node.id)
+        if known is not None and known[0] + (len(known[1]) - 1) * self.block_size \
+                <= start + keep_tokens:
+            return          # the cut is inside the last partial block: no block leaves
+        hashes = self._hashes_of(node)
+        # Blocks ending past the cut: those whose end lies beyond start + keep_tokens.
         first_end = (start // self.block_size + 1) * self.block_size
         kept = max(0, (start + keep_tokens - first_end) // self.block_size + 1)
+        self._hashes[node.id] = (first_end, hashes[:kept])
         if hashes[kept:]:
             self._remove(hashes[kept:], node.tier)
 
@@ -94,6 +104,7 @@ class BlockEvents:
 
     def cleared(self) -> None:
         self._carry.clear()
+        self._hashes.clear()
         self._events.append(self.classes.AllBlocksCleared())
 
     # ------------------------------------------------------------------ batches
@@ -145,7 +156,22 @@ class BlockEvents:
         parent = None if first_start == 0 else block_int(h)
         whole = len(data) - len(data) % self._step
         self._carry[node.id] = (hashes[-1] if hashes else h, data[whole:])
+        self._hashes[node.id] = (first_start + self.block_size, hashes)
         return parent, hashes, data
+
+    def _hashes_of(self, node: TreeNode) -> list[bytes]:
+        """The hashes of the blocks ending in `node` (kept from when they were computed;
+        those ending above its start since a split are skipped)."""
+        known = self._hashes.get(node.id)
+        if known is None:
+            return self._blocks(node)[1]
+        first_end, hashes = known
+        start = node.depth - node.num_tokens
+        if first_end <= start:
+            skip = (start - first_end) // self.block_size + 1
+            hashes = hashes[skip:]
+            self._hashes[node.id] = (first_end + skip * self.block_size, hashes)
+        return hashes
 
     def _carry_of(self, node: TreeNode) -> tuple[bytes, bytes]:
         """The chain state at `node`'s end: (hash of the last whole block ending there or
