@@ -47,6 +47,20 @@ def build(running: int, page_size: int, prompt_len: int, shared: int,
     return core, sink
 
 
+def timed_step(core: EngineCore, runner: NullRunner, after=None) -> tuple:
+    """One step: (its plan, seconds in schedule + complete (+ `after()`, the KV events'
+    flush), the stand-in forward pass left out)."""
+    t0 = time.perf_counter()
+    plan = core.schedule()
+    t1 = time.perf_counter()
+    result = runner.execute(plan.batch)
+    t2 = time.perf_counter()
+    core.complete(plan, result)
+    if after is not None:
+        after()
+    return plan, (t1 - t0) + (time.perf_counter() - t2)
+
+
 def measure(running: int, steps: int, page_size: int) -> dict:
     core, sink = build(running, page_size, prompt_len=256, shared=128)
     runner = NullRunner(page_size=page_size)
@@ -56,17 +70,11 @@ def measure(running: int, steps: int, page_size: int) -> dict:
         core.complete(plan, runner.execute(plan.batch))
     sched_times, meta_times = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
-        plan = core.schedule()
-        t1 = time.perf_counter()
-        result = runner.execute(plan.batch)
-        t2 = time.perf_counter()
-        core.complete(plan, result)
+        plan, seconds = timed_step(core, runner)
         t3 = time.perf_counter()
         build_metadata(plan.batch.spans, page_size, "cpu")
-        t4 = time.perf_counter()
-        sched_times.append((t1 - t0) + (t3 - t2))
-        meta_times.append(t4 - t3)
+        sched_times.append(seconds)
+        meta_times.append(time.perf_counter() - t3)
         sink.clear()
     assert len(plan.batch.spans) == running
     return {"running": running, "page_size": page_size,
@@ -104,16 +112,7 @@ def events_round(workload: str, events: bool, steps: int, page_size: int) -> dic
                 kv.flush()
     times, finished = [], 0
     for _ in range(steps):
-        t0 = time.perf_counter()
-        plan = core.schedule()
-        t1 = time.perf_counter()
-        result = runner.execute(plan.batch)
-        t2 = time.perf_counter()
-        core.complete(plan, result)
-        if kv is not None:
-            kv.flush()
-        t3 = time.perf_counter()
-        times.append((t1 - t0) + (t3 - t2))
+        times.append(timed_step(core, runner, kv.flush if kv is not None else None)[1])
         finished += sum(1 for out in sink if out.finished)
         sink.clear()
     nbytes = 0

@@ -53,6 +53,21 @@ def _binds(endpoint: str) -> bool:
             or endpoint.startswith(("ipc://", "inproc://")))
 
 
+def open_socket(ctx: zmq.Context, kind: int, endpoint: str, **options) -> tuple:
+    """A socket of `kind` with no linger (and `options`, e.g. SNDHWM=0), bound to or
+    connected to `endpoint` by vLLM's rule; returns it with the endpoint it really has
+    (a bound wildcard port resolved)."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    for name, value in options.items():
+        sock.setsockopt(getattr(zmq, name), value)
+    if _binds(endpoint):
+        sock.bind(endpoint)
+    else:
+        sock.connect(endpoint)
+    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT) or endpoint
+
+
 @dataclass
 class PublisherStats:
     published_batches: int = 0
@@ -72,21 +87,15 @@ class EventPublisher:
                  max_queue_batches: int = 4096, buffer_batches: int = 10_000,
                  hwm: int = 100_000, context: zmq.Context | None = None):
         self._ctx = context or zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.set_hwm(hwm)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        if _binds(endpoint):
-            self._pub.bind(endpoint)
-        else:
-            self._pub.connect(endpoint)
-        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT) or endpoint
+        self._pub, self.endpoint = open_socket(self._ctx, zmq.PUB, endpoint, SNDHWM=hwm)
         self._replay = None
         self.replay_endpoint = None
         if replay_endpoint:
+            # Always bound. No high-water mark: a ROUTER silently drops what passes it,
+            # and a replay is at most the buffer (vLLM keeps the default 1,000 and loses
+            # longer replays).
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
-            # No high-water mark: a ROUTER silently drops what passes it, and a replay is
-            # at most the buffer (vLLM keeps the default 1,000 and loses longer replays).
             self._replay.setsockopt(zmq.SNDHWM, 0)
             self._replay.bind(replay_endpoint)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)

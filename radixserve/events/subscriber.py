@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from radixserve.events.publisher import _binds
+from radixserve.events.publisher import open_socket
 from radixserve.events.schema import END_SEQ, ENCODINGS
 
 __all__ = ["EventSubscriber", "Received"]
@@ -46,14 +46,8 @@ class EventSubscriber:
                  encoding: str = "array", context: zmq.Context | None = None,
                  replay_timeout_ms: int = 5000, decode=None):
         self._ctx = context or zmq.Context.instance()
-        self.sub = self._ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        if _binds(endpoint):
-            self.sub.bind(endpoint)
-        else:
-            self.sub.connect(endpoint)
-        self.endpoint = self.sub.getsockopt_string(zmq.LAST_ENDPOINT) or endpoint
+        self.sub, self.endpoint = open_socket(self._ctx, zmq.SUB, endpoint,
+                                              SUBSCRIBE=topic.encode())
         self.replay_endpoint = replay_endpoint
         self.replay_timeout_ms = replay_timeout_ms
         # `decode`: payload -> batch (default: this package's structs for `encoding`)
