@@ -6,7 +6,8 @@ measured side by side in one run (two local Ray Serve deployments, one after the
 
 Each request is a new 256-token prompt (16 blocks, none cached) sent through the real
 RayEngineClient; after its last output the script polls the router's ClusterState (every
-millisecond) until a replica's view holds all its blocks. Digests arrive with Ray Serve's
+millisecond) until what a replica published (its digest, or the feed's set from its
+events; not the router's own record of what it sent where) holds all its blocks. Digests arrive with Ray Serve's
 routing stats every `--period` seconds; events as the replica publishes them after each step.
 """
 
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from radixserve.cluster.launch import deploy  # noqa: E402
 from radixserve.cluster.options import ClusterOptions  # noqa: E402
-from radixserve.cluster.prefix_hashes import prompt_hashes  # noqa: E402
+from radixserve.cluster.prefix_hashes import matched_blocks, prompt_hashes  # noqa: E402
 from radixserve.engine.config import EngineConfig  # noqa: E402
 from radixserve.engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -45,8 +46,9 @@ async def lags(view: str, requests: int, period: float) -> list[float]:
                 pass
             done = time.perf_counter()
             while True:
-                with client.state.lock:
-                    held = max((s.held_blocks(hashes) for s in client.state.replicas.values()
+                with client.state.lock:     # what a replica told (not the router's
+                    held = max((matched_blocks(hashes, s.digest.hashes)     # own bridging)
+                                for s in client.state.replicas.values()
                                 if s.digest is not None), default=0)
                 if held == len(hashes):
                     break

@@ -87,12 +87,14 @@ class Engine(OneProcessStats):
     def _kv_events(self, config: EngineConfig):
         """--kv-events: the tree's observer and the publisher (None: off). Imported here,
         so an engine without events never loads ZeroMQ."""
+        if not config.kv_events:
+            return None
+        if config.disable_radix_cache:
+            log.warning("--kv-events ignored: --disable-radix-cache leaves nothing to announce")
+            return None
         from radixserve.events.stream import KVEvents, KVEventsConfig
 
-        events_config = KVEventsConfig.from_engine(config)
-        if events_config is None or config.disable_radix_cache:
-            return None
-        return KVEvents(self.tree, events_config, str(self.runner.device))
+        return KVEvents(self.tree, KVEventsConfig.from_engine(config), str(self.runner.device))
 
     def _publish_events(self) -> None:
         """Hand the events of the last step (or admin change) to the publisher's thread."""
