@@ -13,6 +13,7 @@ COMMANDS = {
     "batch": ("radixserve.server.batch_job", "run an OpenAI-format batch file offline"),
     "replay": ("radixserve.replay.cli", "replay a request trace against the prefix cache"),
     "plan": ("radixserve.planner.cli", "how many requests and tokens fit in the KV cache"),
+    "kv-events": ("radixserve.events.cli", "print or record a KV event stream as JSON lines"),
 }
 
 

@@ -5,6 +5,14 @@ assembly, sampling bookkeeping) plus the output processor (stop checks, streamin
 separately, the page-table metadata the runner builds, at 1, 64 and 256 running decodes.
 
     python scripts/bench_scheduler.py [--steps 200] [--quick]
+    python scripts/bench_scheduler.py --kv-events both [--steps 400]
+
+`--kv-events both` measures step time with the KV events publisher (radixserve/events) on
+and off side by side, in alternating rounds, at 256 running: the steady-decode workload
+above and a shared-prefix churn (requests finish and new ones behind the same 128-token
+prefix are admitted, so pages are inserted, evicted and announced every step); it prints
+the on/off ratio and the event bytes per request. The publisher binds a free local port
+with no subscriber (a PUB drops with nobody listening: the cost measured is the engine's).
 """
 
 from __future__ import annotations
@@ -21,19 +29,36 @@ from radixserve.engine.request import new_request
 from radixserve.engine.sampling_params import SamplingParams
 
 
-def build(running: int, page_size: int, prompt_len: int, shared: int) -> tuple[EngineCore, list]:
-    pages = (running * (prompt_len + 4096)) // page_size + 1024
+def build(running: int, page_size: int, prompt_len: int, shared: int,
+          requests: int | None = None, pages: int | None = None,
+          max_tokens: tuple[int, int] | None = None) -> tuple[EngineCore, list]:
+    pages = pages or (running * (prompt_len + 4096)) // page_size + 1024
     core = null_core(num_pages=pages, page_size=page_size, max_running=running,
                      token_budget=8192)
     rng = random.Random(0)
     prefix = [rng.randrange(1000) for _ in range(shared)]
-    params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True,
-                            stop=["STOP"])   # never produced: the stand-in emits a-z
     sink = []
-    for r in range(running):
+    for r in range(requests or running):
+        n = rng.randint(*max_tokens) if max_tokens else 1 << 20
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,
+                                stop=["STOP"])   # never produced: the stand-in emits a-z
         prompt = prefix + [rng.randrange(1000) for _ in range(prompt_len - shared)]
         core.add(new_request(f"r{r}", prompt, params, None, sink.append, page_size))
     return core, sink
+
+
+def timed_step(core: EngineCore, runner: NullRunner, after=None) -> tuple:
+    """One step: (its plan, seconds in schedule + complete (+ `after()`, the KV events'
+    flush), the stand-in forward pass left out)."""
+    t0 = time.perf_counter()
+    plan = core.schedule()
+    t1 = time.perf_counter()
+    result = runner.execute(plan.batch)
+    t2 = time.perf_counter()
+    core.complete(plan, result)
+    if after is not None:
+        after()
+    return plan, (t1 - t0) + (time.perf_counter() - t2)
 
 
 def measure(running: int, steps: int, page_size: int) -> dict:
@@ -45,17 +70,11 @@ def measure(running: int, steps: int, page_size: int) -> dict:
         core.complete(plan, runner.execute(plan.batch))
     sched_times, meta_times = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
-        plan = core.schedule()
-        t1 = time.perf_counter()
-        result = runner.execute(plan.batch)
-        t2 = time.perf_counter()
-        core.complete(plan, result)
+        plan, seconds = timed_step(core, runner)
         t3 = time.perf_counter()
         build_metadata(plan.batch.spans, page_size, "cpu")
-        t4 = time.perf_counter()
-        sched_times.append((t1 - t0) + (t3 - t2))
-        meta_times.append(t4 - t3)
+        sched_times.append(seconds)
+        meta_times.append(time.perf_counter() - t3)
         sink.clear()
     assert len(plan.batch.spans) == running
     return {"running": running, "page_size": page_size,
@@ -63,12 +82,76 @@ def measure(running: int, steps: int, page_size: int) -> dict:
             "metadata_ms": statistics.median(meta_times) * 1e3}
 
 
+def attach_events(core: EngineCore):
+    """The engine's KV events (radixserve/events) on this core's tree: 16-token blocks,
+    array encoding, a PUB on a free local port nobody reads."""
+    from radixserve.events.stream import KVEvents, KVEventsConfig
+
+    return KVEvents(core.scheduler.memory.tree, KVEventsConfig("tcp://127.0.0.1:*"), "cpu")
+
+
+def events_round(workload: str, events: bool, steps: int, page_size: int) -> dict:
+    """One timed run at 256 running, with or without events: median ms per step (the
+    events' flush, as the engine does after each step, included) and event bytes per
+    finished request."""
+    running = 256
+    if workload == "decode":
+        core, sink = build(running, page_size, prompt_len=256, shared=128)
+    else:       # churn: 4x as many requests as slots, short outputs, a pool that evicts
+        core, sink = build(running, page_size, prompt_len=256, shared=128,
+                           requests=running * 4, max_tokens=(8, 48),
+                           pages=running * 320 // page_size)
+    kv = attach_events(core) if events else None
+    runner = NullRunner(page_size=page_size)
+    sched = core.scheduler
+    if workload == "decode":
+        while any(s.in_prefill for s in sched.running) or sched.waiting:
+            plan = core.schedule()
+            core.complete(plan, runner.execute(plan.batch))
+            if kv is not None:
+                kv.flush()
+    times, finished = [], 0
+    for _ in range(steps):
+        times.append(timed_step(core, runner, kv.flush if kv is not None else None)[1])
+        finished += sum(1 for out in sink if out.finished)
+        sink.clear()
+    nbytes = 0
+    if kv is not None:
+        kv.publisher.wait_sent(kv.publisher.will_send(), timeout_s=60)
+        nbytes = kv.stats.published_bytes
+        kv.close()
+    return {"ms": statistics.median(times) * 1e3, "finished": finished, "bytes": nbytes}
+
+
+def compare_events(steps: int, rounds: int = 3) -> None:
+    print(f"{'workload':>9} {'page':>5} {'off ms/step':>12} {'on ms/step':>11} {'on/off':>7} "
+          f"{'event bytes/request':>20}")
+    for workload in ("decode", "churn"):
+        for page_size in (1, 16):
+            off, on, per_request = [], [], []
+            for _ in range(rounds):                 # alternated: drift hits both alike
+                off.append(events_round(workload, False, steps, page_size)["ms"])
+                r = events_round(workload, True, steps, page_size)
+                on.append(r["ms"])
+                if r["finished"]:
+                    per_request.append(r["bytes"] / r["finished"])
+            a, b = statistics.median(off), statistics.median(on)
+            per = f"{statistics.median(per_request):.0f}" if per_request else "-"
+            print(f"{workload:>9} {page_size:>5} {a:>12.3f} {b:>11.3f} {b / a:>7.3f} {per:>20}",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="a few steps only")
+    parser.add_argument("--kv-events", choices=["off", "both"], default="off",
+                        help="both: step time with KV events on vs off at 256 running")
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
+    if args.kv_events == "both":
+        compare_events(steps, rounds=1 if args.quick else 3)
+        return
     print(f"{'running':>8} {'page':>5} {'scheduler ms/step':>18} {'metadata ms/step':>17} {'target':>8}")
     for page_size in (1, 16):
         for running in (1, 64, 256):

@@ -49,6 +49,12 @@ def chain_blocks(start: bytes, key: bytes, block_tokens: int) -> list[bytes]:
     return hashes
 
 
+def block_int(digest: bytes) -> int:
+    """A path hash as a 64-bit block id (its first 8 bytes): the routing hash replicas
+    publish in digests and the block hash of KV events (radixserve/events)."""
+    return int.from_bytes(digest[:8], "little")
+
+
 def prompt_path_hashes(tokens: TokenIds, block_tokens: int,
                        namespace: str | None) -> list[bytes]:
     """The path hash of each whole block of a prompt, in order."""

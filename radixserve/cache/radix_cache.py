@@ -55,6 +55,7 @@ from .eviction_queue import EvictionQueue
 from .invariants import check_tree
 from .namespaces import in_namespace
 from .tier_types import Tier, TierHooks
+from .tree_observer import TreeObserver
 from .token_keys import ITEM_BYTES, LazyKey, TokenIds, count, pack
 from .tree_node import TreeNode
 
@@ -233,6 +234,8 @@ class RadixCache:
         # counters above count the KV pool's tokens only.
         self.tiers: TierHooks = PoolOnly(self)
         self._pool_only = True      # evict drops pages itself (no hook call per leaf)
+        # Who follows the tokens held (tree_observer.py: the KV events publisher); None: nobody.
+        self.observer: TreeObserver | None = None
 
     def attach_tiers(self, hooks: TierHooks) -> None:
         """Put tiers below the KV pool (before anything is cached; once)."""
@@ -240,6 +243,18 @@ class RadixCache:
             raise ValueError("attach the tiers to an empty tree without tiers")
         self.tiers = hooks
         self._pool_only = False
+
+    def attach_observer(self, observer: TreeObserver) -> None:
+        """Tell `observer` about every token stored, moved or removed from now on (once,
+        before anything is cached, so it never misses a node)."""
+        if self.observer is not None or self.num_nodes:
+            raise ValueError("attach the observer to an empty tree without one")
+        self.observer = observer
+
+    def tier_changed(self, node: TreeNode, src: Tier) -> None:
+        """A node's pages moved between lower tiers (LowerTiers pushing host to disk)."""
+        if self.observer is not None:
+            self.observer.moved(node, src)
 
     @property
     def has_lower_tiers(self) -> bool:
@@ -517,6 +532,8 @@ class RadixCache:
         self._total += n
         self._evictable_tokens += n
         self._make_evictable(leaf)
+        if self.observer is not None:
+            self.observer.stored(leaf)
         return leaf
 
     def _touch(self, node: TreeNode, hit: bool) -> None:
@@ -596,6 +613,7 @@ class RadixCache:
             return freed
         ps = self.page_size
         evictable = self._evictable
+        observer = self.observer
         remaining = num_tokens
         while remaining > 0:
             leaf = evictable.first()
@@ -608,6 +626,8 @@ class RadixCache:
                 # policy key may have changed (LRU's and LFU's do not read the length).
                 keep = npages - need
                 gone = need * ps
+                if observer is not None:
+                    observer.trimmed(leaf, keep * ps)
                 freed.append(leaf.pages[keep:])
                 leaf.pages = leaf.pages[:keep]
                 leaf.truncate(keep * ps)
@@ -648,6 +668,8 @@ class RadixCache:
         pages = self.tree_page_ids()
         nodes = list(self.iter_nodes())
         self.tiers.forget(nodes)
+        if self.observer is not None:
+            self.observer.cleared()
         for node in nodes:
             node.parent = None          # stale: a late lock() on it raises
             node.evict_key = None
@@ -668,6 +690,9 @@ class RadixCache:
                 f"cannot flush namespace {namespace!r}: {locked} cached tokens are locked by "
                 f"running requests; wait until they finish (or abort them)")
         pool = [n for n in nodes if n.tier == _POOL]
+        if self.observer is not None:       # parents first, all still linked
+            for node in nodes:
+                self.observer.removed(node)
         self.tiers.forget([n for n in nodes if n.tier != _POOL])
         for node in nodes:
             if node.evict_key is not None:
@@ -781,6 +806,8 @@ class RadixCache:
         """Detach an evicted pool leaf and return its parent, which becomes an evictable leaf
         when it is left childless (an empty namespace root goes). A parent whose other
         children are all in lower tiers is `remove_leaf`'s concern."""
+        if self.observer is not None:
+            self.observer.removed(leaf)
         parent = self._detach(leaf)
         k = leaf.num_tokens
         self._total -= k
@@ -838,9 +865,13 @@ class RadixCache:
         self._total -= node.num_tokens
         self._evictable_tokens -= node.num_tokens      # evicted leaves are unlocked
         self._check_pool_leaf(node.parent)
+        if self.observer is not None:
+            self.observer.moved(node, _POOL)
 
     def drop_lower(self, leaf: TreeNode) -> None:
         """Remove a childless host/disk node from the tree (its slots are the caller's)."""
+        if self.observer is not None:
+            self.observer.removed(leaf)
         self._check_pool_leaf(self._detach(leaf))
 
     def _promote_path(self, node: TreeNode, pages: np.ndarray, parts: list) -> None:
@@ -883,6 +914,8 @@ class RadixCache:
         self._add_child(parent, node, first)
         self._num_nodes += 1
         self.tiers.added(node)
+        if self.observer is not None:
+            self.observer.stored(node)
         return node
 
     def enter_pool(self, node: TreeNode, pages: np.ndarray) -> None:
@@ -893,7 +926,9 @@ class RadixCache:
             pages = pages.copy()
             pages.flags.writeable = False
         node.pages = pages
-        node.tier = _POOL
+        src, node.tier = node.tier, _POOL
+        if self.observer is not None:
+            self.observer.moved(node, src)
         parent = node.parent
         if parent.evict_key is not None:     # it has a child in the pool now
             self._remove_evictable(parent)

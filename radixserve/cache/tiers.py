@@ -368,6 +368,7 @@ class LowerTiers:
         del self.nodes[tier][node.id]
         self._release_ids(tier, src)
         self._place(node, DISK, dst)
+        self.tree.tier_changed(node, tier)
         self._moves.append(DemoteOrder(tier, self.local(tier, src), DISK,
                                        self.local(DISK, dst)))
         self._count_out(tier, node.num_tokens)

@@ -4,6 +4,7 @@ the chosen router."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import ray
@@ -40,6 +41,19 @@ def router_config(options: ClusterOptions, view_key: str, block_tokens: int
                                request_routing_stats_timeout_s=options.routing_stats_timeout_s)
 
 
+def events_config(engine_config: EngineConfig, block_tokens: int) -> EngineConfig:
+    """--router-view events: every replica publishes its events in the router's blocks,
+    on its own port (a free one unless --kv-events names a base port: then replica r
+    takes base + r, as vLLM does per data-parallel rank)."""
+    if engine_config.kv_events_block_size != block_tokens and engine_config.kv_events:
+        raise SystemExit(f"radixserve: --router-view events needs --kv-events-block-size "
+                         f"{block_tokens} (the router's block size)")
+    return dataclasses.replace(engine_config,
+                               kv_events=engine_config.kv_events or "tcp://*:*",
+                               kv_events_replay=engine_config.kv_events_replay or "tcp://*:*",
+                               kv_events_block_size=block_tokens)
+
+
 def start_ray(options: ClusterOptions) -> None:
     if ray.is_initialized():
         return
@@ -59,6 +73,11 @@ def deploy(engine_config: EngineConfig, options: ClusterOptions) -> RayEngineCli
     block_tokens = routing_block_tokens(engine_config.page_size)
     view_key = uuid.uuid4().hex
     state = ClusterState(block_tokens)
+    if options.router_view == "events":
+        from .event_feed import EventFeed
+
+        state.event_source = EventFeed(state)
+        engine_config = events_config(engine_config, block_tokens)
     register(view_key, state)
     deployment = serve.deployment(EngineReplica).options(
         name="EngineReplica",
@@ -86,5 +105,7 @@ async def start_client(engine_config: EngineConfig, options: ClusterOptions) -> 
 
 def teardown(options: ClusterOptions, view_key: str) -> None:
     """Remove the replicas (a joined cluster keeps running; a local Ray ends with us)."""
-    unregister(view_key)
+    state = unregister(view_key)
+    if state is not None and state.event_source is not None:
+        state.event_source.close()
     serve.delete(options.app_name)

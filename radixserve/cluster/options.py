@@ -11,6 +11,7 @@ from radixserve.routing import LoadBound, load_bound_arg
 from . import RAY_EXTRA_HINT
 
 ROUTER_CHOICES = ("cache-aware", "prefix-affinity", "pow2", "round-robin")
+ROUTER_VIEWS = ("digest", "events")
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,15 @@ class ClusterOptions:
     app_name: str = "radixserve"
     num_cpus: int | None = None            # a new local Ray only: CPUs it may use
     routing_stats_delay_s: float = 0.0     # tests: replicas slow to publish
+    router_view: str = "digest"            # digest | events (cluster/event_feed.py)
 
     def __post_init__(self):
         if self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
         if self.router not in ROUTER_CHOICES:
             raise ValueError(f"--router must be one of {', '.join(ROUTER_CHOICES)}")
+        if self.router_view not in ROUTER_VIEWS:
+            raise ValueError(f"--router-view must be one of {', '.join(ROUTER_VIEWS)}")
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +63,10 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                         "replicas, lower spreads load (default %(default)s; inf: no bound)")
     g.add_argument("--routing-stats-period-s", type=float, default=d.routing_stats_period_s,
                    help="how often each replica publishes its cache digest and load")
+    g.add_argument("--router-view", default=d.router_view, choices=ROUTER_VIEWS,
+                   help="how the router learns what each replica caches: digest (walked and "
+                        "sent with the routing stats every period) or events (each replica's "
+                        "KV events, on its own endpoint; docs/scale-out.md)")
 
 
 def cluster_options(args: argparse.Namespace) -> ClusterOptions | None:
@@ -69,7 +77,8 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions | None:
                           ray_address=args.ray_address, replica_cpus=args.replica_cpus,
                           replica_gpus=args.replica_gpus,
                           routing_stats_period_s=args.routing_stats_period_s,
-                          load_bound=args.router_load_bound)
+                          load_bound=args.router_load_bound,
+                          router_view=getattr(args, "router_view", "digest"))
 
 
 def import_launch():

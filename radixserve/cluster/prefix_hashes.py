@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixserve.cache.path_hash import prompt_path_hashes
+from radixserve.cache.path_hash import block_int, prompt_path_hashes
 from radixserve.cache.token_keys import TokenIds
 
 DEFAULT_BLOCK_TOKENS = 16
@@ -27,7 +27,7 @@ def routing_block_tokens(page_size: int) -> int:
 
 def to_int(digest: bytes) -> int:
     """A path hash as a routing hash (its first 8 bytes)."""
-    return int.from_bytes(digest[:8], "little")
+    return block_int(digest)
 
 
 def prompt_hashes(tokens: TokenIds, block_tokens: int, namespace: str | None) -> list[int]:

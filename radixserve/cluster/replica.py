@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import os
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -54,6 +55,25 @@ class NamespaceReply:
     value: Any
 
 
+def per_replica_events(engine_config: EngineConfig) -> EngineConfig:
+    """Each replica's own --kv-events endpoints: ports moved by its Ray Serve rank (a free
+    port stays free), so replicas on one host do not collide."""
+    if not engine_config.kv_events:
+        return engine_config
+    from ray import serve
+
+    from radixserve.events.publisher import offset_endpoint_port
+
+    try:
+        rank = serve.get_replica_context().rank
+        index = getattr(rank, "rank", rank) or 0
+    except Exception:           # no replica context (tests outside Serve)
+        index = 0
+    moved = [e if e is None or e.endswith(":*") else offset_endpoint_port(e, index)
+             for e in (engine_config.kv_events, engine_config.kv_events_replay)]
+    return dataclasses.replace(engine_config, kv_events=moved[0], kv_events_replay=moved[1])
+
+
 class EngineReplica:
     def __init__(self, engine_config: EngineConfig, block_tokens: int,
                  torch_threads: int | None = None, routing_stats_delay_s: float = 0.0):
@@ -67,6 +87,7 @@ class EngineReplica:
             on_compute_thread(torch.set_num_threads, torch_threads)
         loaded = on_compute_thread(load_model, engine_config.model, dtype=engine_config.dtype,
                                    device=engine_config.device)
+        engine_config = per_replica_events(engine_config)
         self.engine = Engine(engine_config, loaded)
         self.digests = DigestMaker(self.engine.tree, block_tokens)
         self.routing_stats_delay_s = routing_stats_delay_s     # tests: a slow replica
@@ -126,4 +147,26 @@ class EngineReplica:
         if self.routing_stats_delay_s:
             await asyncio.sleep(self.routing_stats_delay_s)
         snap = self.snapshot()
-        return {"digest": snap.digest, "stats": snap.stats}
+        out = {"digest": snap.digest, "stats": snap.stats}
+        if self.engine.kv_events is not None:
+            out["kv_event_metadata"] = self.kv_event_metadata()
+        return out
+
+    def kv_event_metadata(self) -> dict[str, Any]:
+        """Where this replica's KV events are: the routing-stats entry Ray Serve LLM's
+        KV-aware router reads (`kv_event_metadata`), plus topic and encoding."""
+        import ray
+
+        events = self.engine.kv_events
+        host = ray.util.get_node_ip_address()
+
+        def reachable(endpoint: str | None) -> str | None:
+            if endpoint is None:
+                return None
+            return endpoint.replace("0.0.0.0", host).replace("*", host)
+
+        return {"endpoint": reachable(events.publisher.endpoint),
+                "replay_endpoint": reachable(events.publisher.replay_endpoint),
+                "dp_rank": 0, "block_size": events.config.block_size,
+                "max_num_batched_tokens": self.engine.config.chunked_prefill_size,
+                "topic": events.config.topic, "encoding": events.config.encoding}

@@ -99,6 +99,9 @@ class ClusterState:
         self.sent: dict[str, int] = {}             # requests dispatched to each replica, ever
         self.decisions = 0                         # routing decisions and their cost
         self.decision_seconds = 0.0
+        # --router-view events: who follows each replica's advertised KV events (the
+        # EventFeed: it sets the digests); None: digests come with the routing stats.
+        self.event_source = None
 
     def replica(self, replica_id: str) -> ReplicaState:
         state = self.replicas.get(replica_id)
@@ -115,11 +118,21 @@ class ClusterState:
     def forget(self, replica_id: str) -> None:
         """A replica died: nothing it held is reachable any more."""
         state = self.replicas.pop(replica_id, None)
+        if self.event_source is not None:
+            self.event_source.untrack(replica_id)
         if state is not None:
             for request_id in state.routed:
                 self._owner.pop(request_id, None)
 
     def published(self, replica_id: str, routing_stats: dict) -> None:
+        if self.event_source is not None:       # the view follows the replica's events
+            state = self.replica(replica_id)
+            meta = routing_stats.get("kv_event_metadata")
+            if meta is not None:
+                self.event_source.track(replica_id, meta)
+            if routing_stats.get("stats") is not None:
+                state.stats, state.stats_at = routing_stats["stats"], time.time()
+            return
         digest = routing_stats.get("digest")
         if digest is None:
             return

@@ -21,9 +21,9 @@ def register(key: str, state: ClusterState) -> None:
         _states[key] = state
 
 
-def unregister(key: str) -> None:
+def unregister(key: str) -> ClusterState | None:
     with _lock:
-        _states.pop(key, None)
+        return _states.pop(key, None)
 
 
 def state_for(key: str, block_tokens: int) -> ClusterState:

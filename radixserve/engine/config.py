@@ -65,6 +65,13 @@ class EngineConfig:
     no_grammar_cache: bool = False          # keep compiled grammars in memory only
     grammar_compile_timeout_s: float = 10.0
     lpm_max_wait_steps: int = 16         # lpm: waiting this many steps puts a request first
+    # KV cache events on vLLM's ZeroMQ contract, for external routers (llm-d, Dynamo):
+    # radixserve/events, docs/scale-out.md. None: no events.
+    kv_events: str | None = None          # PUB endpoint, e.g. tcp://*:5557
+    kv_events_replay: str | None = None   # ROUTER endpoint for replays, e.g. tcp://*:5558
+    kv_events_topic: str = ""
+    kv_events_block_size: int = 16        # tokens per announced block (a page-size multiple)
+    kv_events_encoding: str = "array"     # array (vLLM's array_like structs) | map
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -151,3 +158,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar-compile-timeout-s", type=float, default=None,
                    help=f"a grammar that takes longer to compile gets a 400 (default "
                         f"{d.grammar_compile_timeout_s:g})")
+    e = parser.add_argument_group("KV cache events (vLLM's contract; docs/scale-out.md)")
+    e.add_argument("--kv-events", default=None, metavar="ENDPOINT",
+                   help="publish KV cache events on this ZeroMQ PUB endpoint, e.g. "
+                        "tcp://*:5557 (bound; an endpoint without a wildcard is connected to)")
+    e.add_argument("--kv-events-replay", default=None, metavar="ENDPOINT",
+                   help="ZeroMQ ROUTER endpoint answering replay requests, e.g. tcp://*:5558")
+    e.add_argument("--kv-events-topic", default=None,
+                   help="topic frame of every message (llm-d: kv@<pod>@<model>; default empty)")
+    e.add_argument("--kv-events-block-size", type=int, default=None,
+                   help=f"tokens per announced block, a multiple of --page-size; match the "
+                        f"router's block size (default {d.kv_events_block_size})")
+    e.add_argument("--kv-events-encoding", default=None, choices=["array", "map"],
+                   help=f"msgpack shape of the events: array (vLLM's array_like structs, what "
+                        f"llm-d decodes) or map (vLLM since vllm#42892) (default "
+                        f"{d.kv_events_encoding})")

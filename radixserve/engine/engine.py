@@ -58,6 +58,7 @@ class Engine(OneProcessStats):
         # --kv-disk-dir: one store for the disk tier's pages and the saved cache.
         store = open_store(config, self.runner)
         self.tiers = make_tiers(config, self.runner, self.tree, store)
+        self.kv_events = self._kv_events(config)
         self.persistence = (KVPersistence(store, self.tree, self.tiers, self.runner.mover,
                                           self._on_compute, self._step_lock)
                             if store is not None else None)
@@ -82,6 +83,23 @@ class Engine(OneProcessStats):
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._failure: str | None = None
+
+    def _kv_events(self, config: EngineConfig):
+        """--kv-events: the tree's observer and the publisher (None: off). Imported here,
+        so an engine without events never loads ZeroMQ."""
+        if not config.kv_events:
+            return None
+        if config.disable_radix_cache:
+            log.warning("--kv-events ignored: --disable-radix-cache leaves nothing to announce")
+            return None
+        from radixserve.events.stream import KVEvents, KVEventsConfig
+
+        return KVEvents(self.tree, KVEventsConfig.from_engine(config), str(self.runner.device))
+
+    def _publish_events(self) -> None:
+        """Hand the events of the last step (or admin change) to the publisher's thread."""
+        if self.kv_events is not None:
+            self.kv_events.flush()
 
     async def _on_compute(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -126,6 +144,7 @@ class Engine(OneProcessStats):
             await self._warm_up()
             if self.persistence is not None and self.persistence.restored is None:
                 await self.persistence.restore()
+                self._publish_events()      # announce what the restart reloaded
             self._wake = asyncio.Event()
             self._stopping = False
             self._task = asyncio.get_running_loop().create_task(self._run_loop())
@@ -160,6 +179,8 @@ class Engine(OneProcessStats):
             await self.tiers.close()            # queued pages written first
         if self.persistence is not None:
             self.persistence.store.close()      # another engine may open the directory
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     async def save_cache(self, deadline: float | None = None) -> dict:
         """Write the cache to --kv-disk-dir now (POST /cache/save); requests keep running.
@@ -345,11 +366,13 @@ class Engine(OneProcessStats):
             if not self.scheduler.has_work():
                 if self.config.debug_invariants:
                     self.check_invariants()
+                self._publish_events()      # what pins or admin calls changed meanwhile
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             async with self._step_lock:
                 stepped = await self._step(loop)
+                self._publish_events()
             if not stepped:
                 # Nothing fits right now (all waiting, memory short): let aborts arrive.
                 await asyncio.sleep(0.001)
@@ -406,6 +429,7 @@ class Engine(OneProcessStats):
         if self.tiers is not None:
             s.tiers = self.tiers.stats()
         s.kv_disk = self.persistence.stats() if self.persistence is not None else None
+        s.kv_events = self.kv_events.stats if self.kv_events is not None else None
         masks = self.runner.sampler.masks
         s.grammar_masks = GrammarMaskStats(steps=masks.steps, rows=masks.rows,
                                            seconds=masks.seconds)
@@ -435,13 +459,15 @@ class Engine(OneProcessStats):
         """Empty the tree; pinned prefixes (and their paths) stay."""
         if self.scheduler.has_work():
             raise CacheBusy(f"{self.scheduler.num_live} requests are running")
-        if self.pins.count:
-            self.memory.free(self.tree.evict(self.tree.evictable_tokens))
-            return
         try:
+            if self.pins.count:
+                self.memory.free(self.tree.evict(self.tree.evictable_tokens))
+                return
             self.memory.flush_cache()
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
+        finally:
+            self._publish_events()
 
     async def flush_namespace(self, namespace: str | None) -> int:
         """Drop one namespace's cached prefixes (and those nested under it); the pages
@@ -455,6 +481,8 @@ class Engine(OneProcessStats):
             return self.memory.flush_namespace(namespace)
         except CacheLockedError as exc:
             raise CacheBusy(str(exc)) from exc
+        finally:
+            self._publish_events()
 
     async def namespace_stats(self, namespace: str | None) -> dict[str, int]:
         return self.tree.namespace_counts(namespace)

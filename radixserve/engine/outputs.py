@@ -83,6 +83,7 @@ class EngineStats:
     tiers: TierStats | None = None      # host/disk tiers (TierRuntime.stats); None: none
     kv_disk: DiskStats | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
     grammar_masks: GrammarMaskStats = field(default_factory=lambda: GrammarMaskStats())
+    kv_events: object | None = None     # --kv-events: the publisher's PublisherStats; None: off
 
 
 class OneProcessStats:

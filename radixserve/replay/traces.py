@@ -223,6 +223,8 @@ def read_trace(path: str | Path, fmt: TraceFormat = "auto", block_size: int = 51
     if block_size < 1:
         raise ValueError(f"block size must be >= 1, got {block_size}")
     path = str(path)
+    if fmt in ("auto", "hash") and _is_kv_events_recording(path):
+        return _recording_trace(path, limit)
     requests: list = []
     skipped: list[TraceError] = []
     kind: str | None = None if fmt == "auto" else fmt
@@ -261,3 +263,29 @@ def read_trace(path: str | Path, fmt: TraceFormat = "auto", block_size: int = 51
     return Trace(path, kind, requests, block_size if kind == "hash" else None, skipped,
                  line_no)
 
+
+def _is_kv_events_recording(path: str) -> bool:
+    """Is this a `radixserve kv-events` recording (radixserve/events/recording.py)?"""
+    from radixserve.events.recording import is_recording_line
+
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                try:
+                    return is_recording_line(msgspec.json.decode(raw))
+                except msgspec.DecodeError:
+                    return False
+    return False
+
+
+def _recording_trace(path: str, limit: int | None) -> Trace:
+    """A KV events recording as a hash-id trace: one request per run of blocks stored into
+    the KV pool, for its whole prefix, at the batch's time (events/recording.py)."""
+    from radixserve.events.recording import hash_requests
+
+    block_size, found = hash_requests(path)
+    if not found:
+        raise TraceError(path, 0, "the recording stores no block into the KV pool")
+    requests = [HashRequest(i + 1, len(ids) * block_size, 0, tuple(ids), ts)
+                for i, (ts, ids) in enumerate(found[:limit])]
+    return Trace(path, "hash", dense_hash_ids(requests), block_size, [], len(found))

@@ -72,6 +72,8 @@ class EngineCollector(Collector):
             yield from disk_fault_metrics(s.kv_disk)
         if s.tiers is not None:                      # --kv-host-tokens / --kv-disk-dir
             yield from tier_metrics(s)
+        if s.kv_events is not None:                  # --kv-events
+            yield from kv_events_metrics(s.kv_events)
 
 
 def disk_fault_metrics(kv_disk: DiskStats) -> Iterator[Metric]:
@@ -88,6 +90,19 @@ def disk_fault_metrics(kv_disk: DiskStats) -> Iterator[Metric]:
     yield GaugeMetricFamily("radixserve_kv_disk_writes_paused",
                             "1 while writes are paused after a disk fault",
                             value=int(kv_disk.writes_paused is not None))
+
+
+def kv_events_metrics(e) -> Iterator[Metric]:
+    """The KV events publisher (radixserve/events): batches sent, dropped, bytes."""
+    yield CounterMetricFamily("radixserve_kv_events_batches",
+                              "KV event batches published", value=e.published_batches)
+    yield CounterMetricFamily("radixserve_kv_events_dropped_batches",
+                              "KV event batches dropped, oldest first, because the "
+                              "publisher's queue was full", value=e.dropped_batches)
+    yield CounterMetricFamily("radixserve_kv_events_bytes",
+                              "Bytes of KV event payloads published", value=e.published_bytes)
+    yield CounterMetricFamily("radixserve_kv_events_bad_replay_requests",
+                              "Malformed replay requests ignored", value=e.bad_replay_requests)
 
 
 def tier_metrics(s: EngineStats) -> Iterator[Metric]:

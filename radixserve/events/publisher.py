@@ -1,0 +1,202 @@
+"""EventPublisher: KV event batches out on ZeroMQ, off the scheduler's thread.
+
+The contract is vLLM's ZmqEventPublisher (vllm/distributed/kv_events.py):
+- a PUB socket sends each batch as (topic, 8-byte big-endian sequence number, msgpack
+  payload); the endpoint is bound when it has a wildcard (`tcp://*:5557`, also
+  `tcp://127.0.0.1:*` for a free port) or is ipc/inproc, else connected to;
+- an optional ROUTER socket answers replay requests: a client sends (empty frame, start
+  sequence number as 8 big-endian bytes) and gets every buffered (seq, payload) from there,
+  then (END_SEQ, b""). One departure, so a subscriber knows it must resync: a start older
+  than the oldest buffered batch gets the end marker alone (vLLM sends what it still has).
+  A malformed request is logged and ignored.
+
+The engine's step only appends a batch to a bounded queue (`publish`); a thread encodes
+and sends. When the queue is full (no thread progress: a stuck send, a busy machine) the
+oldest batch is dropped and counted (`dropped_batches`, in /metrics): a slow or absent
+subscriber never blocks the engine (PUB itself drops at its high-water mark).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+
+from radixserve.events.schema import END_SEQ
+
+__all__ = ["EventPublisher", "PublisherStats", "offset_endpoint_port"]
+
+log = logging.getLogger(__name__)
+_END = END_SEQ.to_bytes(8, "big", signed=True)
+
+
+def offset_endpoint_port(endpoint: str | None, offset: int) -> str | None:
+    """`tcp://host:5557` with the port moved by `offset` (one endpoint per replica, as vLLM
+    does per data-parallel rank); ipc/inproc endpoints get a suffix."""
+    if not endpoint or offset == 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_{offset}"
+    base, _, port = endpoint.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"cannot offset the port of {endpoint!r}: give a numeric port")
+    return f"{base}:{int(port) + offset}"
+
+
+def _binds(endpoint: str) -> bool:
+    """vLLM's rule: bind stable (wildcard) endpoints, connect to the others."""
+    return ("*" in endpoint or "::" in endpoint
+            or endpoint.startswith(("ipc://", "inproc://")))
+
+
+def open_socket(ctx: zmq.Context, kind: int, endpoint: str, **options) -> tuple:
+    """A socket of `kind` with no linger (and `options`, e.g. SNDHWM=0), bound to or
+    connected to `endpoint` by vLLM's rule; returns it with the endpoint it really has
+    (a bound wildcard port resolved)."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    for name, value in options.items():
+        sock.setsockopt(getattr(zmq, name), value)
+    if _binds(endpoint):
+        sock.bind(endpoint)
+    else:
+        sock.connect(endpoint)
+    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT) or endpoint
+
+
+@dataclass
+class PublisherStats:
+    published_batches: int = 0
+    dropped_batches: int = 0
+    published_bytes: int = 0
+    replay_requests: int = 0
+    bad_replay_requests: int = 0
+
+
+class EventPublisher:
+    """Publishes KVEventBatch structs on `endpoint` (and serves replays on
+    `replay_endpoint`) from its own thread; `publish` never blocks."""
+
+    IDLE_WAIT_S = 0.05          # the thread's wake-up period for replay requests when idle
+
+    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
+                 max_queue_batches: int = 4096, buffer_batches: int = 10_000,
+                 hwm: int = 100_000, context: zmq.Context | None = None):
+        self._ctx = context or zmq.Context.instance()
+        self._pub, self.endpoint = open_socket(self._ctx, zmq.PUB, endpoint, SNDHWM=hwm)
+        self._replay = None
+        self.replay_endpoint = None
+        if replay_endpoint:
+            # Always bound. No high-water mark: a ROUTER silently drops what passes it,
+            # and a replay is at most the buffer (vLLM keeps the default 1,000 and loses
+            # longer replays).
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.setsockopt(zmq.SNDHWM, 0)
+            self._replay.bind(replay_endpoint)
+            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.topic = topic
+        self._topic = topic.encode()
+        self.stats = PublisherStats()
+        self._queue: deque = deque()
+        self._max_queue = max_queue_batches
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._sent = threading.Condition()
+        self._running = True
+        self._accepted = 0          # batches given to publish, dropped ones included
+        self._seq = 0
+        self._encoder = msgspec.msgpack.Encoder()
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ producer side
+    def publish(self, batch) -> None:
+        """Queue one KVEventBatch (never blocks: a full queue drops its oldest batch)."""
+        with self._lock:
+            if len(self._queue) >= self._max_queue:
+                self._queue.popleft()
+                self.stats.dropped_batches += 1
+            self._queue.append(batch)
+            self._accepted += 1
+        self._wake.set()
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def will_send(self) -> int:
+        """Batches sent once the queue is empty: every one published and not dropped (the
+        sequence number after the last)."""
+        with self._lock:
+            return self._accepted - self.stats.dropped_batches
+
+    def wait_sent(self, num_batches: int, timeout_s: float) -> bool:
+        """Block until `num_batches` batches in all were sent (False at the timeout)."""
+        with self._sent:
+            return self._sent.wait_for(
+                lambda: self.stats.published_batches >= num_batches, timeout_s)
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued (up to `timeout_s`), then stop the thread and the sockets."""
+        self._running = False
+        self._wake.set()
+        self._thread.join(timeout_s)
+        for sock in (self._pub, self._replay):
+            if sock is not None:
+                sock.close(linger=0)
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        while True:
+            if self._replay is not None:
+                try:
+                    while self._replay.poll(0):
+                        self._serve_replay()
+                except zmq.ZMQError as exc:
+                    log.warning("kv-events replay socket: %s", exc)
+            with self._lock:
+                batch = self._queue.popleft() if self._queue else None
+                if batch is None:
+                    self._wake.clear()
+            if batch is None:
+                if not self._running:
+                    return
+                self._wake.wait(self.IDLE_WAIT_S)
+                continue
+            try:
+                self._send(batch)
+            except Exception:           # never let one batch stop the thread
+                log.exception("kv-events: publishing a batch failed")
+
+    def _send(self, batch) -> None:
+        payload = self._encoder.encode(batch)
+        seq = self._seq
+        self._seq += 1
+        self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+        self._buffer.append((seq, payload))
+        with self._sent:
+            self.stats.published_batches += 1
+            self.stats.published_bytes += len(payload)
+            self._sent.notify_all()
+
+    def _serve_replay(self) -> None:
+        frames = self._replay.recv_multipart()
+        self.stats.replay_requests += 1
+        if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
+            self.stats.bad_replay_requests += 1
+            log.warning("kv-events: ignored a malformed replay request (%d frames: %s)",
+                        len(frames), [f[:16] for f in frames[1:]])
+            return
+        client, _, start_bytes = frames
+        start = int.from_bytes(start_bytes, "big", signed=True)
+        buffered = list(self._buffer)
+        if start >= 0 and (not buffered or start >= buffered[0][0]):
+            for seq, payload in buffered:
+                if seq >= start:
+                    self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", _END, b""))
