@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from radixserve.attention.kv_pool import _as_dtype, _check_positive, _zeros
+from radixserve.attention.page_copy import copy_page_prefix
 from radixserve.kv_sizing import KVFormat, pool_pages
 
 
@@ -95,15 +96,8 @@ class LatentKVPool:
     def copy_prefix(self, src_page: int, dst_page: int, num_tokens: int) -> None:
         """Copy-on-write of a partly shared page: its first ``num_tokens`` tokens, every
         layer."""
-        for name, page in (("src_page", src_page), ("dst_page", dst_page)):
-            if not 0 <= page < self.num_pages:
-                raise ValueError(f"{name}={page} out of range [0, {self.num_pages})")
-        if not 0 <= num_tokens <= self.page_size:
-            raise ValueError(f"num_tokens={num_tokens} out of range [0, {self.page_size}]")
-        if src_page == dst_page:
-            raise ValueError(f"copy_prefix: src_page and dst_page are both {src_page}")
-        for t in self.page_tensors():
-            t[dst_page, :num_tokens].copy_(t[src_page, :num_tokens])
+        copy_page_prefix(self.page_tensors(), self.num_pages, self.page_size, src_page,
+                         dst_page, num_tokens)
 
     def __repr__(self) -> str:
         return (f"LatentKVPool(layers={self.num_layers}, pages={self.num_pages}, "

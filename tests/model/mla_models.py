@@ -3,10 +3,12 @@ transformers directories, with our loaded model beside transformers' own."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from tiny_models import byte_level_vocab, random_hf_model, save_hf_dir, tiny_tokenizer
+import torch
+
+from hybrid_models import Family
+from tiny_models import byte_level_vocab, random_hf_model, save_hf_dir
 
 # Widths all distinct (latent 32, rope 8, nope 16, v 12, 4 heads), so a test can tell
 # per-head K/V tensors from latent ones by shape.
@@ -42,25 +44,15 @@ def deepseek_config(arch: str, **overrides):
                   "eos_token_id": vocab - 1, "pad_token_id": None, **overrides})
 
 
-@dataclass
-class MLAModel:
-    name: str
-    directory: Path
-    hf_model: object          # transformers, float32
-    loaded: object            # ours (LoadedModel), float32
-
-    def ids(self, text: str) -> list[int]:
-        return tiny_tokenizer().encode(text)
-
-
-def build_mla_model(name: str, root: Path, seed: int = 0) -> MLAModel:
+def build_mla_model(name: str, root: Path, seed: int = 0) -> Family:
+    """Our loaded model (fp32) beside transformers' on the same saved weights."""
     from radixserve.model.loader import load_model
     arch, overrides = CONFIGS[name]
     hf = random_hf_model(deepseek_config(arch, **overrides), seed=seed)
-    with __import__("torch").no_grad():        # a bias that changes routing decisions
+    with torch.no_grad():                      # a bias that changes routing decisions
         for layer in hf.model.layers:
-            bias = getattr(layer.mlp, "gate", None)
-            if bias is not None and hasattr(bias, "e_score_correction_bias"):
-                bias.e_score_correction_bias.normal_(0, 0.3)
+            router = getattr(layer.mlp, "gate", None)
+            if router is not None and hasattr(router, "e_score_correction_bias"):
+                router.e_score_correction_bias.normal_(0, 0.3)
     directory = save_hf_dir(root / name, hf)
-    return MLAModel(name, directory, hf, load_model(str(directory), dtype="float32"))
+    return Family(name, directory, hf, load_model(str(directory), dtype="float32"))
