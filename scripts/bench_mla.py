@@ -31,14 +31,15 @@ V2_LITE = dict(layers=27, heads=16, kv_lora_rank=512, rope=64, nope=128, v=128)
 PROMPT_TOKENS = 4096
 
 
-def sizes(dtype: torch.dtype, page_size: int) -> None:
+def sizes(dtype: torch.dtype, page_size: int, element: str | None = None) -> None:
     c = V2_LITE
     itemsize = torch.empty((), dtype=dtype).element_size()
-    latent = LatentKVPool.token_bytes(c["layers"], c["kv_lora_rank"], c["rope"], dtype)
+    element = element or str(dtype).removeprefix("torch.")
+    latent = LatentKVPool.token_bytes(c["layers"], c["kv_lora_rank"], c["rope"], element)
     # full MHA KV: every head's key (nope + rope) and value, every layer
     mha = c["layers"] * c["heads"] * (c["nope"] + c["rope"] + c["v"]) * itemsize
-    print(f"DeepSeek-V2-Lite shape, {str(dtype).removeprefix('torch.')} KV, "
-          f"page_size {page_size}")
+    print(f"DeepSeek-V2-Lite shape, {element} latents vs {str(dtype).removeprefix('torch.')} "
+          f"full MHA KV, page_size {page_size}")
     print(f"  bytes per cached token: latent {latent:,} B, full MHA {mha:,} B "
           f"({mha / latent:.2f}x smaller with MLA)")
     fits = {}
@@ -52,8 +53,10 @@ def sizes(dtype: torch.dtype, page_size: int) -> None:
           f"({fits['latent'] / max(fits['full MHA'], 1):.2f}x)")
 
 
-def decode_times(batch: int, context: int, repeats: int, dtype: torch.dtype,
-                 page_size: int) -> None:
+def decode_step(batch: int, context: int, dtype: torch.dtype, page_size: int,
+                element: str | None = None):
+    """(proj, pool, meta, inputs): one decode step over random latents (seeded: every
+    element format gets the same values before storing)."""
     c = V2_LITE
     g = torch.Generator().manual_seed(0)
     proj = LatentProjections(c["heads"], c["nope"], c["v"], c["kv_lora_rank"],
@@ -62,16 +65,43 @@ def decode_times(batch: int, context: int, repeats: int, dtype: torch.dtype,
     proj.to(dtype)
     per_seq = -(-(context + 1) // page_size)
     pool = LatentKVPool(1, batch * per_seq, page_size, c["kv_lora_rank"], c["rope"], dtype,
-                        "cpu")
-    for t in pool.page_tensors():
-        t.copy_(torch.randn(t.shape, generator=g).to(dtype))
+                        "cpu", element=element)
+    slots = torch.arange(pool.num_slots)
+    pool.write(0, slots, torch.randn(len(slots), c["kv_lora_rank"], generator=g).to(dtype),
+               torch.randn(len(slots), c["rope"], generator=g).to(dtype))
     pages = np.random.default_rng(0).permutation(batch * per_seq).astype(np.int32)
     spans = [SeqSpan(pages[i * per_seq:(i + 1) * per_seq], context, 1) for i in range(batch)]
     meta = build_metadata(spans, page_size, "cpu")
-    q_nope = torch.randn(batch, c["heads"], c["nope"], generator=g).to(dtype)
-    q_pe = torch.randn(batch, c["heads"], c["rope"], generator=g).to(dtype)
-    ckv = torch.randn(batch, c["kv_lora_rank"], generator=g).to(dtype)
-    kpe = torch.randn(batch, c["rope"], generator=g).to(dtype)
+    inputs = (torch.randn(batch, c["heads"], c["nope"], generator=g).to(dtype),
+              torch.randn(batch, c["heads"], c["rope"], generator=g).to(dtype),
+              torch.randn(batch, c["kv_lora_rank"], generator=g).to(dtype),
+              torch.randn(batch, c["rope"], generator=g).to(dtype))
+    return proj, pool, meta, inputs
+
+
+def latent_format_errors(batch: int, context: int, page_size: int) -> None:
+    """8-bit latents (one scale per token and layer) against fp32 latents: the absorbed
+    decode output's error, relative to the output's largest magnitude."""
+    backend = MLATorchBackend(num_heads=V2_LITE["heads"])
+
+    def out(element):
+        proj, pool, meta, inputs = decode_step(batch, context, torch.float32, page_size,
+                                               element)
+        with torch.inference_mode():
+            return backend.forward_latent(backend.prepare(meta), 0, *inputs, proj, pool)
+    ref = out(None)
+    print(f"8-bit latents, absorbed decode output vs fp32 latents (batch {batch} x "
+          f"{context} cached, random latents):")
+    for element in ("int8", "fp8_e4m3"):
+        err = (out(element) - ref).abs()
+        print(f"  {element:9s} max |err| / max |out| {err.max() / ref.abs().max():.2e}, "
+              f"mean |err| / mean |out| {err.mean() / ref.abs().mean():.2e}")
+
+
+def decode_times(batch: int, context: int, repeats: int, dtype: torch.dtype,
+                 page_size: int) -> None:
+    c = V2_LITE
+    proj, pool, meta, (q_nope, q_pe, ckv, kpe) = decode_step(batch, context, dtype, page_size)
     backends = {"absorbed": MLATorchBackend(num_heads=c["heads"], absorbed=True),
                 "decompressed": MLATorchBackend(num_heads=c["heads"], absorbed=False)}
     times: dict[str, list[float]] = {k: [] for k in backends}
@@ -104,6 +134,8 @@ def main() -> None:
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     sizes(torch.bfloat16, args.page_size)
+    sizes(torch.bfloat16, args.page_size, element="fp8_e4m3")
+    latent_format_errors(4, 512, args.page_size)
     decode_times(args.batch, args.context, args.repeats, dtype, args.page_size)
 
 

@@ -9,7 +9,10 @@ It keeps the page ids, page size and byte arithmetic of ``KVPool``, so the radix
 copy-on-write, pins, the host/disk tiers and persistence (``page_bytes.pool_tensors``
 reads ``page_tensors()``) work on latent pages unchanged. Bytes per token equal what
 ``radixserve plan`` prints for the config: layers x (kv_lora_rank + qk_rope_head_dim) x
-element bytes.
+element bytes, plus a 4-byte scale per token and layer when 8-bit (``element`` int8 or
+fp8: the latent and RoPE key of a token share one float32 scale, ``kv_quant``'s codec;
+pages decode to the compute dtype when read, so a token reads the same values in the step
+that writes it as later: cache on equals cache off).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from radixserve.attention.kv_pool import _as_dtype, _check_positive, _zeros
+from radixserve.attention.kv_quant import SCALE_DTYPE, KVCodec
 from radixserve.attention.page_copy import copy_page_prefix
 from radixserve.kv_sizing import KVFormat, pool_pages
 
@@ -25,31 +29,42 @@ class LatentKVPool:
     """Latent + RoPE-key storage for every layer, addressed by slot = page * page_size +
     offset (the same slots ``build_metadata`` writes)."""
 
-    quantized = False            # 8-bit latents are refused at start (runner_mla.py)
-
     def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_lora_rank: int,
-                 rope_dim: int, dtype: torch.dtype | str, device: torch.device | str) -> None:
+                 rope_dim: int, dtype: torch.dtype | str, device: torch.device | str,
+                 element: str | None = None) -> None:
+        """``dtype``: what attention reads; ``element``: how values are stored (default:
+        ``dtype``; int8 / fp8_e4m3 / fp8_e5m2 with a scale per token and layer)."""
         _check_positive(num_layers=num_layers, num_pages=num_pages, page_size=page_size,
                         kv_lora_rank=kv_lora_rank, rope_dim=rope_dim)
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.kv_lora_rank, self.rope_dim = kv_lora_rank, rope_dim
         self.dtype = _as_dtype(dtype)
         self.device = torch.device(device)
-        name = str(self.dtype).removeprefix("torch.")
-        self.kv_format = KVFormat(name, name)      # what describe/stats lines print
-        self.ckv = [_zeros((num_pages, page_size, kv_lora_rank), self.dtype, self.device)
+        element = element or str(self.dtype).removeprefix("torch.")
+        self.kv_format = KVFormat(element, element)      # what describe/stats lines print
+        self.codec = KVCodec.of(element)
+        self.ckv = [_zeros((num_pages, page_size, kv_lora_rank), self.codec.storage,
+                           self.device) for _ in range(num_layers)]
+        self.kpe = [_zeros((num_pages, page_size, rope_dim), self.codec.storage, self.device)
                     for _ in range(num_layers)]
-        self.kpe = [_zeros((num_pages, page_size, rope_dim), self.dtype, self.device)
-                    for _ in range(num_layers)]
+        self.scale = ([_zeros((num_pages, page_size), SCALE_DTYPE, self.device)
+                       for _ in range(num_layers)] if self.codec.quantized else [])
         self.ckv_flat = [t.view(-1, kv_lora_rank) for t in self.ckv]
         self.kpe_flat = [t.view(-1, rope_dim) for t in self.kpe]
+        self.scale_flat = [t.view(-1) for t in self.scale]
+
+    @property
+    def quantized(self) -> bool:
+        return self.codec.quantized
 
     @staticmethod
     def token_bytes(num_layers: int, kv_lora_rank: int, rope_dim: int,
-                    dtype: torch.dtype | str) -> int:
+                    element: torch.dtype | str) -> int:
         """Bytes one token takes across all layers (the planner's MLA formula)."""
-        itemsize = torch.empty((), dtype=_as_dtype(dtype)).element_size()
-        return num_layers * (kv_lora_rank + rope_dim) * itemsize
+        codec = KVCodec.of(str(element).removeprefix("torch."))
+        itemsize = torch.empty((), dtype=codec.storage).element_size()
+        scale = SCALE_DTYPE.itemsize if codec.quantized else 0
+        return num_layers * ((kv_lora_rank + rope_dim) * itemsize + scale)
 
     @staticmethod
     def pages_for_budget(budget_bytes: float, num_layers: int, page_size: int,
@@ -63,7 +78,8 @@ class LatentKVPool:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.token_bytes(self.num_layers, self.kv_lora_rank, self.rope_dim, self.dtype)
+        return self.token_bytes(self.num_layers, self.kv_lora_rank, self.rope_dim,
+                                self.kv_format.k)
 
     @property
     def num_slots(self) -> int:
@@ -75,7 +91,7 @@ class LatentKVPool:
 
     def page_tensors(self) -> list[torch.Tensor]:
         """Every tensor a page lives in (first dim = page): the tiers' and disk's layout."""
-        return self.ckv + self.kpe
+        return self.ckv + self.kpe + self.scale
 
     def write(self, layer: int, slots: torch.Tensor, ckv: torch.Tensor,
               kpe: torch.Tensor) -> None:
@@ -85,13 +101,28 @@ class LatentKVPool:
             raise ValueError(f"LatentKVPool.write: ckv {tuple(ckv.shape)}, kpe "
                              f"{tuple(kpe.shape)} and slots {tuple(slots.shape)} do not match "
                              f"[T, {self.kv_lora_rank}] / [T, {self.rope_dim}]")
-        self.ckv_flat[layer].index_copy_(0, slots, ckv.to(self.dtype))
-        self.kpe_flat[layer].index_copy_(0, slots, kpe.to(self.dtype))
+        if not self.quantized:
+            self.ckv_flat[layer].index_copy_(0, slots, ckv.to(self.dtype))
+            self.kpe_flat[layer].index_copy_(0, slots, kpe.to(self.dtype))
+            return
+        codes, scale = self.codec.encode(torch.cat([ckv, kpe], dim=-1))
+        codes = codes.view(torch.uint8)        # index_copy_ has no fp8 kernel everywhere
+        self.ckv_flat[layer].view(torch.uint8).index_copy_(0, slots,
+                                                           codes[:, :self.kv_lora_rank])
+        self.kpe_flat[layer].view(torch.uint8).index_copy_(0, slots,
+                                                           codes[:, self.kv_lora_rank:])
+        self.scale_flat[layer].index_copy_(0, slots, scale)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(latents [N, kv_lora_rank], RoPE keys [N, rope_dim]) at ``slots``."""
-        return (self.ckv_flat[layer].index_select(0, slots),
-                self.kpe_flat[layer].index_select(0, slots))
+        """(latents [N, kv_lora_rank], RoPE keys [N, rope_dim]) at ``slots``, in the
+        compute dtype (8-bit pages decoded)."""
+        ckv = self.ckv_flat[layer].index_select(0, slots)
+        kpe = self.kpe_flat[layer].index_select(0, slots)
+        if not self.quantized:
+            return ckv, kpe
+        scale = self.scale_flat[layer].index_select(0, slots)
+        values = self.codec.decode(torch.cat([ckv, kpe], dim=-1), scale, self.dtype)
+        return values[:, :self.kv_lora_rank], values[:, self.kv_lora_rank:]
 
     def copy_prefix(self, src_page: int, dst_page: int, num_tokens: int) -> None:
         """Copy-on-write of a partly shared page: its first ``num_tokens`` tokens, every
@@ -102,5 +133,5 @@ class LatentKVPool:
     def __repr__(self) -> str:
         return (f"LatentKVPool(layers={self.num_layers}, pages={self.num_pages}, "
                 f"page_size={self.page_size}, latent={self.kv_lora_rank}+{self.rope_dim}, "
-                f"dtype={self.dtype}, device={self.device}, "
+                f"dtype={self.dtype}, kv={self.kv_format.k}, device={self.device}, "
                 f"{self.total_bytes / 2**20:.1f} MiB)")

@@ -73,6 +73,8 @@ class FlashInferMLABackend(MLABackend[FlashInferMLAPlan]):
     def forward_latent(self, plan: FlashInferMLAPlan, layer: int, q_nope: torch.Tensor,
                        q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor,
                        proj: LatentProjections, pool: LatentKVPool) -> torch.Tensor:
+        if pool.quantized:
+            raise ValueError("the flashinfer MLA path reads 16-bit latents only")
         pool.write(layer, plan.meta.write_slots, ckv, kpe)
         q_latent = proj.absorb_query(q_nope).contiguous()
         o_latent = self.wrapper.run(q_latent, q_pe.contiguous(), pool.ckv[layer],

@@ -20,11 +20,11 @@ def latent_token_bytes(mc: ModelConfig, kv_format: KVFormat) -> int:
 
 
 def check_latent_format(kv_format: KVFormat) -> str:
-    """The latents' dtype; 8-bit formats are refused (not yet checked for quality)."""
-    if kv_format.k != kv_format.v or kv_format.k not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"--kv-cache-dtype {kv_format.describe()} is not supported for "
-                         f"latent-attention (MLA) models yet: latents are stored in the "
-                         f"model's dtype (leave --kv-cache-dtype auto)")
+    """The latents' element format: one for both sides (a latent is K and V at once)."""
+    if kv_format.k != kv_format.v:
+        raise ValueError(f"--kv-cache-dtype-k {kv_format.k} and --kv-cache-dtype-v "
+                         f"{kv_format.v} differ: a latent-attention (MLA) model caches one "
+                         f"latent per token, give one --kv-cache-dtype")
     return kv_format.k
 
 
@@ -32,7 +32,8 @@ def latent_attention(config: EngineConfig, mc: ModelConfig, num_pages: int,
                      dtype: torch.dtype, device: torch.device,
                      kv_format: KVFormat) -> tuple[LatentKVPool, MLABackend]:
     pool = LatentKVPool(mc.num_layers, num_pages, config.page_size, mc.mla.kv_lora_rank,
-                        mc.mla.qk_rope_head_dim, check_latent_format(kv_format), device)
+                        mc.mla.qk_rope_head_dim, dtype, device,
+                        element=check_latent_format(kv_format))
     backend = create_mla_backend(config.attention_backend, num_heads=mc.num_heads,
                                  kv_lora_rank=mc.mla.kv_lora_rank,
                                  rope_dim=mc.mla.qk_rope_head_dim, dtype=dtype, device=device,
@@ -42,6 +43,7 @@ def latent_attention(config: EngineConfig, mc: ModelConfig, num_pages: int,
 
 def describe_latent_cache(pool: LatentKVPool) -> str:
     """The start-up line for latent pages."""
+    scale = " and one float32 scale" if pool.quantized else ""
     return (f"kv cache: MLA latents, {pool.kv_lora_rank} + {pool.rope_dim} (RoPE key) "
-            f"{str(pool.dtype).removeprefix('torch.')} values per token and layer, "
+            f"{pool.kv_format.k} values{scale} per token and layer, "
             f"{pool.bytes_per_token} bytes per token")

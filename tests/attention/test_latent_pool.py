@@ -50,9 +50,29 @@ def test_bytes_per_token_equal_the_plan(dtype):
         2 if dtype == "bfloat16" else 4)
 
 
-def test_quantized_latents_are_refused():
-    with pytest.raises(ValueError, match="--kv-cache-dtype int8.*MLA"):
-        check_latent_format(KVFormat("int8", "int8"))
+@pytest.mark.parametrize("element", ["int8", "fp8_e4m3"])
+def test_8bit_latents_take_the_planned_bytes_and_round_trip(element):
+    plan = make_plan(spec_from_hf_config(V2_LITE, "v2-lite"),
+                     PlanOptions(dtype="bfloat16", kv_cache_dtype=element))
+    pool = LatentKVPool(27, 2, 4, 512, 64, torch.bfloat16, "cpu", element=element)
+    assert pool.bytes_per_token == plan.kv_bytes_per_token == 27 * (576 + 4)
+    assert page_payload_bytes(pool) == sum(t[0].numel() * t.element_size()
+                                           for t in pool.page_tensors())
+    g = torch.Generator().manual_seed(0)
+    ckv, kpe = torch.randn(5, 512, generator=g), torch.randn(5, 64, generator=g)
+    pool.write(3, torch.arange(5), ckv.bfloat16(), kpe.bfloat16())
+    got_ckv, got_kpe = pool.read(3, torch.arange(5))
+    assert got_ckv.dtype == torch.bfloat16
+    # one scale for the token's 576 values: error within half a code step of the largest
+    step = torch.cat([ckv, kpe], -1).abs().amax(-1, keepdim=True) / (
+        127 if element == "int8" else 8)
+    assert ((got_ckv.float() - ckv).abs() <= step).all()
+    assert ((got_kpe.float() - kpe).abs() <= step).all()
+
+
+def test_different_k_and_v_formats_are_refused():
+    with pytest.raises(ValueError, match="one latent per token"):
+        check_latent_format(KVFormat("int8", "bfloat16"))
 
 
 def _filled_pool() -> LatentKVPool:

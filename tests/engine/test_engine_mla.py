@@ -45,9 +45,14 @@ def test_cached_hits_equal_uncached(deepseek):
     assert "MLA latents" in engine.describe_kv_cache()
 
 
-def test_quantized_latents_refused_at_start(deepseek):
-    with pytest.raises(ValueError, match="not supported for latent-attention"):
-        make_engine(deepseek, page_size=4, kv_cache_dtype="int8")
+def test_int8_latents_cached_equal_uncached(deepseek):
+    """8-bit latents (one scale per token and layer): the cache on generates what the cache
+    off generates with the same format, pages conserved."""
+    expected = [r.token_ids[0] for r in run_in_order(
+        make_engine(deepseek, page_size=4, kv_cache_dtype="int8", disable_radix_cache=True))]
+    engine = make_engine(deepseek, page_size=4, kv_cache_dtype="int8")
+    assert engine.runner.kv_pool.quantized
+    assert [r.token_ids[0] for r in run_in_order(engine)] == expected
 
 
 def test_latent_prefix_demoted_to_host_is_loaded_back(deepseek):
