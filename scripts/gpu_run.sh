@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one device run (docs/gpu.md): install the carried wheels into a temporary path with
 # pip --no-index --no-deps (the image's torch stays), then scripts/gpu_check.py, its report
-# written to $OUT after every case. Arguments go to gpu_check.py.
+# written to $OUT after every case. Arguments go to gpu_check.py (or $GPU_CHECK).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-out}"
@@ -11,4 +11,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-exec python3 scripts/gpu_check.py --out "$out/gpu_check.json" "$@"
+# GPU_CHECK=gpu_check_mla.py runs another check script the same way (its own report).
+check="${GPU_CHECK:-gpu_check.py}"
+exec python3 "scripts/$check" --out "$out/${check%.py}.json" "$@"

@@ -36,3 +36,10 @@ class ForwardContext(Generic[PlanT]):
                   v: torch.Tensor) -> torch.Tensor:
         """Write this layer's new k/v into the pool and attend: [T, Hq, D] -> [T, Hq, D]."""
         return self.backend.forward(self.plan, layer, q, k, v, self.kv_pool)
+
+    def latent_attention(self, layer: int, q_nope: torch.Tensor, q_pe: torch.Tensor,
+                         ckv: torch.Tensor, kpe: torch.Tensor, proj) -> torch.Tensor:
+        """MLA (the backend is an ``MLABackend``, the pool a ``LatentKVPool``): write the
+        new latents and RoPE keys, attend -> [T, H, v_head_dim]."""
+        return self.backend.forward_latent(self.plan, layer, q_nope, q_pe, ckv, kpe, proj,
+                                           self.kv_pool)

@@ -20,6 +20,7 @@ import mmap
 import torch
 
 from radixserve.attention.kv_quant import SCALE_DTYPE, KVCodec
+from radixserve.attention.page_copy import copy_page_prefix
 from radixserve.kv_sizing import KVFormat, pool_pages
 
 _DTYPE_NAMES = {
@@ -176,19 +177,10 @@ class KVPool:
 
         Copy-on-write for a prefix match that ends inside a shared tree page.
         """
-        for name, page in (("src_page", src_page), ("dst_page", dst_page)):
-            if not 0 <= page < self.num_pages:
-                raise ValueError(f"{name}={page} out of range [0, {self.num_pages})")
-        if not 0 <= num_tokens <= self.page_size:
-            raise ValueError(f"num_tokens={num_tokens} out of range [0, {self.page_size}]")
-        if src_page == dst_page:
-            raise ValueError(f"copy_prefix: src_page and dst_page are both {src_page}")
-        if num_tokens == 0:
-            return
         # Scales travel with their codes: a copied token decodes to the same values.
         tensors = self.k + self.v + (self.k_scale or []) + (self.v_scale or [])
-        for t in tensors:
-            t[dst_page, :num_tokens].copy_(t[src_page, :num_tokens])
+        copy_page_prefix(tensors, self.num_pages, self.page_size, src_page, dst_page,
+                         num_tokens)
 
     def __repr__(self) -> str:
         return (f"KVPool(layers={self.num_layers}, pages={self.num_pages}, "

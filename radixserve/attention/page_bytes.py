@@ -23,7 +23,10 @@ __all__ = ["bytes_to_pages", "page_payload_bytes", "pages_to_bytes", "pool_tenso
 
 
 def pool_tensors(pool: KVPool) -> list[torch.Tensor]:
-    """Every tensor a page lives in, first dim = page: K and V per layer, then scales."""
+    """Every tensor a page lives in, first dim = page: K and V per layer, then scales
+    (a LatentKVPool names its own: latents, then RoPE keys)."""
+    if hasattr(pool, "page_tensors"):
+        return pool.page_tensors()
     return pool.k + pool.v + (pool.k_scale or []) + (pool.v_scale or [])
 
 

@@ -24,6 +24,8 @@ from radixserve.cache.tier_types import MoveTimes
 from radixserve.engine.batch import SampleResult, StepBatch, StepResult
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
+from radixserve.engine.latent_setup import (describe_latent_cache, latent_attention,
+                                            latent_token_bytes)
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.kv_sizing import (KVFormat, budget_bytes, layer_groups, pool_pages,
@@ -54,8 +56,9 @@ def kv_pool_pages(config: EngineConfig, mc, device: torch.device,
     if device.type == "cuda" and config.kv_cache_tokens is None:
         free = cuda_free_bytes(device)
     budget = budget_bytes(device.type, free, config.kv_cache_memory_fraction)
-    return pool_pages(token_bytes=kv_format.token_bytes(mc.num_layers, mc.num_kv_heads,
-                                                        mc.head_dim),
+    token_bytes = (latent_token_bytes(mc, kv_format) if mc.mla is not None else
+                   kv_format.token_bytes(mc.num_layers, mc.num_kv_heads, mc.head_dim))
+    return pool_pages(token_bytes=token_bytes,
                       page_size=config.page_size, kv_cache_tokens=config.kv_cache_tokens,
                       budget=budget)
 
@@ -96,16 +99,20 @@ class ModelRunner:
         # Full vs sliding-window layers (one full-KV pool holds them all for now).
         self.layer_groups = layer_groups(self.kv_format, mc.windows, mc.num_kv_heads,
                                          mc.head_dim)
-        self.backend = create_backend(config.attention_backend, num_qo_heads=mc.num_heads,
-                                      num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-                                      dtype=self.dtype, device=self.device,
-                                      kv_format=self.kv_format,
-                                      deterministic=config.deterministic,
-                                      sm_scale=mc.attention_scale,
-                                      layer_windows=mc.layer_windows)
-        self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
-                              mc.head_dim, self.dtype, self.device, kv_format=self.kv_format,
-                              fixed_scale=self.backend.fixed_kv_scale)
+        if mc.mla is not None:      # DeepSeek: latent pages and an MLA backend
+            self.kv_pool, self.backend = latent_attention(config, mc, num_pages, self.dtype,
+                                                          self.device, self.kv_format)
+        else:
+            self.backend = create_backend(
+                config.attention_backend, num_qo_heads=mc.num_heads,
+                num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, dtype=self.dtype,
+                device=self.device, kv_format=self.kv_format,
+                deterministic=config.deterministic, sm_scale=mc.attention_scale,
+                layer_windows=mc.layer_windows)
+            self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size,
+                                  mc.num_kv_heads, mc.head_dim, self.dtype, self.device,
+                                  kv_format=self.kv_format,
+                                  fixed_scale=self.backend.fixed_kv_scale)
         self.sampler = Sampler()
         self.mover: TierMover | None = None     # host/disk tiers (attach_tiers)
 
@@ -121,6 +128,8 @@ class ModelRunner:
 
     def describe_kv_cache(self) -> str:
         mc = self.loaded.config
+        if mc.mla is not None:
+            return describe_latent_cache(self.kv_pool)
         return describe_kv_cache(self.kv_format, self.dtype, mc.num_layers, mc.num_kv_heads,
                                  mc.head_dim)
 

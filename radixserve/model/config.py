@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .deepseek_config import DEEPSEEK_FAMILIES, MLAConfig, MoEConfig, mla_and_moe
 from .errors import ModelLoadError
 
 # rope scaling types a config.json may name; anything else is refused at load time.
@@ -58,6 +59,10 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None   # attention scale 1/sqrt(this), not head_dim
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
     rope_local_theta: float | None = None  # RoPE base of sliding-window layers (Gemma 3)
+    # DeepSeek-V2/V3 (deepseek_config.py): latent attention and routed experts. With `mla`,
+    # head_dim is the decoupled RoPE key's width and num_kv_heads is num_heads.
+    mla: MLAConfig | None = None
+    moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -106,10 +111,12 @@ class ModelConfig:
         """From a config.json dict (transformers 4.x `rope_scaling`/`rope_theta` or
         5.x `rope_parameters`)."""
         model_type = cfg.get("model_type")
+        if model_type in DEEPSEEK_FAMILIES:
+            return _deepseek_config(cls, cfg)
         if model_type not in HF_ARCHITECTURES:
             raise ModelLoadError(
                 f"unsupported architecture: model_type {model_type!r} in config.json "
-                f"(supported: {', '.join(sorted(HF_ARCHITECTURES))})")
+                f"(supported: {', '.join(sorted((*HF_ARCHITECTURES, *DEEPSEEK_FAMILIES)))})")
         gemma = model_type in GEMMA_FAMILIES
         act = (cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
                if gemma else cfg.get("hidden_act", "silu"))
@@ -148,6 +155,30 @@ class ModelConfig:
                                    if gemma else None),
             final_logit_softcapping=_optional_float(cfg, "final_logit_softcapping"),
             rope_local_theta=local_theta)
+
+
+def _deepseek_config(cls: type[ModelConfig], cfg: Mapping[str, Any]) -> ModelConfig:
+    """A DeepSeek-V2/V3 config.json: the shared fields here, MLA and MoE in their own."""
+    mla, moe = mla_and_moe(cfg)
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ModelLoadError(f"unsupported hidden_act {act!r} for {cfg['model_type']} "
+                             f"(only 'silu')")
+    try:
+        heads, hidden, layers, inter, vocab = (int(cfg[k]) for k in (
+            "num_attention_heads", "hidden_size", "num_hidden_layers", "intermediate_size",
+            "vocab_size"))
+    except KeyError as e:
+        raise ModelLoadError(f"config.json lacks required key {e.args[0]!r}") from None
+    return cls(hidden_size=hidden, num_layers=layers,
+               num_heads=heads, num_kv_heads=heads, head_dim=mla.qk_rope_head_dim,
+               intermediate_size=inter, vocab_size=vocab,
+               rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+               rope_theta=float((cfg.get("rope_parameters") or {}).get(
+                   "rope_theta", cfg.get("rope_theta", 10000.0))),
+               tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+               max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+               model_type=cfg["model_type"], mla=mla, moe=moe)
 
 
 def _optional_float(cfg: Mapping[str, Any], key: str) -> float | None:

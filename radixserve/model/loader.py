@@ -17,6 +17,7 @@ from .dtype import resolve_device, resolve_dtype
 from .gguf_loader import load_gguf
 from .gguf_tokenizer import gguf_tokenizer
 from .hf_loader import load_hf_weights, read_hf_config
+from .deepseek import DeepseekForCausalLM
 from .gemma3 import Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
 from .quantized_linear import Int4Groups
@@ -74,6 +75,8 @@ def load_model(model: str, dtype: str | torch.dtype = "auto",
 
 def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
     """The module implementing `config`'s family (Gemma 3 subclasses the Llama one)."""
+    if config.mla is not None:
+        return DeepseekForCausalLM
     return Gemma3ForCausalLM if config.gemma else LlamaForCausalLM
 
 

@@ -60,9 +60,17 @@ def check_weights(cfg: ModelConfig, weights: Mapping[str, torch.Tensor | tuple[i
     """Raise ModelLoadError naming missing, unexpected or mis-shaped tensors.
     `weights` maps names to tensors or bare shapes (so files can be checked before
     reading their data); a LazyWeights is checked by its shapes, without reading."""
+    if cfg.mla is not None:          # DeepSeek (MLA): its own names
+        from .deepseek_weights import deepseek_shapes
+        return compare_weights(cfg, deepseek_shapes(cfg), weights, source)
+    compare_weights(cfg, expected_shapes(cfg), weights, source)
+
+
+def compare_weights(cfg: ModelConfig, expected: Mapping[str, tuple[int, ...]],
+                    weights: Mapping[str, torch.Tensor | tuple[int, ...]], source: str) -> None:
+    """check_weights against the given expected names and shapes."""
     if isinstance(weights, LazyWeights):
         weights = weights.shapes
-    expected = expected_shapes(cfg)
     present = {k for k in weights if not k.endswith(_IGNORED_SUFFIXES)}
     if cfg.tie_word_embeddings:
         present.discard("lm_head.weight")   # tied: a stored copy is redundant

@@ -14,6 +14,16 @@ import torch
 from radixserve.attention import SeqSpan, build_metadata, create_backend
 from radixserve.attention.context import ForwardContext
 from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.latent_pool import LatentKVPool
+from radixserve.attention.mla_torch import MLATorchBackend
+
+
+def latent_pool_and_backend(loaded, num_pages: int, page_size: int, absorbed: bool = True):
+    """A LatentKVPool for a DeepSeek model and the MLA torch backend."""
+    cfg = loaded.config
+    pool = LatentKVPool(cfg.num_layers, num_pages, page_size, cfg.mla.kv_lora_rank,
+                        cfg.mla.qk_rope_head_dim, loaded.dtype, loaded.device)
+    return pool, MLATorchBackend(num_heads=cfg.num_heads, absorbed=absorbed)
 
 
 @dataclass
@@ -27,6 +37,14 @@ class PagedRunner:
         cfg = loaded.config
         self.model, self.page_size = loaded.model, page_size
         num_pages = -(-num_tokens // page_size)
+        if cfg.mla is not None:         # DeepSeek: latent pages, the MLA torch backend
+            self.pool, self.backend = latent_pool_and_backend(loaded, num_pages, page_size)
+        else:
+            self._full_kv(loaded, num_pages, page_size)
+        self._free = list(np.random.default_rng(seed).permutation(num_pages).astype(np.int32))
+
+    def _full_kv(self, loaded, num_pages: int, page_size: int) -> None:
+        cfg = loaded.config
         self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads,
                            cfg.head_dim, loaded.dtype, loaded.device)
         self.backend = create_backend("torch", num_qo_heads=cfg.num_heads,
@@ -34,7 +52,6 @@ class PagedRunner:
                                       dtype=loaded.dtype, device=loaded.device,
                                       sm_scale=cfg.attention_scale,
                                       layer_windows=cfg.layer_windows)
-        self._free = list(np.random.default_rng(seed).permutation(num_pages).astype(np.int32))
 
     def new_seq(self, max_tokens: int) -> Seq:
         n = -(-max_tokens // self.page_size)

@@ -106,8 +106,8 @@ def test_per_layer_windows_from_layer_types():
 def test_deepseek_v2_lite_mla():
     p = plan(DEEPSEEK_V2_LITE, memory_bytes=80 * GIB, dtype="bfloat16", context=32768,
              concurrency=32)
-    assert p.attention == "MLA" and not p.served_by_radixserve
-    assert "deepseek_v2" in p.not_served_because
+    # served since issue 34 (latent pages): the planner asks the server's own config reader
+    assert p.attention == "MLA" and p.served_by_radixserve, p.not_served_because
     assert p.kv_bytes_per_token == 27 * (512 + 64) * 2 == 31_104
     # 27 x 16 heads x (128 + 64 + 128) x 2 without MLA
     assert p.mla_uncompressed_bytes_per_token == 276_480
