@@ -82,7 +82,8 @@ def paged_greedy(loaded, ids: list[int], n: int) -> tuple[list[int], torch.Tenso
     backend = create_backend("torch", num_qo_heads=cfg.num_heads,
                              num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                              dtype=loaded.dtype, device=loaded.device,
-                             sm_scale=cfg.attention_scale, layer_windows=cfg.layer_windows)
+                             sm_scale=cfg.attention_scale, layer_windows=cfg.layer_windows,
+                             logits_soft_cap=cfg.attn_logit_softcapping)
     pages = torch.arange(pool.num_pages, dtype=torch.int32).numpy()
     out, cached, toks, prompt_logits = [], 0, list(ids), None
     while len(out) < n:

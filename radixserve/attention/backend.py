@@ -87,12 +87,20 @@ def mixed_windows_reason(layer_windows: Sequence[int | None] | None) -> str | No
     return None
 
 
+def soft_cap_reason(logits_soft_cap: float | None) -> str | None:
+    """The flashinfer backend does not pass logits_soft_cap to its kernels yet."""
+    if logits_soft_cap is not None:
+        return "attention logit soft-capping"
+    return None
+
+
 def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                    dtype: torch.dtype, device: torch.device | str,
                    sm_scale: float | None = None,
                    kv_format: KVFormat | None = None,
                    deterministic: bool = False,
                    layer_windows: Sequence[int | None] | None = None,
+                   logits_soft_cap: float | None = None,
                    ) -> AttentionBackend[AttentionPlan]:
     """Build "torch", "flashinfer" or "auto" (flashinfer when CUDA and the package exist and
     a tiny trial step runs on the device; else torch, with the reason logged in one line).
@@ -104,6 +112,7 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     failing the trial is an error; a shape or dtype flashinfer cannot run falls back to torch with a warning.
 
     ``layer_windows``: per layer, its sliding window in tokens (None: full attention).
+    ``logits_soft_cap``: attention logits -> cap * tanh(logits / cap) (Gemma 2).
     """
     from radixserve.attention.torch_backend import (DEFAULT_MAX_GATHER_ELEMS,
                                                     DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION,
@@ -123,6 +132,9 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     if deterministic and layer_windows is not None:
         raise ValueError("--deterministic does not support sliding-window attention yet "
                          "(this model has sliding-window layers)")
+    if deterministic and logits_soft_cap is not None:
+        raise ValueError("--deterministic does not support attention logit soft-capping "
+                         "(this model sets attn_logit_softcapping)")
     device = torch.device(device)
     common = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                   sm_scale=sm_scale, layer_windows=layer_windows)
@@ -134,6 +146,8 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
         common, sdpa_low_precision=fused, cascade_prefills=dtype == torch.float32 or fused,
         max_gather_elems=DEFAULT_MAX_GATHER_ELEMS if dtype == torch.float32 else
         DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION)
+    if logits_soft_cap is not None:           # deterministic mode refused it above
+        torch_kw = dict(torch_kw, logits_soft_cap=logits_soft_cap)
     if name == "torch":
         return torch_backend(**torch_kw)
 
@@ -144,7 +158,8 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
         return torch_backend(**torch_kw)
     reason = (flashinfer_unsupported_reason(num_qo_heads, num_kv_heads, head_dim, dtype)
               or flashinfer_kv_reason(kv_format, dtype)
-              or mixed_windows_reason(layer_windows))
+              or mixed_windows_reason(layer_windows)
+              or soft_cap_reason(logits_soft_cap))
     if reason is not None:
         msg = f"flashinfer cannot run {reason}; falling back to the torch attention backend"
         warnings.warn(msg, RuntimeWarning, stacklevel=2)

@@ -102,7 +102,8 @@ class ModelRunner:
                                       kv_format=self.kv_format,
                                       deterministic=config.deterministic,
                                       sm_scale=mc.attention_scale,
-                                      layer_windows=mc.layer_windows)
+                                      layer_windows=mc.layer_windows,
+                                      logits_soft_cap=mc.attn_logit_softcapping)
         self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads,
                               mc.head_dim, self.dtype, self.device, kv_format=self.kv_format,
                               fixed_scale=self.backend.fixed_kv_scale)

@@ -1,4 +1,4 @@
-"""ModelConfig: the shape of a Llama-family or Gemma 3 model, read from config.json or GGUF
+"""ModelConfig: the shape of a Llama-family or Gemma 2/3 model, read from config.json or GGUF
 metadata.
 
 Both sources are normalised here so the model code never sees a dict of raw keys. Which
@@ -25,9 +25,14 @@ HF_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen2": {"attention_bias": True},   # q/k/v carry a bias, o_proj does not
     "qwen3": {"qk_norm": True},           # RMSNorm over each q/k head before RoPE
     "gemma3_text": {"qk_norm": True},
+    "gemma2": {},                         # Gemma 3's layer without q/k norms, soft-capped
 }
 # Families with Gemma's layer: (1 + w) norms around both blocks, GeGLU, scaled embeddings.
-GEMMA_FAMILIES = ("gemma3_text",)
+GEMMA_FAMILIES = ("gemma3_text", "gemma2")
+# Gemma's default layer pattern when a config lists no layer_types: every Nth layer global.
+GEMMA_GLOBAL_EVERY = {"gemma3_text": 6, "gemma2": 2}
+# Gemma 3's RoPE base of local layers when the config names none (transformers' default).
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
 # The attention kinds a `layer_types` entry may name; anything else is refused at load.
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -58,6 +63,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None   # attention scale 1/sqrt(this), not head_dim
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
     rope_local_theta: float | None = None  # RoPE base of sliding-window layers (Gemma 3)
+    attn_logit_softcapping: float | None = None  # attention logits capped (Gemma 2)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -147,7 +153,10 @@ class ModelConfig:
             query_pre_attn_scalar=(float(cfg.get("query_pre_attn_scalar") or 256)
                                    if gemma else None),
             final_logit_softcapping=_optional_float(cfg, "final_logit_softcapping"),
-            rope_local_theta=local_theta)
+            rope_local_theta=(GEMMA3_LOCAL_ROPE_THETA if local_theta is None
+                              and model_type == "gemma3_text" else local_theta),
+            attn_logit_softcapping=(_optional_float(cfg, "attn_logit_softcapping")
+                                    if gemma else None))
 
 
 def _optional_float(cfg: Mapping[str, Any], key: str) -> float | None:
@@ -158,10 +167,10 @@ def _optional_float(cfg: Mapping[str, Any], key: str) -> float | None:
 def _refuse_unsupported_attention(cfg: Mapping[str, Any]) -> None:
     """Attention variants we do not implement are refused with the field named, never
     served approximately."""
-    if cfg.get("attn_logit_softcapping") is not None:
+    if cfg.get("attn_logit_softcapping") is not None and cfg.get("model_type") != "gemma2":
         raise ModelLoadError(
             f"attn_logit_softcapping={cfg['attn_logit_softcapping']!r} in config.json is not "
-            f"supported (attention logit soft-capping is not implemented)")
+            f"supported for {cfg.get('model_type')!r} (only Gemma 2 soft-caps attention)")
     if cfg.get("use_bidirectional_attention"):
         raise ModelLoadError("use_bidirectional_attention=true in config.json is not "
                              "supported (causal attention only)")
@@ -204,7 +213,7 @@ def _layer_windows(cfg: Mapping[str, Any], layers: int) -> tuple[int | None, ...
                     f"attention variant (supported: {', '.join(LAYER_TYPES)})")
     elif cfg.get("model_type") in GEMMA_FAMILIES:
         pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
-                      or 6)
+                      or GEMMA_GLOBAL_EVERY[cfg["model_type"]])
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                  for i in range(layers)]
     elif cfg.get("model_type") in ("qwen2", "qwen3"):

@@ -36,16 +36,17 @@ def tiny_tokenizer():
 
 
 def hf_config(arch: str, **overrides):
-    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
+    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
                               Qwen3Config)
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
-           "qwen3": Qwen3Config, "gemma3_text": Gemma3TextConfig}[arch]
+           "qwen3": Qwen3Config, "gemma3_text": Gemma3TextConfig,
+           "gemma2": Gemma2Config}[arch]
     vocab = len(byte_level_vocab()[0])
     base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
                 max_position_embeddings=512, rms_norm_eps=1e-5, initializer_range=0.2,
                 bos_token_id=vocab - 2, eos_token_id=vocab - 1, pad_token_id=None)
-    if arch == "gemma3_text":
+    if arch in ("gemma3_text", "gemma2"):
         base.update(head_dim=16, hidden_activation="gelu_pytorch_tanh")
     base.update(overrides)
     return cls(**base)
