@@ -29,6 +29,7 @@ GGUF_FAMILIES = {
 @pytest.mark.parametrize("name", sorted(GGUF_FAMILIES))
 def test_gguf_equals_transformers_and_hf_directory(name, tmp_path):
     from transformers import AutoModelForCausalLM
+    from radixserve.model.hf_reference import hf_model_for
     from radixserve.model.loader import load_model
 
     arch, model_type, overrides = GGUF_FAMILIES[name]
@@ -55,3 +56,6 @@ def test_gguf_equals_transformers_and_hf_directory(name, tmp_path):
                                   logits_indices=torch.arange(len(ids))))
     assert (logits[0] - hf_logits(ref, ids)).abs().max().item() < ATOL
     assert (logits[0] - logits[1]).abs().max().item() < ATOL
+    # The reference the scripts build from our reading of a GGUF (hf_reference) agrees.
+    rebuilt = hf_model_for(str(tmp_path / "m.gguf"), from_gguf)
+    assert (hf_logits(rebuilt, ids) - logits[0]).abs().max().item() < ATOL
