@@ -79,21 +79,6 @@ def flashinfer_unsupported_reason(num_qo_heads: int, num_kv_heads: int, head_dim
     return None
 
 
-def mixed_windows_reason(layer_windows: Sequence[int | None] | None) -> str | None:
-    """flashinfer plans one window per wrapper pair: hybrid models (some layers windowed,
-    others full or another window) run on the torch backend for now."""
-    if layer_windows is not None and len(set(layer_windows)) > 1:
-        return "layers with different sliding windows (a hybrid model)"
-    return None
-
-
-def soft_cap_reason(logits_soft_cap: float | None) -> str | None:
-    """The flashinfer backend does not pass logits_soft_cap to its kernels yet."""
-    if logits_soft_cap is not None:
-        return "attention logit soft-capping"
-    return None
-
-
 def deterministic_window_reason(deterministic: bool,
                                 layer_windows: Sequence[int | None] | None) -> str | None:
     """Deterministic sliding windows are the fixed-split torch backend's; flashinfer's fixed
@@ -164,8 +149,6 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
         return torch_backend(**torch_kw)
     reason = (flashinfer_unsupported_reason(num_qo_heads, num_kv_heads, head_dim, dtype)
               or flashinfer_kv_reason(kv_format, dtype)
-              or mixed_windows_reason(layer_windows)
-              or soft_cap_reason(logits_soft_cap)
               or deterministic_window_reason(deterministic, layer_windows))
     if reason is not None:
         msg = f"flashinfer cannot run {reason}; falling back to the torch attention backend"
@@ -186,7 +169,7 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
 
     backend = FlashInferBackend(**common, dtype=dtype, device=device,
                                 kv_dtype=storage_dtype(kv_format.k) if kv_format else None,
-                                deterministic=deterministic)
+                                deterministic=deterministic, logits_soft_cap=logits_soft_cap)
     # Importing is not enough: the kernels build at the first plan() (nvcc, or prebuilt).
     trial_error = flashinfer_trial_error(backend, kv_format)
     if trial_error is None:
