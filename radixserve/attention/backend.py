@@ -79,11 +79,12 @@ def flashinfer_unsupported_reason(num_qo_heads: int, num_kv_heads: int, head_dim
     return None
 
 
-def mixed_windows_reason(layer_windows: Sequence[int | None] | None) -> str | None:
-    """flashinfer plans one window per wrapper pair: hybrid models (some layers windowed,
-    others full or another window) run on the torch backend for now."""
-    if layer_windows is not None and len(set(layer_windows)) > 1:
-        return "layers with different sliding windows (a hybrid model)"
+def deterministic_window_reason(deterministic: bool,
+                                layer_windows: Sequence[int | None] | None) -> str | None:
+    """Deterministic sliding windows are the fixed-split torch backend's; flashinfer's fixed
+    split with window_left is not checked yet."""
+    if deterministic and layer_windows is not None:
+        return "deterministic mode with sliding-window layers"
     return None
 
 
@@ -93,6 +94,7 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
                    kv_format: KVFormat | None = None,
                    deterministic: bool = False,
                    layer_windows: Sequence[int | None] | None = None,
+                   logits_soft_cap: float | None = None,
                    ) -> AttentionBackend[AttentionPlan]:
     """Build "torch", "flashinfer" or "auto" (flashinfer when CUDA and the package exist and
     a tiny trial step runs on the device; else torch, with the reason logged in one line).
@@ -104,6 +106,7 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
     failing the trial is an error; a shape or dtype flashinfer cannot run falls back to torch with a warning.
 
     ``layer_windows``: per layer, its sliding window in tokens (None: full attention).
+    ``logits_soft_cap``: attention logits -> cap * tanh(logits / cap) (Gemma 2).
     """
     from radixserve.attention.torch_backend import (DEFAULT_MAX_GATHER_ELEMS,
                                                     DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION,
@@ -120,9 +123,9 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
                          f"num_kv_heads={num_kv_heads}")
     if layer_windows is not None and all(w is None for w in layer_windows):
         layer_windows = None
-    if deterministic and layer_windows is not None:
-        raise ValueError("--deterministic does not support sliding-window attention yet "
-                         "(this model has sliding-window layers)")
+    if deterministic and logits_soft_cap is not None:
+        raise ValueError("--deterministic does not support attention logit soft-capping "
+                         "(this model sets attn_logit_softcapping)")
     device = torch.device(device)
     common = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                   sm_scale=sm_scale, layer_windows=layer_windows)
@@ -134,6 +137,8 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
         common, sdpa_low_precision=fused, cascade_prefills=dtype == torch.float32 or fused,
         max_gather_elems=DEFAULT_MAX_GATHER_ELEMS if dtype == torch.float32 else
         DEFAULT_MAX_GATHER_ELEMS_LOW_PRECISION)
+    if logits_soft_cap is not None:           # deterministic mode refused it above
+        torch_kw = dict(torch_kw, logits_soft_cap=logits_soft_cap)
     if name == "torch":
         return torch_backend(**torch_kw)
 
@@ -144,7 +149,7 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
         return torch_backend(**torch_kw)
     reason = (flashinfer_unsupported_reason(num_qo_heads, num_kv_heads, head_dim, dtype)
               or flashinfer_kv_reason(kv_format, dtype)
-              or mixed_windows_reason(layer_windows))
+              or deterministic_window_reason(deterministic, layer_windows))
     if reason is not None:
         msg = f"flashinfer cannot run {reason}; falling back to the torch attention backend"
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
@@ -164,7 +169,7 @@ def create_backend(name: str, *, num_qo_heads: int, num_kv_heads: int, head_dim:
 
     backend = FlashInferBackend(**common, dtype=dtype, device=device,
                                 kv_dtype=storage_dtype(kv_format.k) if kv_format else None,
-                                deterministic=deterministic)
+                                deterministic=deterministic, logits_soft_cap=logits_soft_cap)
     # Importing is not enough: the kernels build at the first plan() (nvcc, or prebuilt).
     trial_error = flashinfer_trial_error(backend, kv_format)
     if trial_error is None:

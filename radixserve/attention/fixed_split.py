@@ -21,6 +21,12 @@ So a query gives the same bits as a decode, in any batch, in any prefill chunk, 
 prefix from the cache or not, at any page size. Decodes sharing a cached prefix (cascade
 groups) compute its whole chunks once per group and merge them with their own: the same
 chunks, the same per-chunk bits, the same merge (FixedSplitBackend).
+
+Sliding-window layers keep the absolute chunks: a query at position p reads from the chunk
+holding p - W + 1 (decodes) or its block's earliest such chunk (prefills), its mask also
+cutting keys <= p - W. A chunk wholly outside a query's window weighs exactly 0 in the
+merge (its lse is the mask's), and the merge starts from +0, so a query gets the same bits
+whichever earlier chunks its batch read. Windowed decodes join no shared-prefix group.
 """
 
 from __future__ import annotations
@@ -119,16 +125,16 @@ def merge_chunks(o: torch.Tensor, lse: torch.Tensor,
     top = lse.amax(2, keepdim=True)
     if before is not None:
         top = torch.maximum(before[1].amax(2, keepdim=True), top)
-    num = den = None
+    # From +0: a leading chunk of weight 0 (outside a sliding window) then adds +0 or -0,
+    # which leaves +0, as if the chunk had not been read.
+    num = o.new_zeros(o.shape[:2] + o.shape[3:], dtype=torch.float32)
+    den = lse.new_zeros(lse.shape[:2] + lse.shape[3:])
     for part_o, part_lse in parts:
         w = torch.exp(part_lse - top)
         weighted = part_o.float() * w[..., None]
         for c in range(part_o.shape[2]):
-            if num is None:
-                num, den = weighted[:, :, c].clone(), w[:, :, c].clone()
-            else:
-                num += weighted[:, :, c]
-                den += w[:, :, c]
+            num += weighted[:, :, c]
+            den += w[:, :, c]
     return (num / den[..., None]).to(o.dtype)
 
 
@@ -174,15 +180,17 @@ def _padded(n: int, split: int) -> int:
 class PrefillBlock:
     start: int                 # the step's tokens [start, end) of one span
     end: int
-    keys: int                  # keys this block reads: a multiple of split
+    keys: int                  # keys this block reads end at: a multiple of split
     mask: ChunkMask            # rows: group * (end - start)
+    first_key: int = 0         # ...and start at (a multiple of split; > 0: windowed)
 
 
 @dataclass(slots=True)
 class SplitPrefill:
-    rows: torch.Tensor         # int64 [Hkv * padded kv_len] gather rows (head-major)
+    rows: torch.Tensor         # int64 [Hkv * (keys - first_key)] gather rows (head-major)
     keys: int                  # padded kv_len
     blocks: list[PrefillBlock]
+    first_key: int = 0         # the first position gathered (the earliest block's)
 
 
 @dataclass(slots=True)
@@ -220,6 +228,8 @@ class FixedSplitPlan:
     decodes: list[SplitDecodes] = field(default_factory=list)
     shared: list[SharedChunks] = field(default_factory=list)
     shared_chunks: int = 0     # the most shared chunks of any decode (0: no groups)
+    # Sliding window W -> the plan its layers use (this plan when no query sees past W).
+    by_window: dict[int, FixedSplitPlan] = field(default_factory=dict)
 
 
 class FixedSplitBackend(TorchAttentionBackend):
@@ -252,6 +262,41 @@ class FixedSplitBackend(TorchAttentionBackend):
 
     def prepare(self, meta: AttentionMetadata) -> FixedSplitPlan:
         t = StepTables.of(meta)
+        plan = self._full_split_plan(meta, t)
+        longest = int(t.kv_lens.max()) if len(t.kv_lens) else 0
+        for w in self._windows:
+            # Inside the window every key is visible and read from chunk 0 either way.
+            plan.by_window[w] = plan if longest <= w else self._windowed_plan(meta, t, w)
+        return plan
+
+    def _windowed_plan(self, meta: AttentionMetadata, t: StepTables,
+                       window: int) -> FixedSplitPlan:
+        """Each query's chunks from the one holding its first visible key, masked to its
+        window (positions p - W < key <= p); decodes ungrouped."""
+        plan = FixedSplitPlan(meta)
+        for b in range(meta.num_prefills):
+            plan.prefills.append(self._prefill_plan(t, b, window))
+        first = meta.num_prefills
+        if meta.num_decodes:
+            seqs = np.arange(first, meta.batch_size)
+            lens = t.kv_lens[seqs]
+            own_start = np.maximum(lens - window, 0) // self.split * self.split
+            keys = np.array([_padded(int(n), self.split) for n in lens - own_start])
+            order = np.argsort(keys, kind="stable")
+            for chunk in plans.chunk_by_budget(order, keys * self.num_kv_heads,
+                                               self.max_gather_rows):
+                width = int(keys[chunk].max())
+                pos = own_start[chunk][:, None, None] + np.arange(width)[None, None, :]
+                n = lens[chunk][:, None, None]
+                allowed = (pos < n) & (pos >= n - window)
+                plan.decodes.append(SplitDecodes(
+                    tokens=t.tensor(t.qo_indptr[seqs[chunk]]), decodes=t.tensor(chunk),
+                    rows=t.tensor(self._slot_rows(t, seqs[chunk], width, own_start[chunk])
+                                  .reshape(-1)),
+                    keys=width, mask=ChunkMask(allowed, self.split, t)))
+        return plan
+
+    def _full_split_plan(self, meta: AttentionMetadata, t: StepTables) -> FixedSplitPlan:
         plan = FixedSplitPlan(meta)
         for b in range(meta.num_prefills):
             plan.prefills.append(self._prefill_plan(t, b))
@@ -315,7 +360,7 @@ class FixedSplitBackend(TorchAttentionBackend):
             rows=t.tensor(rows.reshape(-1)), groups=len(batch), members=width,
             sizes=tuple(len(m) for m in members), first=c0, chunks=c1 - c0)
 
-    def _prefill_plan(self, t: StepTables, b: int) -> SplitPrefill:
+    def _prefill_plan(self, t: StepTables, b: int, window: int | None = None) -> SplitPrefill:
         start, end = int(t.qo_indptr[b]), int(t.qo_indptr[b + 1])
         kv_len = int(t.kv_lens[b])
         cached = kv_len - (end - start)
@@ -325,25 +370,37 @@ class FixedSplitBackend(TorchAttentionBackend):
             e = min(end, s + self.query_block)
             pos = cached + np.arange(s - start, e - start)              # absolute positions
             width = _padded(int(pos[-1]) + 1, self.split)
-            allowed = np.arange(width)[None, :] <= pos[:, None]          # [r, width]
+            lo = 0 if window is None else max(int(pos[0]) + 1 - window, 0) // self.split \
+                * self.split
+            key_pos = np.arange(lo, width)[None, :]
+            allowed = key_pos <= pos[:, None]                            # [r, width - lo]
+            if window is not None:
+                allowed &= key_pos > pos[:, None] - window
             folded = np.tile(allowed, (self.group, 1))                  # rows (g, i)
-            blocks.append(PrefillBlock(s, e, width, ChunkMask(folded[None], self.split, t)))
-        rows = self._slot_rows(t, np.array([b]), keys).reshape(-1)
-        return SplitPrefill(t.tensor(rows), keys, blocks)
+            blocks.append(PrefillBlock(s, e, width, ChunkMask(folded[None], self.split, t),
+                                       lo))
+        first_key = blocks[0].first_key
+        rows = self._slot_rows(t, np.array([b]), keys - first_key, first_key).reshape(-1)
+        return SplitPrefill(t.tensor(rows), keys, blocks, first_key)
 
     def forward(self, plan: FixedSplitPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
+        window = self.layer_windows[layer] if self.layer_windows is not None else None
+        if window is not None:
+            plan = plan.by_window[window]
         kv_pool.write(layer, plan.meta.write_slots, k, v)
         out = torch.empty_like(q)
         hkv, g, d, dt = self.num_kv_heads, self.group, self.head_dim, q.dtype
         for p in plan.prefills:
             kb, vb = self._gather(kv_pool, layer, p.rows, dt)
-            ks, vs = kb.view(1, hkv, p.keys, d).to(dt), vb.view(1, hkv, p.keys, d).to(dt)
+            width = p.keys - p.first_key
+            ks, vs = kb.view(1, hkv, width, d).to(dt), vb.view(1, hkv, width, d).to(dt)
             for blk in p.blocks:
                 n = blk.end - blk.start
                 qh = q[blk.start:blk.end].view(n, hkv, g, d).permute(1, 2, 0, 3)
-                o = split_attention(qh.reshape(1, hkv, g * n, d), ks[:, :, :blk.keys],
-                                    vs[:, :, :blk.keys], blk.mask.values(dt), blk.mask.first,
+                span = slice(blk.first_key - p.first_key, blk.keys - p.first_key)
+                o = split_attention(qh.reshape(1, hkv, g * n, d), ks[:, :, span],
+                                    vs[:, :, span], blk.mask.values(dt), blk.mask.first,
                                     self.split, self.sm_scale)
                 out[blk.start:blk.end].view(n, hkv, g, d).copy_(
                     o.view(hkv, g, n, d).permute(2, 0, 1, 3))

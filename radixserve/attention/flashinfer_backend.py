@@ -43,6 +43,13 @@ So on CUDA a query's output does not depend on the batch; it can depend on the l
 of the chunk that computes it (a decode vs a long chunk). scripts/gpu_check.py's
 ``deterministic`` section measures both.
 
+Sliding windows (``layer_windows``): layers are grouped into window classes (full attention,
+and one class per distinct window W). Each class has its own wrappers, planned per step with
+its own ``window_left = W - 1`` (a plan fixes one window), and a layer runs its class's
+wrappers: Gemma 3's local and global layers each get one plan per step, as SGLang's
+sliding-window wrappers do. Gemma 2's attention logit soft-cap goes to every ``plan`` as
+``logits_soft_cap`` (flashinfer: ``cap * tanh(x / cap)`` on the scaled logits).
+
 flashinfer is imported lazily, on the first ``prepare``: CPU machines never import it.
 The pure functions ``prefill_plan_call`` / ``decode_plan_call`` compute exactly what is
 handed to ``plan`` so that it is tested without CUDA.
@@ -98,7 +105,8 @@ def fixed_split_pages(page_size: int) -> int:
 def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
                       head_dim: int, dtype: torch.dtype, sm_scale: float | None,
                       kv_dtype: torch.dtype | None = None,
-                      window_left: int = -1) -> PlanCall | None:
+                      window_left: int = -1,
+                      logits_soft_cap: float | None = None) -> PlanCall | None:
     """plan() arguments for the prefill spans [0, num_prefills), or None when there are none.
 
     The prefill spans come first, so their CSR slices start at 0 and need no rebasing.
@@ -108,7 +116,8 @@ def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_head
         return None
     nnz = int(meta.kv_indptr[p])
     kwargs = dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
-                  kv_data_type=kv_dtype or dtype, **_window_kwargs(window_left))
+                  kv_data_type=kv_dtype or dtype, **_window_kwargs(window_left),
+                  **_soft_cap_kwargs(logits_soft_cap))
     return PlanCall(
         args=(meta.qo_indptr[:p + 1], meta.kv_indptr[:p + 1], meta.kv_indices[:nnz],
               meta.kv_last_page_len[:p], num_qo_heads, num_kv_heads, head_dim,
@@ -119,7 +128,8 @@ def prefill_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_head
 def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
                      head_dim: int, dtype: torch.dtype, sm_scale: float | None,
                      kv_dtype: torch.dtype | None = None,
-                     window_left: int = -1) -> PlanCall | None:
+                     window_left: int = -1,
+                     logits_soft_cap: float | None = None) -> PlanCall | None:
     """plan() arguments for the single-token spans [num_prefills, B), or None.
     ``window_left``: a sliding window of W tokens is W - 1 (-1: full attention)."""
     p, b = meta.num_prefills, meta.batch_size
@@ -131,13 +141,18 @@ def decode_plan_call(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads
         args=(indptr, meta.kv_indices[start:], meta.kv_last_page_len[p:], num_qo_heads,
               num_kv_heads, head_dim, meta.page_size),
         kwargs=dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=kv_dtype or dtype,
-                    **_window_kwargs(window_left)))
+                    **_window_kwargs(window_left), **_soft_cap_kwargs(logits_soft_cap)))
 
 
 def _window_kwargs(window_left: int) -> dict[str, int]:
     """plan()'s sliding window argument, passed only when there is a window (-1 is
     flashinfer's default: full attention)."""
     return {} if window_left < 0 else {"window_left": window_left}
+
+
+def _soft_cap_kwargs(logits_soft_cap: float | None) -> dict[str, float]:
+    """plan()'s attention logit soft-cap, passed only when there is one."""
+    return {} if logits_soft_cap is None else {"logits_soft_cap": float(logits_soft_cap)}
 
 
 def query_tile_class(new_tokens: int, group_size: int) -> int:
@@ -160,7 +175,8 @@ class TileGroup:
 def deterministic_groups(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_heads: int,
                          head_dim: int, dtype: torch.dtype, sm_scale: float | None,
                          kv_dtype: torch.dtype | None = None,
-                         window_left: int = -1) -> list[TileGroup]:
+                         window_left: int = -1,
+                         logits_soft_cap: float | None = None) -> list[TileGroup]:
     """One prefill plan per query-tile class present, each over its spans' own CSR slices,
     all with the fixed KV split."""
     qo = meta.qo_indptr.tolist()
@@ -172,7 +188,7 @@ def deterministic_groups(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_h
         classes.setdefault(query_tile_class(qo[b + 1] - qo[b], group_size), []).append(b)
     kwargs = dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
                   kv_data_type=kv_dtype or dtype, **_window_kwargs(window_left),
-                  fixed_split_size=fixed_split_pages(meta.page_size), disable_split_kv=False)
+                  **_soft_cap_kwargs(logits_soft_cap), fixed_split_size=fixed_split_pages(meta.page_size), disable_split_kv=False)
     groups = []
     for tile_class in sorted(classes):
         spans = classes[tile_class]
@@ -207,10 +223,32 @@ class KernelRun:
 
 @dataclass
 class FlashInferPlan:
-    """A step's plan: the wrappers hold the kernel plans; ``runs`` says which rows each reads."""
+    """A step's plan: the wrappers hold the kernel plans; ``runs`` says which rows each reads
+    (per window class; ``runs`` is the first class's)."""
 
     meta: AttentionMetadata
     runs: list[KernelRun]
+    by_class: list[list[KernelRun]] = field(default_factory=list)
+
+
+@dataclass
+class WindowClass:
+    """The layers sharing one sliding window (or full attention) and their wrappers."""
+
+    window_left: int                # W - 1; -1: full attention
+    prefill: Any = None
+    decode: Any = None
+    tiles: list[Any] = field(default_factory=list)   # deterministic: one per tile class
+
+
+def window_classes(layer_windows: Sequence[int | None] | None
+                   ) -> tuple[list[int | None], list[int] | None]:
+    """(the distinct windows, full attention first; each layer's index into them, or None
+    when there is one class)."""
+    windows = sorted(set(layer_windows or (None,)), key=lambda w: -1 if w is None else w)
+    if len(windows) == 1:
+        return windows, None
+    return windows, [windows.index(w) for w in layer_windows]
 
 
 class FlashInferBackend(AttentionBackend[FlashInferPlan]):
@@ -222,7 +260,8 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
                  dtype: torch.dtype, device: torch.device | str,
                  sm_scale: float | None = None, kv_dtype: torch.dtype | None = None,
                  deterministic: bool = False,
-                 layer_windows: Sequence[int | None] | None = None) -> None:
+                 layer_windows: Sequence[int | None] | None = None,
+                 logits_soft_cap: float | None = None) -> None:
         self.num_qo_heads = num_qo_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -231,28 +270,48 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         self.sm_scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
         self.use_tensor_cores = use_tensor_cores_for(num_qo_heads, num_kv_heads)
         self.deterministic = deterministic
-        # One window for every layer (Mistral, Qwen2 with sliding_window): planned into the
-        # kernels as flashinfer's window_left = W - 1. Mixed windows are refused: one
-        # wrapper pair plans one window (create_backend falls back to torch for them).
-        windows = set(layer_windows or (None,))
-        if len(windows) != 1:
-            raise ValueError(f"flashinfer backend: one window for all layers, got {windows}")
-        window = windows.pop()
-        self.window_left = -1 if window is None else window - 1
+        self.logits_soft_cap = logits_soft_cap
+        # Window classes, planned into the kernels as flashinfer's window_left = W - 1: one
+        # (Llama; Mistral with its window on every layer) or several (Gemma: local/global).
+        windows, self.layer_class = window_classes(layer_windows)
+        self.classes = [WindowClass(-1 if w is None else w - 1) for w in windows]
+        self.window_left = self.classes[0].window_left
         # FP8 KV: flashinfer's kernels take one scalar scale per K and V tensor
         # (run(..., k_scale=, v_scale=)), so the pool stores them with this fixed scale.
         self.kv_dtype = kv_dtype or dtype
         self.fixed_kv_scale = FP8_KV_SCALE if self.kv_dtype != dtype else None
         self._run_kw = ({} if self.fixed_kv_scale is None else
                         dict(k_scale=FP8_KV_SCALE, v_scale=FP8_KV_SCALE))
-        # Created on first use so that constructing the backend needs neither CUDA nor
-        # flashinfer (backend selection is tested on CPU machines).
-        self._prefill_wrapper: Any = None
-        self._decode_wrapper: Any = None
-        self._tile_wrappers: list[Any] = []     # deterministic mode: one per tile class
+        # Wrappers are created on first use so that constructing the backend needs neither
+        # CUDA nor flashinfer (backend selection is tested on CPU machines).
+
+    # The first window class's wrappers (the only class of a model without mixed windows).
+    @property
+    def _prefill_wrapper(self) -> Any:
+        return self.classes[0].prefill
+
+    @_prefill_wrapper.setter
+    def _prefill_wrapper(self, wrapper: Any) -> None:
+        self.classes[0].prefill = wrapper
+
+    @property
+    def _decode_wrapper(self) -> Any:
+        return self.classes[0].decode
+
+    @_decode_wrapper.setter
+    def _decode_wrapper(self, wrapper: Any) -> None:
+        self.classes[0].decode = wrapper
+
+    @property
+    def _tile_wrappers(self) -> list[Any]:
+        return self.classes[0].tiles
+
+    @_tile_wrappers.setter
+    def _tile_wrappers(self, wrappers: list[Any]) -> None:
+        self.classes[0].tiles = wrappers
 
     def _ensure_wrappers(self) -> None:
-        if self._prefill_wrapper is not None:
+        if all(c.prefill is not None for c in self.classes):
             return
         import flashinfer  # lazy: only CUDA machines get here
 
@@ -260,59 +319,70 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         # sequential on one stream, and each wrapper keeps its own int (plan) workspace.
         workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper
-        if self.deterministic:
-            self._tile_wrappers = [prefill(workspace, "NHD",
-                                           backend=DETERMINISTIC_PREFILL_BACKEND)
-                                   for _ in range(len(QUERY_TILE_BOUNDS) + 1)]
-            self._prefill_wrapper = self._tile_wrappers[0]
-            return
-        self._prefill_wrapper = prefill(workspace, "NHD")
-        self._decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
+        for c in self.classes:
+            if c.prefill is not None:
+                continue
+            if self.deterministic:
+                c.tiles = [prefill(workspace, "NHD", backend=DETERMINISTIC_PREFILL_BACKEND)
+                           for _ in range(len(QUERY_TILE_BOUNDS) + 1)]
+                c.prefill = c.tiles[0]
+                continue
+            c.prefill = prefill(workspace, "NHD")
+            c.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
 
-    def _plan_kw(self) -> dict:
+    def _plan_kw(self, window_left: int | None = None) -> dict:
         return dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
                     head_dim=self.head_dim, dtype=self.dtype, sm_scale=self.sm_scale,
-                    kv_dtype=self.kv_dtype, window_left=self.window_left)
+                    kv_dtype=self.kv_dtype, logits_soft_cap=self.logits_soft_cap,
+                    window_left=self.window_left if window_left is None else window_left)
 
-    def plan_calls(self, meta: AttentionMetadata) -> tuple[PlanCall | None, PlanCall | None]:
-        """Default mode: the prefill and decode wrappers' plan() arguments."""
-        kw = self._plan_kw()
+    def plan_calls(self, meta: AttentionMetadata, window_left: int | None = None,
+                   ) -> tuple[PlanCall | None, PlanCall | None]:
+        """Default mode: the prefill and decode wrappers' plan() arguments (for one window
+        class; default: the first)."""
+        kw = self._plan_kw(window_left)
         return prefill_plan_call(meta, **kw), decode_plan_call(meta, **kw)
 
     def prepare(self, meta: AttentionMetadata) -> FlashInferPlan:
         if meta.batch_size == 0:
-            return FlashInferPlan(meta, [])
+            return FlashInferPlan(meta, [], [[] for _ in self.classes])
         self._ensure_wrappers()
+        by_class = [self._plan_class(meta, c) for c in self.classes]
+        return FlashInferPlan(meta, by_class[0], by_class)
+
+    def _plan_class(self, meta: AttentionMetadata, c: WindowClass) -> list[KernelRun]:
+        """Plan one window class's wrappers for the step -> the runs its layers make."""
         if self.deterministic:
             runs = []
-            for group in deterministic_groups(meta, **self._plan_kw()):
-                wrapper = self._tile_wrappers[group.tile_class]
+            for group in deterministic_groups(meta, **self._plan_kw(c.window_left)):
+                wrapper = c.tiles[group.tile_class]
                 group.plan.apply(wrapper)
                 rows = slice(0, meta.num_tokens) if group.rows is None else group.rows
                 runs.append(KernelRun(wrapper, rows))
-            return FlashInferPlan(meta, runs)
-        prefill, decode = self.plan_calls(meta)
+            return runs
+        prefill, decode = self.plan_calls(meta, c.window_left)
         n = int(meta.qo_indptr[meta.num_prefills])
         runs = []
         if prefill is not None:
-            prefill.apply(self._prefill_wrapper)
-            runs.append(KernelRun(self._prefill_wrapper, slice(0, n)))
+            prefill.apply(c.prefill)
+            runs.append(KernelRun(c.prefill, slice(0, n)))
         if decode is not None:
-            decode.apply(self._decode_wrapper)
-            runs.append(KernelRun(self._decode_wrapper, slice(n, meta.num_tokens)))
-        return FlashInferPlan(meta, runs)
+            decode.apply(c.decode)
+            runs.append(KernelRun(c.decode, slice(n, meta.num_tokens)))
+        return runs
 
     def forward(self, plan: FlashInferPlan, layer: int, q: torch.Tensor,
                 k: torch.Tensor, v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
         kv_pool.write(layer, plan.meta.write_slots, k, v, decoded=False)
         cache = (kv_pool.k[layer], kv_pool.v[layer])
         q = q.contiguous()   # the model's q may be a view of a fused qkv projection
-        only = plan.runs[0].rows if len(plan.runs) == 1 else None
+        runs = plan.runs if self.layer_class is None else plan.by_class[self.layer_class[layer]]
+        only = runs[0].rows if len(runs) == 1 else None
         if isinstance(only, slice) and only == slice(0, q.shape[0]):
-            return plan.runs[0].wrapper.run(q, cache, **self._run_kw)
+            return runs[0].wrapper.run(q, cache, **self._run_kw)
         out = torch.empty_like(q)
-        for run in plan.runs:
+        for run in runs:
             if isinstance(run.rows, slice):
                 out[run.rows] = run.wrapper.run(q[run.rows], cache, **self._run_kw)
             else:

@@ -30,6 +30,9 @@ than W (banded masks for prefills, windows [kv_len - W, kv_len) for decodes, no 
 a shared prefix mostly lies outside the window); otherwise those layers use the full plan.
 Window chunks run torch's fused flash kernel (``flash_attend_with_lse``, which returns the
 lse itself) where the CPU has AMX, and matmuls + softmax (``attend_with_lse``) elsewhere.
+Attention logit soft-capping (``logits_soft_cap``, Gemma 2): prefills attend with explicit
+matmuls (``soft_cap``), decodes cap their scores before the mask, and the cascade and fused
+paths (which have no soft-cap) are off.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from radixserve.attention.metadata import AttentionMetadata
 from radixserve.attention.partial_attention import (DEFAULT_MAX_SCORE_ELEMS, attend_with_lse,
                                                     flash_attend_with_lse,
                                                     merge_attention_states, softmax_with_lse)
+from radixserve.attention.soft_cap import capped_attention, soft_cap_
 from radixserve.attention.torch_plans import StepTables, TorchPlan, Window
 from radixserve.attention.workspace import Workspace
 from radixserve.attention.kv_pool import KVPool
@@ -91,7 +95,8 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
                  min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS,
                  max_score_elems: int = DEFAULT_MAX_SCORE_ELEMS,
                  sdpa_low_precision: bool | None = None,
-                 layer_windows: Sequence[int | None] | None = None) -> None:
+                 layer_windows: Sequence[int | None] | None = None,
+                 logits_soft_cap: float | None = None) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of "
                              f"num_kv_heads={num_kv_heads}")
@@ -118,6 +123,12 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         # Per layer: its sliding window (None: full attention); None: every layer full.
         self.layer_windows = tuple(layer_windows) if layer_windows is not None else None
         self._windows = sorted({w for w in self.layer_windows or () if w is not None})
+        # Attention logits -> cap * tanh(logits / cap) (None: uncapped). Only the explicit
+        # matmul paths can apply it: no cascade merge, no fused kernel.
+        self.logits_soft_cap = None if logits_soft_cap is None else float(logits_soft_cap)
+        if self.logits_soft_cap is not None:
+            self.cascade = False
+            self.sdpa_low_precision = False
 
     def _fused(self, dtype: torch.dtype) -> bool:
         """Whether attention in `dtype` goes through torch's fused flash kernel (fp32 prefills
@@ -257,6 +268,11 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
             kb, vb = self._gather(kv_pool, layer, p.rows, dt)
             ks, vs = kb.view(hkv, -1, d), vb.view(hkv, -1, d)
         ks, vs = ks.to(dt), vs.to(dt)
+        if self.logits_soft_cap is not None:
+            out[p.start:p.end] = capped_attention(q[p.start:p.end], ks, vs, self.sm_scale,
+                                                  self.logits_soft_cap,
+                                                  plans.additive(p.mask, torch.float32))
+            return
         if dt != torch.float32 and not self._fused(dt) and not p.banded:
             # bf16/fp16 without AMX: matmuls at the low-precision rate (SDPA ran ~1.5x slower).
             causal_attention_blocked(q[p.start:p.end], ks, vs, self.sm_scale, out[p.start:p.end])
@@ -272,7 +288,8 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         hkv, d, dt = self.num_kv_heads, self.head_dim, q.dtype
         # Fold the GQA group into the query dim: q head h = kv_head * group + g.
         qd = q.index_select(0, c.tokens).view(c.batch, hkv, self.group, d)
-        if kv_pool.quantized and can_fold(dt, (kv_pool.k_codec, kv_pool.v_codec)):
+        if (kv_pool.quantized and self.logits_soft_cap is None
+                and can_fold(dt, (kv_pool.k_codec, kv_pool.v_codec))):
             self._decode_quantized(c, layer, qd, kv_pool, out, lse)
             return
         kb, vb = self._gather(kv_pool, layer, c.rows, dt)
@@ -301,6 +318,10 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         fp32 inside and rounds its output once, so this equals the fp32 softmax cast back
         (transformers' eager numerics) without two fp32 copies of the scores. In bf16 the
         scale is exact for power-of-two head dims (64: 1/8), as transformers rounds it."""
+        if self.logits_soft_cap is not None:          # transformers: scale, cap, mask
+            scores = soft_cap_(scores.mul_(self.sm_scale), self.logits_soft_cap)
+            return (scores if mask is None else scores.add_(mask.additive(scores.dtype))
+                    ).softmax(-1, dtype=torch.float32).to(scores.dtype)
         if mask is None:
             return scores.mul_(self.sm_scale).softmax(-1)
         return torch.add(mask.additive(scores.dtype), scores, alpha=self.sm_scale).softmax(-1)

@@ -108,7 +108,7 @@ class ModelRunner:
                 num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, dtype=self.dtype,
                 device=self.device, kv_format=self.kv_format,
                 deterministic=config.deterministic, sm_scale=mc.attention_scale,
-                layer_windows=mc.layer_windows)
+                layer_windows=mc.layer_windows, logits_soft_cap=mc.attn_logit_softcapping)
             self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size,
                                   mc.num_kv_heads, mc.head_dim, self.dtype, self.device,
                                   kv_format=self.kv_format,

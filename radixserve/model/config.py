@@ -1,4 +1,4 @@
-"""ModelConfig: the shape of a Llama-family or Gemma 3 model, read from config.json or GGUF
+"""ModelConfig: the shape of a Llama-family or Gemma 2/3 model, read from config.json or GGUF
 metadata.
 
 Both sources are normalised here so the model code never sees a dict of raw keys. Which
@@ -26,9 +26,14 @@ HF_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen2": {"attention_bias": True},   # q/k/v carry a bias, o_proj does not
     "qwen3": {"qk_norm": True},           # RMSNorm over each q/k head before RoPE
     "gemma3_text": {"qk_norm": True},
+    "gemma2": {},                         # Gemma 3's layer without q/k norms, soft-capped
 }
 # Families with Gemma's layer: (1 + w) norms around both blocks, GeGLU, scaled embeddings.
-GEMMA_FAMILIES = ("gemma3_text",)
+GEMMA_FAMILIES = ("gemma3_text", "gemma2")
+# Gemma's default layer pattern when a config lists no layer_types: every Nth layer global.
+GEMMA_GLOBAL_EVERY = {"gemma3_text": 6, "gemma2": 2}
+# Gemma 3's RoPE base of local layers when the config names none (transformers' default).
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
 # The attention kinds a `layer_types` entry may name; anything else is refused at load.
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -59,6 +64,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None   # attention scale 1/sqrt(this), not head_dim
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
     rope_local_theta: float | None = None  # RoPE base of sliding-window layers (Gemma 3)
+    attn_logit_softcapping: float | None = None  # attention logits capped (Gemma 2)
     # DeepSeek-V2/V3 (deepseek_config.py): latent attention and routed experts. With `mla`,
     # head_dim is the decoupled RoPE key's width and num_kv_heads is num_heads.
     mla: MLAConfig | None = None
@@ -154,7 +160,10 @@ class ModelConfig:
             query_pre_attn_scalar=(float(cfg.get("query_pre_attn_scalar") or 256)
                                    if gemma else None),
             final_logit_softcapping=_optional_float(cfg, "final_logit_softcapping"),
-            rope_local_theta=local_theta)
+            rope_local_theta=(GEMMA3_LOCAL_ROPE_THETA if local_theta is None
+                              and model_type == "gemma3_text" else local_theta),
+            attn_logit_softcapping=(_optional_float(cfg, "attn_logit_softcapping")
+                                    if gemma else None))
 
 
 def _deepseek_config(cls: type[ModelConfig], cfg: Mapping[str, Any]) -> ModelConfig:
@@ -189,10 +198,10 @@ def _optional_float(cfg: Mapping[str, Any], key: str) -> float | None:
 def _refuse_unsupported_attention(cfg: Mapping[str, Any]) -> None:
     """Attention variants we do not implement are refused with the field named, never
     served approximately."""
-    if cfg.get("attn_logit_softcapping") is not None:
+    if cfg.get("attn_logit_softcapping") is not None and cfg.get("model_type") != "gemma2":
         raise ModelLoadError(
             f"attn_logit_softcapping={cfg['attn_logit_softcapping']!r} in config.json is not "
-            f"supported (attention logit soft-capping is not implemented)")
+            f"supported for {cfg.get('model_type')!r} (only Gemma 2 soft-caps attention)")
     if cfg.get("use_bidirectional_attention"):
         raise ModelLoadError("use_bidirectional_attention=true in config.json is not "
                              "supported (causal attention only)")
@@ -235,7 +244,7 @@ def _layer_windows(cfg: Mapping[str, Any], layers: int) -> tuple[int | None, ...
                     f"attention variant (supported: {', '.join(LAYER_TYPES)})")
     elif cfg.get("model_type") in GEMMA_FAMILIES:
         pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
-                      or 6)
+                      or GEMMA_GLOBAL_EVERY[cfg["model_type"]])
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                  for i in range(layers)]
     elif cfg.get("model_type") in ("qwen2", "qwen3"):
@@ -281,14 +290,16 @@ def _sliding_window(cfg: Mapping[str, Any]) -> int | None:
     return int(window)
 
 
-GGUF_ARCHITECTURES = ("llama", "gemma3")
+GGUF_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "gemma2")
 # llama.cpp hard-codes what Gemma 3's GGUF metadata leaves out (its gemma3 graph).
 GGUF_GEMMA3_LOCAL_ROPE_THETA = 10000.0
 GGUF_GEMMA3_PATTERN = 6          # every 6th layer global, the rest sliding
+# Gemma 2 in llama.cpp: every 2nd layer global (layer 0 sliding), one RoPE base.
+GGUF_GEMMA_GLOBAL_EVERY = {"gemma3": GGUF_GEMMA3_PATTERN, "gemma2": 2}
 
 
 def config_from_gguf(meta: Mapping[str, Any], vocab_size: int, tied: bool) -> ModelConfig:
-    """From GGUF metadata of a llama- or gemma3-architecture file (keys `<arch>.*`)."""
+    """From GGUF metadata of a llama, qwen2, qwen3, gemma2 or gemma3 file (keys `<arch>.*`)."""
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
@@ -322,23 +333,57 @@ def config_from_gguf(meta: Mapping[str, Any], vocab_size: int, tied: bool) -> Mo
         rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
         tie_word_embeddings=tied, max_position_embeddings=int(get("context_length", 4096)),
         model_type="llama")
-    return _gemma3_from_gguf(config, meta) if arch == "gemma3" else config
+    if arch in GGUF_GEMMA_GLOBAL_EVERY:
+        return _gemma_from_gguf(config, meta, arch)
+    return _qwen_from_gguf(config, arch) if arch.startswith("qwen") else \
+        _llama_from_gguf(config, meta)
 
 
-def _gemma3_from_gguf(config: ModelConfig, meta: Mapping[str, Any]) -> ModelConfig:
-    """Gemma 3's extras, as llama.cpp runs them: windows every layer but each 6th, local
-    RoPE base 10000, attention scale 1/sqrt(head_dim), no final soft-cap unless stored."""
+def _llama_from_gguf(config: ModelConfig, meta: Mapping[str, Any]) -> ModelConfig:
+    """A llama-architecture file with `llama.attention.sliding_window` (Mistral converted by
+    llama.cpp) windows every layer, as transformers' Mistral does."""
     from dataclasses import replace
 
-    window = meta.get("gemma3.attention.sliding_window")
+    window = meta.get("llama.attention.sliding_window")
+    if not window:
+        return config
+    return replace(config, layer_windows=(int(window),) * config.num_layers)
+
+
+def _qwen_from_gguf(config: ModelConfig, arch: str) -> ModelConfig:
+    """Qwen2/Qwen3 as llama.cpp runs them: full attention in every layer (GGUF carries no
+    use_sliding_window / max_window_layers), q/k norms for Qwen3; biases follow the tensors."""
+    from dataclasses import replace
+
+    return replace(config, model_type=arch, qk_norm=arch == "qwen3")
+
+
+def _gemma_from_gguf(config: ModelConfig, meta: Mapping[str, Any], arch: str) -> ModelConfig:
+    """Gemma 2/3's extras, as llama.cpp runs them: windows on every layer but each Nth
+    (`sliding_window_pattern`, an int or one bool per layer, else the family's rule), the
+    attention scale `attention.scale` or 1/sqrt(head_dim), soft-caps when stored; Gemma 3:
+    q/k norms and local RoPE base 10000."""
+    from dataclasses import replace
+
+    window = meta.get(f"{arch}.attention.sliding_window")
     if window is None:
-        raise ModelLoadError("GGUF metadata lacks 'gemma3.attention.sliding_window'")
-    pattern = int(meta.get("gemma3.attention.sliding_window_pattern") or GGUF_GEMMA3_PATTERN)
-    windows = tuple(None if (i + 1) % pattern == 0 else int(window)
-                    for i in range(config.num_layers))
-    cap = meta.get("gemma3.final_logit_softcapping")
-    return replace(config, model_type="gemma3_text", layer_windows=windows, qk_norm=True,
-                   hidden_act="gelu_pytorch_tanh",
-                   query_pre_attn_scalar=float(config.head_dim),
-                   final_logit_softcapping=None if cap is None else float(cap),
-                   rope_local_theta=GGUF_GEMMA3_LOCAL_ROPE_THETA)
+        raise ModelLoadError(f"GGUF metadata lacks '{arch}.attention.sliding_window'")
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, (list, tuple)):       # true: sliding layer
+        if len(pattern) != config.num_layers:
+            raise ModelLoadError(f"'{arch}.attention.sliding_window_pattern' has "
+                                 f"{len(pattern)} entries for {config.num_layers} layers")
+        windows = tuple(int(window) if sliding else None for sliding in pattern)
+    else:
+        every = int(pattern or GGUF_GEMMA_GLOBAL_EVERY[arch])
+        windows = tuple(None if (i + 1) % every == 0 else int(window)
+                        for i in range(config.num_layers))
+    scale = meta.get(f"{arch}.attention.scale")
+    gemma3 = arch == "gemma3"
+    return replace(config, model_type="gemma3_text" if gemma3 else "gemma2",
+                   layer_windows=windows, qk_norm=gemma3, hidden_act="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=(float(config.head_dim) if scale is None
+                                          else float(scale) ** -2),
+                   final_logit_softcapping=_optional_float(meta, f"{arch}.final_logit_softcapping"),
+                   attn_logit_softcapping=_optional_float(meta, f"{arch}.attn_logit_softcapping"),
+                   rope_local_theta=GGUF_GEMMA3_LOCAL_ROPE_THETA if gemma3 else None)

@@ -1,10 +1,12 @@
-"""Gemma 3 (text) over paged KV: the Llama blocks with Gemma's differences.
+"""Gemma 3 (text) and Gemma 2 over paged KV: the Llama blocks with Gemma's differences.
 
 Per layer: (1 + w) RMSNorms before *and after* both attention and the MLP, q/k norms,
 GeGLU (gelu tanh) instead of SwiGLU, and RoPE whose base depends on the layer type
 (sliding-window layers: `rope_local_theta`). Per model: embeddings scaled by
 sqrt(hidden_size) and optional final-logit soft-capping. The attention scale
-(query_pre_attn_scalar) and each layer's window reach the backend from the config.
+(query_pre_attn_scalar), the attention logit soft-cap and each layer's window reach the
+backend from the config. Gemma 2 is the same layer without q/k norms (`qk_norm` off), one
+RoPE base for every layer and soft-capped attention logits.
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
         super().__init__(cfg, dtype, device)
-        local = replace(cfg, rope_theta=cfg.rope_local_theta or 10000.0, rope_scaling=None)
-        self.local_rotary = RotaryEmbedding(local, dtype, device)
+        self.local_rotary = self.rotary      # Gemma 2: one RoPE base for every layer
+        if cfg.rope_local_theta is not None:
+            local = replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)
+            self.local_rotary = RotaryEmbedding(local, dtype, device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
@@ -67,7 +71,9 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         # As transformers: the scale is rounded to the working dtype first.
         h = h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
         positions = positions.to(dev, non_blocking=True)
-        full, local = self.rotary.lookup(positions), self.local_rotary.lookup(positions)
+        full = self.rotary.lookup(positions)
+        local = (full if self.local_rotary is self.rotary
+                 else self.local_rotary.lookup(positions))
         for layer in self.layers:
             h = layer(h, *(local if layer.sliding else full), ctx)
         logits = self.lm_head(self.norm(h[logits_indices.to(h.device)])).float()

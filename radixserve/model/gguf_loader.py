@@ -1,5 +1,5 @@
-"""Read a llama- or gemma3-architecture GGUF file: metadata, config, and dequantized
-HF-named weights.
+"""Read a llama, qwen2, qwen3, gemma2 or gemma3 GGUF file: metadata, config, and
+dequantized HF-named weights.
 
 Quantized tensors (Q4_1, Q8_0, ...) are dequantized to float32 by the `gguf` package and
 cast to the working dtype one at a time, on access, so loading never holds a second copy
@@ -38,15 +38,14 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# Gemma 3's extra norms. llama.cpp's converter stores Gemma's norm weights plus one (its
+# Gemma 2/3's extra norms. llama.cpp's converter stores Gemma's norm weights plus one (its
 # graph multiplies by w, transformers by 1 + w): the reader subtracts it back.
-_GEMMA3_BLOCK_NAMES = {
+_GEMMA_BLOCK_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
 }
+_QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -63,10 +62,11 @@ class GGUFContents:
     tensor_bytes: int = 0           # the file's tensor data, all tensors
 
 
-def hf_name(gguf_name: str, gemma: bool = False) -> str | None:
+def hf_name(gguf_name: str, gemma: bool = False, qk_norm: bool = False) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    names = {**_BLOCK_NAMES, **_GEMMA3_BLOCK_NAMES} if gemma else _BLOCK_NAMES
+    names = {**_BLOCK_NAMES, **(_GEMMA_BLOCK_NAMES if gemma else {}),
+             **(_QK_NORM_NAMES if qk_norm else {})}
     m = _BLOCK_RE.fullmatch(gguf_name)
     if m and m.group(2) in names:
         return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
@@ -104,18 +104,24 @@ def load_gguf(path: str | Path, dtype: torch.dtype) -> GGUFContents:
         config = _with_freq_factors(config, factors)
 
     gemma = config.gemma
-    unknown = [n for n in tensors if hf_name(n, gemma) is None]
+    # llama.cpp permutes q/k rows for its llama-arch rope only (qwen, gemma: NEOX style).
+    permuted = meta.get("general.architecture") == "llama"
+
+    def hf_name_of(gguf_name: str) -> str | None:
+        return hf_name(gguf_name, gemma, config.qk_norm)
+
+    unknown = [n for n in tensors if hf_name_of(n) is None]
     if unknown:
         raise ModelLoadError(
             f"{path}: unexpected tensor(s) for a {meta.get('general.architecture')} model, "
             f"e.g. {', '.join(unknown[:3])}")
-    shapes = {hf_name(n, gemma): t.shape for n, t in tensors.items()}
+    shapes = {hf_name_of(n): t.shape for n, t in tensors.items()}
     check_weights(config, shapes, str(path))
 
-    by_hf_name = {hf_name(n, gemma): t for n, t in tensors.items()}
+    by_hf_name = {hf_name_of(n): t for n, t in tensors.items()}
 
     def unpermute(name: str, w: torch.Tensor) -> torch.Tensor:
-        if gemma:                 # NEOX-style RoPE in llama.cpp: q/k rows not permuted
+        if not permuted:
             return w
         if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
             return unpermute_rope_rows(w, config.num_heads)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from .chat_templates import DEFAULT_CHATS
 from .errors import ModelLoadError
 from .tokenizer import Tokenizer
 
@@ -77,8 +78,16 @@ def _transformers_converter(path: Path):
 
 
 def gguf_tokenizer(meta: Mapping[str, Any], path: Path) -> Tokenizer:
-    """The engine's Tokenizer for a GGUF file, from its (already read) metadata."""
-    return Tokenizer.from_hf(tokenizer_from_gguf(meta, path), gguf_eos_ids(meta))
+    """The engine's Tokenizer for a GGUF file, from its (already read) metadata; a file
+    without a chat template gets its family's default where there is one (chat_templates)."""
+    hf, eos = tokenizer_from_gguf(meta, path), gguf_eos_ids(meta)
+    default = DEFAULT_CHATS.get(str(meta.get("general.architecture")))
+    if default is not None and not getattr(hf, "chat_template", None):
+        hf.chat_template = default.template
+        end = hf.convert_tokens_to_ids(default.end_of_turn)
+        if end is not None and end != hf.unk_token_id:
+            eos.add(int(end))
+    return Tokenizer.from_hf(hf, eos)
 
 
 def gguf_eos_ids(meta: Mapping[str, Any]) -> set[int]:

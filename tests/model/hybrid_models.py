@@ -1,4 +1,4 @@
-"""Tiny random-weight checkpoints of the window-bearing families (Gemma 3, Mistral and
+"""Tiny random-weight checkpoints of the window-bearing families (Gemma 2, Gemma 3, Mistral and
 Qwen2 with `sliding_window`, Qwen3), saved as transformers directories, with our loaded
 model beside transformers' own: what the hybrid-family tests compare."""
 
@@ -20,6 +20,12 @@ FAMILIES: dict[str, tuple[str, dict]] = {
         final_logit_softcapping=30.0,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "default", "rope_theta": 1e6}})),
+    # Local/global alternating (its default pattern), attention and final soft-caps low
+    # enough to bite on these logits (50 and 30 would leave tanh nearly linear here).
+    "gemma2": ("gemma2", dict(
+        num_hidden_layers=3, sliding_window=WINDOW, query_pre_attn_scalar=24,
+        attn_logit_softcapping=2.0, final_logit_softcapping=5.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "mistral": ("mistral", dict(sliding_window=WINDOW)),                  # every layer
     "qwen2": ("qwen2", dict(sliding_window=WINDOW, use_sliding_window=True,
                             max_window_layers=1)),                        # layer 1 only

@@ -51,7 +51,8 @@ class PagedRunner:
                                       num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                                       dtype=loaded.dtype, device=loaded.device,
                                       sm_scale=cfg.attention_scale,
-                                      layer_windows=cfg.layer_windows)
+                                      layer_windows=cfg.layer_windows,
+                                      logits_soft_cap=cfg.attn_logit_softcapping)
 
     def new_seq(self, max_tokens: int) -> Seq:
         n = -(-max_tokens // self.page_size)

@@ -1,4 +1,4 @@
-"""Gemma 3, sliding-window Mistral/Qwen2 and Qwen3 over paged KV equal transformers on
+"""Gemma 2, Gemma 3, sliding-window Mistral/Qwen2 and Qwen3 over paged KV equal transformers on
 the same weights (fp32), with prompts and generations longer than the window."""
 
 from __future__ import annotations
@@ -16,9 +16,21 @@ from model_helpers import PagedRunner, hf_greedy, hf_logits
 ATOL = 1e-3
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Each family built once per module, on first use (name -> Family)."""
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = build_family(name, tmp_path_factory.mktemp("hybrid"))
+        return cache[name]
+    return get
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request, tmp_path_factory):
-    return build_family(request.param, tmp_path_factory.mktemp("hybrid"))
+def family(request, built):
+    return built(request.param)
 
 
 def test_config_reads_the_windows(family):
@@ -124,3 +136,27 @@ def test_gemma3_gguf_equals_transformers(tmp_path):
     runner = PagedRunner(ours, page_size=4)
     got = runner.step([(runner.new_seq(len(ids)), ids)], logits_indices=torch.arange(len(ids)))
     assert (got - hf_logits(ref, ids)).abs().max().item() < ATOL
+
+
+def test_gemma2_soft_caps_change_the_logits(built):
+    """The Gemma 2 comparison is not vacuous: without the attention soft-cap (or with the
+    final one dropped) our logits leave transformers' by far more than ATOL."""
+    from dataclasses import replace
+    g2 = built("gemma2")
+    ids = g2.ids(" ".join(PROMPTS))
+    ref = hf_logits(g2.hf_model, ids)
+    cfg = g2.loaded.config
+
+    def max_diff(config) -> float:
+        g2.loaded.model.config = config          # the final cap is read by the model
+        try:
+            runner = PagedRunner(replace(g2.loaded, config=config), page_size=4)
+            got = runner.step([(runner.new_seq(len(ids)), ids)],
+                              logits_indices=torch.arange(len(ids)))
+        finally:
+            g2.loaded.model.config = cfg
+        return (got - ref).abs().max().item()
+
+    assert max_diff(cfg) < ATOL
+    assert max_diff(replace(cfg, attn_logit_softcapping=None)) > 0.1
+    assert max_diff(replace(cfg, final_logit_softcapping=None)) > 0.1

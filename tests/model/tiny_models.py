@@ -36,16 +36,17 @@ def tiny_tokenizer():
 
 
 def hf_config(arch: str, **overrides):
-    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
+    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
                               Qwen3Config)
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
-           "qwen3": Qwen3Config, "gemma3_text": Gemma3TextConfig}[arch]
+           "qwen3": Qwen3Config, "gemma3_text": Gemma3TextConfig,
+           "gemma2": Gemma2Config}[arch]
     vocab = len(byte_level_vocab()[0])
     base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
                 max_position_embeddings=512, rms_norm_eps=1e-5, initializer_range=0.2,
                 bos_token_id=vocab - 2, eos_token_id=vocab - 1, pad_token_id=None)
-    if arch == "gemma3_text":
+    if arch in ("gemma3_text", "gemma2"):
         base.update(head_dim=16, hidden_activation="gelu_pytorch_tanh")
     base.update(overrides)
     return cls(**base)
@@ -88,13 +89,17 @@ GGUF_NAMES = {
 }
 
 
-GEMMA3_GGUF_NAMES = {
+GEMMA_GGUF_NAMES = {
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+QK_NORM_GGUF_NAMES = {
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
+# GGUF architectures whose q/k rows llama.cpp's converter permutes (its llama-style rope).
+PERMUTED_ARCHS = ("llama",)
 
 
 def write_gguf(path: Path, model, arch: str = "llama", q8_names: tuple[str, ...] = (),
@@ -102,12 +107,17 @@ def write_gguf(path: Path, model, arch: str = "llama", q8_names: tuple[str, ...]
     """Write `model` as llama.cpp would (q/k permuted, names mapped, metadata keys);
     tensors named in q8_names are stored Q8_0. Returns the HF state dict as stored
     (quantization round trip applied), for building the reference.
-    arch "gemma3": llama.cpp's Gemma 3 layout (its extra norm names, norms stored as
-    1 + w, q/k not permuted, the sliding window in the metadata)."""
+    arch "gemma2"/"gemma3": llama.cpp's Gemma layout (its extra norm names, norms stored
+    as 1 + w, q/k not permuted, the sliding window and soft-caps in the metadata); "qwen2"/
+    "qwen3": q/k not permuted (biases, q/k norms as named); "llama" with a config's
+    sliding_window: the window in the metadata (Mistral)."""
     import gguf
     cfg = model.config
-    gemma = arch == "gemma3"
-    names = {**GGUF_NAMES, **GEMMA3_GGUF_NAMES} if gemma else GGUF_NAMES
+    gemma = arch in ("gemma2", "gemma3")
+    names = {**GGUF_NAMES, **(GEMMA_GGUF_NAMES if gemma else {}),
+             **(QK_NORM_GGUF_NAMES if arch in ("gemma3", "qwen3") else {})}
+    rope = cfg.rope_parameters
+    theta = (rope["full_attention"] if "full_attention" in rope else rope)["rope_theta"]
     tokens, merges = byte_level_vocab()
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.num_hidden_layers)
@@ -116,14 +126,16 @@ def write_gguf(path: Path, model, arch: str = "llama", q8_names: tuple[str, ...]
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    if not gemma:
-        w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_rope_freq_base(float(theta))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if gemma:
-        w.add_rope_freq_base(float(cfg.rope_parameters["full_attention"]["rope_theta"]))
+    if getattr(cfg, "head_dim", None):
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
+    if gemma or (arch == "llama" and getattr(cfg, "sliding_window", None)):
         w.add_sliding_window(cfg.sliding_window)
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if gemma and getattr(cfg, cap, None) is not None:
+            getattr(w, "add_" + cap)(getattr(cfg, cap))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
@@ -150,6 +162,8 @@ def write_gguf(path: Path, model, arch: str = "llama", q8_names: tuple[str, ...]
             gname = f"blk.{i}.{names[base + '.weight'].replace('.weight', '.' + kind)}"
         if gemma:
             arr_file = arr + 1.0 if name.endswith("norm.weight") else arr
+        elif arch not in PERMUTED_ARCHS:
+            arr_file = arr
         elif name.endswith(("q_proj.weight", "q_proj.bias")):
             arr_file = llama_cpp_permute(arr, cfg.num_attention_heads)
         elif name.endswith(("k_proj.weight", "k_proj.bias")):
