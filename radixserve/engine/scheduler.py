@@ -28,11 +28,18 @@ DECODE_RESERVE_TOKENS = 16      # per running sequence, held back from admission
 LPM_QUEUE_LIMIT = 128           # beyond this many waiting, lpm falls back to arrival order
 AGING_TOKENS_PER_STEP = 32      # lpm: a waiting step is worth this many cached tokens
 SHARED_PREFIX_PROBE = 32        # tokens compared to spot a prefix another request computes
-LPM_MAX_WAIT_STEPS = 16         # lpm: a sequence waiting this many steps is ordered first
+LPM_MAX_WAIT_STEPS = 16         # lpm: a sequence waiting this many steps is overdue
+OVERDUE_BUDGET_SHARE = 0.25     # lpm: share of a step's token budget overdue ones go first in
 
 
 def _progress_order(seq: SeqState) -> tuple:
     return (-seq.num_generated, seq.request.arrival_time)
+
+
+def _aged_score(seq: SeqState, cached: int, step: int) -> int:
+    """lpm's score: minus the prefill work left, plus the credit for steps waited."""
+    waited = step - seq.request.arrival_step
+    return cached - len(seq.token_ids) + AGING_TOKENS_PER_STEP * waited
 
 
 @dataclass
@@ -221,47 +228,65 @@ class Scheduler:
         """Waiting sequences in admission order, with their cached prefix when it was
         looked up for the ordering (lpm), so admission need not look it up again.
 
-        lpm orders by cached prefix + 32 tokens per step waited, except that a sequence
-        that has waited `max_wait_steps` steps is *overdue* and goes before every other
-        (overdue ones by arrival). The guarantee: `max_wait_steps` steps after its arrival a
-        sequence is behind only sequences that arrived before it, so it waits no longer
-        than under fcfs from then on (memory and the token budget admitting in order).
+        lpm orders by the prefill work left (prompt minus cached prefix, fewest tokens
+        first; for prompts of one length that is the longest cached prefix first), with 32
+        tokens of credit per step waited. A sequence that has waited `max_wait_steps` steps
+        is *overdue*: each step, the oldest overdue ones go before every scored one, as
+        many as fit in OVERDUE_BUDGET_SHARE of the step's token budget (always at least
+        one), and admission stops behind one that does not fit in memory, so the pages
+        that free up go to it. Overdue ones beyond the share keep their scored place: a
+        burst of overdue requests cannot turn lpm into arrival order (which would evict
+        the shared prefixes and make everything overdue).
 
         Requests sharing a `prompt_cache_key` are ordered as one group: each takes the
-        group's best score (a running member counts with its cached prefix at admission),
-        and the group stays together (its first arrival breaks ties), so they are admitted
-        one after another and share what the first computes."""
+        group's best score (a running member counts with its score at admission), and the
+        group stays together (its first arrival breaks ties), so they are admitted one
+        after another and share what the first computes."""
         if self.config.policy == "fcfs" or len(self.waiting) > LPM_QUEUE_LIMIT:
             ordered = sorted(self.waiting, key=lambda s: (s.request.arrival_time, s.index))
             return [(s, None) for s in ordered]
         step = self.step
-        cap = self.config.max_wait_steps
         looked = [(s, self.memory.cached_prefix_len(s)) for s in self.waiting]
         groups: dict[str, tuple[int, float]] = {}   # cache_key -> (best score, first arrival)
         for s in self.running:      # a group being served keeps its admission score
             if (key := s.params.cache_key) is not None:
-                best, first = groups.get(key, (0, s.request.arrival_time))
-                groups[key] = (max(best, s.prompt_cache_hit or 0),
+                best, first = groups.get(key, (-s.prompt_len, s.request.arrival_time))
+                groups[key] = (max(best, (s.prompt_cache_hit or 0) - s.prompt_len),
                                min(first, s.request.arrival_time))
         for s, cached in looked:
-            key = s.params.cache_key
-            if key is not None:
-                aged = cached + AGING_TOKENS_PER_STEP * (step - s.request.arrival_step)
+            if (key := s.params.cache_key) is not None:
+                aged = _aged_score(s, cached, step)
                 best, first = groups.get(key, (aged, s.request.arrival_time))
                 groups[key] = (max(best, aged), min(first, s.request.arrival_time))
+        ahead = self._overdue_first(looked)
         scored = []
         for s, cached in looked:
-            waited = step - s.request.arrival_step
             arrival = s.request.arrival_time
-            if waited >= cap:       # overdue: ahead of every scored one, oldest first
+            if id(s) in ahead:      # overdue within the share: oldest first
                 key: tuple = (0, arrival, s.index)
             else:
                 aged, first = groups.get(s.params.cache_key,
-                                         (cached + AGING_TOKENS_PER_STEP * waited, arrival))
+                                         (_aged_score(s, cached, step), arrival))
                 key = (1, -aged, first, arrival, s.index)
             scored.append((key, s, cached))
         scored.sort(key=lambda item: item[0])
         return [(s, cached) for _, s, cached in scored]
+
+    def _overdue_first(self, looked: list[tuple[SeqState, int]]) -> set[int]:
+        """Ids of the overdue sequences ordered before all others this step: the oldest,
+        while their prefill work fits in OVERDUE_BUDGET_SHARE of the token budget."""
+        cap = self.config.max_wait_steps
+        overdue = sorted((item for item in looked
+                          if self.step - item[0].request.arrival_step >= cap),
+                         key=lambda item: (item[0].request.arrival_time, item[0].index))
+        room = OVERDUE_BUDGET_SHARE * self.config.token_budget
+        ahead: set[int] = set()
+        for s, cached in overdue:
+            if ahead and room <= 0:
+                break
+            ahead.add(id(s))
+            room -= len(s.token_ids) - cached
+        return ahead
 
     def _shares_prefix_in_flight(self, seq: SeqState, cached: int | None) -> bool:
         """True when a running sequence is computing the very prefix `seq` would compute.

@@ -22,6 +22,7 @@ from radixserve.server.engine_client import EngineClient
 from radixserve.server.prompts import Prepared, PromptBuilder, fit_context, prepare_chat
 from radixserve.server.response_store import STORE_SUBDIR, ResponseStore, StoredResponse
 from radixserve.server.responses_protocol import ResponsesRequest
+from radixserve.server.responses_tools import stored_turn
 from radixserve.server.timed_pins import TimedPins
 
 
@@ -89,7 +90,7 @@ class Conversations:
             history: list[dict] = head
         else:
             previous = self.store.get(req.previous_response_id, owner, "previous_response_id")
-            history = previous.messages + [{"role": "assistant", "content": previous.reply}]
+            history = previous.messages + [stored_turn(previous.body, previous.reply)]
             if req.instructions is not None:
                 history = _with_instructions(history, req.instructions)
         messages = history + new
@@ -98,7 +99,10 @@ class Conversations:
             return TurnPrompt(prepared, messages, None, "new", False)
         pinned = await self.pins.refresh(previous.pin_id)
         ids = None
-        if previous.namespace == prepared.namespace and history[:-1] == previous.messages:
+        # Tool turns render through tools.render_messages (the tools block, calls, results),
+        # which next_turn_ids' plain template diff does not: they are re-rendered.
+        if previous.namespace == prepared.namespace and history[:-1] == previous.messages \
+                and not req.uses_tools(messages):
             ids = await next_turn_ids(prompts.chat, history[:-1], previous.token_ids, new)
         if ids is None:
             return TurnPrompt(prepared, messages, previous, "rendered", pinned)

@@ -17,6 +17,7 @@ from radixserve.server.body import read_json
 from radixserve.server.conversations import Conversations, TurnPrompt, new_response_id
 from radixserve.server.openai_serving import run_on_engine
 from radixserve.server.openapi import RouteDoc, documented
+from radixserve.server.pin_sweeper import PinSweeper, background
 from radixserve.server.responses_protocol import (DeletedResponse, ResponseObject,
                                                   ResponsesRequest)
 from radixserve.server.responses_serving import ResponseBuilder
@@ -90,4 +91,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    conv = app[STATE].conversations
+    if conv is not None:        # lapsed response and cache_control pins go without traffic
+        app.cleanup_ctx.append(background(PinSweeper([conv.pins, conv.breakpoints])))
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import msgspec
 from msgspec import Struct, field
 
 from radixserve.server import protocol as P
 from radixserve.server.errors import bad_request, unsupported
+from radixserve.server.responses_tools import (chat_tool_choice, chat_tools, has_tool_turns,
+                                               item_message)
 
 ROLES = ("system", "developer", "user", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -24,12 +27,19 @@ class InputItem(Struct, kw_only=True):
     type: str = "message"
     role: str | None = None
     content: str | list[InputContent] | None = None
+    id: str | None = None
+    status: str | None = None
+    call_id: str | None = None          # function_call, function_call_output
+    name: str | None = None             # function_call
+    arguments: str | None = None        # function_call
+    output: str | None = None           # function_call_output
 
     def message(self, where: str) -> dict[str, str]:
         """The chat message this item stands for (text only)."""
         if self.type != "message":
             raise unsupported(f"{where}.type", f"input items of type {self.type!r} are not "
-                                               f"supported (messages only)")
+                                               f"supported (message, function_call, "
+                                               f"function_call_output)")
         if self.role not in ROLES:
             raise bad_request(f"{where}.role", f"'role' must be one of {', '.join(ROLES)}")
         if self.content is None:
@@ -63,6 +73,7 @@ class ResponsesRequest(Struct, kw_only=True):
     seed: P.Seed | None = None                  # extension (chat's field)
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
     prompt_cache_key: str | None = None
     cache_salt: str | None = None               # extension: the cache namespace, as on chat
     metadata: dict[str, str] | None = None
@@ -73,28 +84,37 @@ class ResponsesRequest(Struct, kw_only=True):
     def check(self) -> None:
         if self.background:
             raise unsupported("background", "'background' responses are not supported")
-        if self.tools:              # the Responses API's flat tool items are not mapped yet
-            raise unsupported("tools", "'tools' on /v1/responses is not supported yet; "
-                                       "use /v1/chat/completions for tool calling")
         if isinstance(self.input, list) and not self.input:
             raise bad_request("input", "'input' must not be empty")
         if self.previous_response_id is not None and not self.previous_response_id:
             raise bad_request("previous_response_id", "'previous_response_id' must not be empty")
 
-    def new_messages(self) -> list[dict[str, str]]:
-        """The turn's input as chat messages."""
+    def new_messages(self) -> list[dict]:
+        """The turn's input as chat messages (function call items: responses_tools.py)."""
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
-        return [item.message(f"input[{i}]") for i, item in enumerate(self.input)]
+        messages: list[dict] = []
+        for i, item in enumerate(self.input):
+            if item.type in ("function_call", "function_call_output"):
+                item_message(item, f"input[{i}]", messages)
+            else:
+                messages.append(item.message(f"input[{i}]"))
+        return messages
 
-    def chat_request(self, messages: list[dict[str, str]]) -> P.ChatCompletionRequest:
+    def uses_tools(self, messages: list[dict]) -> bool:
+        return bool(self.tools) or has_tool_turns(messages)
+
+    def chat_request(self, messages: list[dict]) -> P.ChatCompletionRequest:
         """The chat request this response runs as (the chat route's checks apply)."""
         return P.ChatCompletionRequest(
-            messages=[P.ChatMessage(role=m["role"], content=m["content"]) for m in messages],
+            messages=msgspec.convert(messages, list[P.ChatMessage]),
             model=self.model, max_completion_tokens=self.max_output_tokens,
             temperature=self.temperature, top_p=self.top_p, seed=self.seed,
             cache_salt=self.cache_salt, user=self.user,
-            prompt_cache_key=self.prompt_cache_key)
+            prompt_cache_key=self.prompt_cache_key,
+            tools=chat_tools(self.tools) if self.tools else None,
+            tool_choice=chat_tool_choice(self.tool_choice),
+            parallel_tool_calls=self.parallel_tool_calls)
 
 
 # ---------------------------------------------------------------- the response object
@@ -143,7 +163,7 @@ class ResponseObject(Struct):
     created_at: int
     status: str
     model: str
-    output: list[OutputMessage]
+    output: list[Any]                   # OutputMessage and responses_tools.FunctionCallItem
     usage: ResponseUsage | None
     instructions: str | None
     previous_response_id: str | None
@@ -156,7 +176,7 @@ class ResponseObject(Struct):
     incomplete_details: dict[str, str] | None = None
     error: dict[str, Any] | None = None
     tools: list[Any] = []
-    tool_choice: str = "auto"
+    tool_choice: Any = "auto"
     parallel_tool_calls: bool = False
     text: dict[str, Any] = field(default_factory=lambda: {"format": {"type": "text"}})
     truncation: str = "disabled"

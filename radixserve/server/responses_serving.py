@@ -18,11 +18,17 @@ from radixserve.server.miss_report import cache_extension
 from radixserve.server.openai_serving import Renderer
 from radixserve.server.responses_protocol import (OutputMessage, OutputText, ResponseObject,
                                                   ResponsesRequest, response_usage)
+from radixserve.server.responses_tools import FunctionCallItem, function_call_item
 from radixserve.server.sse import NamedEvent
+from radixserve.server.tool_parser import ToolCallStream, parse_calls
 
 
 class ResponseBuilder:
-    """Accumulates one response's outputs (n is 1) and renders its object and events."""
+    """Accumulates one response's outputs (n is 1) and renders its object and events.
+
+    Without tools the output is one message, opened with the stream. With tools, the text
+    goes through a ToolCallStream: the message item opens at the first text, and each call
+    becomes a `function_call` item once complete, output indexes in order of appearance."""
 
     def __init__(self, response_id: str, model: str, req: ResponsesRequest, turn: TurnPrompt,
                  tokenizer: TokenizerClient):
@@ -38,6 +44,12 @@ class ResponseBuilder:
         self.final: RequestOutput | None = None
         self.sequence = 0
         self.stopped = False            # sse.EventSource: an error ended the stream
+        tools = turn.prepared.tools
+        self.tool_stream = ToolCallStream(tools.names) if tools is not None else None
+        self.message_index: int | None = None   # the message's output index, once opened
+        self.content_deltas: list[str] = []     # with tools: the text that is not a call
+        self._parsed: list[Any] | None = None   # with tools, not streamed: the output items
+        self.streamed_calls: list[FunctionCallItem] = []
 
     # -- accumulation
 
@@ -72,9 +84,7 @@ class ResponseBuilder:
             status = "incomplete" if final is not None and final.finish_reason == "length" \
                 else "completed"
         done = final is not None
-        content = [OutputText("output_text", self.reply, [])] if done else []
-        output = [OutputMessage("message", self.message_id, "completed", "assistant", content)] \
-            if done else []
+        output = self._output() if done else []
         usage = None
         if done and final.usage is not None:
             u = final.usage
@@ -88,7 +98,31 @@ class ResponseBuilder:
             temperature=req.temperature, top_p=req.top_p,
             max_output_tokens=req.max_output_tokens, metadata=req.metadata or {},
             prompt_cache_key=req.prompt_cache_key,
-            incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None)
+            incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None,
+            tools=list(req.tools or []), tool_choice=req.tool_choice or "auto",
+            parallel_tool_calls=req.parallel_tool_calls)
+
+    def _message(self, text: str, status: str = "completed") -> OutputMessage:
+        content = [OutputText("output_text", text, [])] if status == "completed" else []
+        return OutputMessage("message", self.message_id, status, "assistant", content)
+
+    def _output(self) -> list[Any]:
+        """The finished output items: the message, and with tools the calls it holds."""
+        if self.turn.prepared.tools is None:
+            return [self._message(self.reply)]
+        if self.streamed_calls or self.message_index is not None:
+            items: list[Any] = list(self.streamed_calls)
+            if self.message_index is not None:
+                items.insert(self.message_index, self._message(self._content_text()))
+            return items
+        if self._parsed is None:        # once: call ids are made here
+            content, calls = parse_calls(self.reply, self.turn.prepared.tools.names)
+            items = [self._message(content)] if content else []
+            self._parsed = items + [function_call_item(c) for c in calls] or [self._message("")]
+        return self._parsed
+
+    def _content_text(self) -> str:
+        return "".join(self.content_deltas)
 
     def body(self) -> dict:
         return msgspec.to_builtins(self.response())
@@ -101,23 +135,62 @@ class ResponseBuilder:
 
     def opening(self) -> list[NamedEvent]:
         empty = self.response("in_progress")
-        item = OutputMessage("message", self.message_id, "in_progress", "assistant", [])
+        events = [self._event("response.created", response=empty),
+                  self._event("response.in_progress", response=empty)]
+        if self.tool_stream is None:
+            events += self._open_message()
+        return events
+
+    def _open_message(self) -> list[NamedEvent]:
+        self.message_index = len(self.streamed_calls)
         part = OutputText("output_text", "", [])
-        return [self._event("response.created", response=empty),
-                self._event("response.in_progress", response=empty),
-                self._event("response.output_item.added", output_index=0, item=item),
+        return [self._event("response.output_item.added", output_index=self.message_index,
+                            item=self._message("", "in_progress")),
                 self._event("response.content_part.added", item_id=self.message_id,
-                            output_index=0, content_index=0, part=part)]
+                            output_index=self.message_index, content_index=0, part=part)]
+
+    def _text_delta(self, text: str) -> list[NamedEvent]:
+        events = []
+        if self.message_index is None:
+            events += self._open_message()
+        self.content_deltas.append(text)
+        events.append(self._event("response.output_text.delta", item_id=self.message_id,
+                                  output_index=self.message_index, content_index=0,
+                                  delta=text, logprobs=[]))
+        return events
+
+    def _call_events(self, call) -> list[NamedEvent]:
+        """One finished call as OpenAI streams a function_call item."""
+        index = len(self.streamed_calls) + (self.message_index is not None)
+        item = function_call_item(call)
+        self.streamed_calls.append(item)
+        added = FunctionCallItem(item.type, item.id, item.call_id, item.name, "", "in_progress")
+        return [self._event("response.output_item.added", output_index=index, item=added),
+                self._event("response.function_call_arguments.delta", item_id=item.id,
+                            output_index=index, delta=item.arguments),
+                self._event("response.function_call_arguments.done", item_id=item.id,
+                            output_index=index, arguments=item.arguments),
+                self._event("response.output_item.done", output_index=index, item=item)]
 
     def on_output(self, out: RequestOutput) -> list[Any]:
         """Events for an output already `add`ed (the handler adds, and stores the finished
         response, before the stream renders it)."""
         first = self.sequence == 0
         events = self.opening() if first else []
-        if out.text:
-            events.append(self._event("response.output_text.delta", item_id=self.message_id,
-                                      output_index=0, content_index=0, delta=out.text,
-                                      logprobs=[]))
+        if self.tool_stream is None:
+            if out.text:
+                events.append(self._event("response.output_text.delta", item_id=self.message_id,
+                                          output_index=0, content_index=0, delta=out.text,
+                                          logprobs=[]))
+        else:
+            text, calls = self.tool_stream.push(out.text)
+            if out.finished:
+                more_text, more_calls = self.tool_stream.finish()
+                text, calls = text + more_text, calls + more_calls
+            if text:
+                events += self._text_delta(text)
+            for call in calls:
+                events += self._call_events(call)
         if out.finished and (err := self.failure()) is not None:
             events.append(self._event("error", code=err.code, message=err.message,
                                       param=None))
@@ -126,17 +199,20 @@ class ResponseBuilder:
 
     def closing(self) -> list[Any]:
         """The done events and `response.completed` (the caller stored the response)."""
-        text = self.reply
-        part = OutputText("output_text", text, [])
         whole = self.response()
-        return [self._event("response.output_text.done", item_id=self.message_id,
-                            output_index=0, content_index=0, text=text, logprobs=[]),
-                self._event("response.content_part.done", item_id=self.message_id,
-                            output_index=0, content_index=0, part=part),
-                self._event("response.output_item.done", output_index=0,
-                            item=whole.output[0]),
-                self._event("response.completed" if whole.status == "completed"
-                            else "response.incomplete", response=whole)]
+        events = []
+        if self.message_index is not None:
+            text = self.reply if self.tool_stream is None else self._content_text()
+            part = OutputText("output_text", text, [])
+            index = self.message_index
+            events = [self._event("response.output_text.done", item_id=self.message_id,
+                                  output_index=index, content_index=0, text=text, logprobs=[]),
+                      self._event("response.content_part.done", item_id=self.message_id,
+                                  output_index=index, content_index=0, part=part),
+                      self._event("response.output_item.done", output_index=index,
+                                  item=whole.output[index])]
+        return events + [self._event("response.completed" if whole.status == "completed"
+                                     else "response.incomplete", response=whole)]
 
     def abort_outputs(self) -> list[RequestOutput]:
         if self.final is not None:

@@ -7,8 +7,8 @@ within `budget_tokens`. Over budget, the pins that lapse soonest are released fi
 reference that loses its pin is recomputed from its stored tokens when it is used, never
 refused. Time comes from an injectable clock, so tests move it instead of sleeping.
 
-Expiry is lazy (checked whenever a pin is taken, refreshed or swept): a lapsed pin merely
-keeps its pages locked until the next call, which every new request makes.
+Expiry is checked whenever a pin is taken, refreshed or swept; without traffic, the
+server's PinSweeper (pin_sweeper.py) sweeps at the soonest deadline.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ class TimedPins:
 
     def __contains__(self, pin_id: str) -> bool:
         return pin_id in self._pins
+
+    def next_expiry(self) -> float | None:
+        """The soonest deadline of a live pin (None when none is held)."""
+        return min((p.expires_at for p in self._pins.values()), default=None)
 
     def holds(self, token_ids: Sequence[int], namespace: str | None) -> bool:
         """A live pin of exactly this prefix exists."""

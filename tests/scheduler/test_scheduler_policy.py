@@ -12,7 +12,7 @@ import random
 import pytest
 
 from radixserve.engine.scheduler import (AGING_TOKENS_PER_STEP, DECODE_RESERVE_TOKENS,
-                                         LPM_QUEUE_LIMIT)
+                                         LPM_QUEUE_LIMIT, OVERDUE_BUDGET_SHARE)
 from sched_harness import Bench, random_prompt
 
 MARK = 1    # a token random_prompt never draws (it draws from 3 up)
@@ -39,8 +39,8 @@ def cache_prefix(bench: Bench, prefix: list[int]) -> None:
 # ---- lpm and its aging ------------------------------------------------------------------
 
 @pytest.mark.parametrize("delay, policy, winner", [
-    (7, "lpm", "cached"),       # 256 cached tokens beat 7 steps of age (224 tokens)
-    (9, "lpm", "old"),          # 9 steps of age (288 tokens) beat 256 cached tokens
+    (7, "lpm", "cached"),       # 256 fewer tokens to compute beat 7 steps of age (224)
+    (9, "lpm", "old"),          # 9 steps of age (288 tokens) beat 256 fewer tokens
     (0, "fcfs", "old"),
 ])
 def test_lpm_ages_waiting_requests(delay, policy, winner):
@@ -52,7 +52,7 @@ def test_lpm_ages_waiting_requests(delay, policy, winner):
     cache_prefix(bench, shared)
     blocker = bench.submit(random_prompt(rng, 8), max_tokens=30)   # holds the one slot
     bench.step()
-    bench.submit(random_prompt(rng, 20), request_id="old", max_tokens=1)
+    bench.submit(random_prompt(rng, 260), request_id="old", max_tokens=1)
     for _ in range(delay):
         bench.step()
     bench.submit(shared + random_prompt(rng, 4), request_id="cached", max_tokens=1)
@@ -262,13 +262,62 @@ def test_lpm_admits_a_cold_request_within_its_wait_bound(cap):
     bench.run()
 
 
+def test_lpm_puts_only_a_budget_share_of_overdue_requests_first():
+    """Six cold requests become overdue together behind a blocker: only the oldest ones
+    whose prefill fits in OVERDUE_BUDGET_SHARE of the token budget go first (at least
+    one); a hot request arriving later then goes before the remaining overdue ones, so a
+    burst of overdue requests does not turn lpm into arrival order. Every step, the oldest
+    overdue request heads the order (the guarantee)."""
+    rng = random.Random(5)
+    cap, cold_len = 4, 300
+    bench = Bench(max_running=1, token_budget=2048)
+    bench.scheduler.config.max_wait_steps = cap
+    shared = random_prompt(rng, 512)
+    cache_prefix(bench, shared)
+    bench.submit(random_prompt(rng, 8), request_id="blocker", max_tokens=cap + 8)
+    bench.step()
+    for i in range(6):
+        bench.submit(random_prompt(rng, cold_len), request_id=f"cold{i}", max_tokens=1)
+    for _ in range(cap):
+        bench.step()
+    bench.submit(shared + random_prompt(rng, 4), request_id="hot", max_tokens=1)
+    order = [s.request.request_id for s, _ in bench.scheduler._ordered_waiting()]
+    # a 512-token share: cold0 (300) leaves 212, so cold1 starts within it too
+    assert OVERDUE_BUDGET_SHARE * bench.scheduler.config.token_budget == 512
+    first = 2
+    assert order[:first] == [f"cold{i}" for i in range(first)]
+    assert order[first] == "hot"
+    assert order[first + 1:] == [f"cold{i}" for i in range(first, 6)]
+    admitted = []
+    while len(admitted) < 6:
+        waiting = [s.request.request_id for s, _ in bench.scheduler._ordered_waiting()]
+        colds = [r for r in waiting if r.startswith("cold")]    # all overdue by now
+        assert waiting[0] == min(colds, key=lambda r: int(r[4:]))
+        admitted += [r for r in ids(bench.step().admitted) if r.startswith("cold")]
+    assert admitted == [f"cold{i}" for i in range(6)]     # overdue ones stay oldest first
+    bench.run()
+
+
+def test_lpm_prefers_less_prefill_work():
+    """Two cold prompts arrive in one step: the shorter one (less to compute) goes first;
+    with equal lengths the longer cached prefix does (the classic lpm order)."""
+    rng = random.Random(6)
+    bench = Bench(max_running=1)
+    bench.submit(random_prompt(rng, 8), request_id="blocker", max_tokens=3)
+    bench.step()
+    bench.submit(random_prompt(rng, 900), request_id="long", max_tokens=1)
+    bench.submit(random_prompt(rng, 100), request_id="short", max_tokens=1)
+    assert first_admitted(bench, {"long", "short"}) == "short"
+    bench.run()
+
+
 def test_without_the_bound_lpm_makes_the_cold_request_wait_for_aging():
     rng = random.Random(3)
     bench = Bench(max_running=1)
     bench.scheduler.config.max_wait_steps = 10**9
     shared = random_prompt(rng, 1024)
     cache_prefix(bench, shared)
-    bench.submit(random_prompt(rng, 16), request_id="cold", max_tokens=1)
+    bench.submit(random_prompt(rng, 1028), request_id="cold", max_tokens=1)
     arrival = bench.scheduler.step
     for i in range(200):
         bench.submit(shared + random_prompt(rng, 4), request_id=f"hot{i}", max_tokens=1)

@@ -1,7 +1,7 @@
 """/v1/responses against the fake engine (byte tokenizer, exact control): a follow-up's
 prompt is the previous turn's exact ids extended by the new turn (equal to the template's
 whole rendering here), GET / DELETE, the stream's OpenAI event types, 404 for unknown,
-deleted, lapsed and other-tenant ids, 400 for `tools` and bad items, the store's budgets
+deleted, lapsed and other-tenant ids, 400 for bad tools and items, the store's budgets
 holding against a client that never deletes, and the store surviving a restart on disk."""
 
 from __future__ import annotations
@@ -123,9 +123,14 @@ def test_other_tenant_unknown_and_lapsed_ids_are_404(fake):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f"}],
+      "tool_choice": {"type": "function", "name": "g"}}, "tool_choice"),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
-     "input[0].type"),
+     "messages[0].tool_call_id"),      # answers no earlier call
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+     "input[0].call_id"),
+    ({"input": [{"type": "reasoning"}]}, "input[0].type"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ({"input": []}, "input"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),

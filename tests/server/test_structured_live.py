@@ -271,3 +271,46 @@ def test_grammar_cache_and_metrics(server):
     for name in ("radixserve_grammar_compile_seconds_total", "radixserve_grammar_cache_hits_total",
                  "radixserve_grammar_cache_misses_total", "radixserve_grammar_mask_seconds_total"):
         assert name in text
+
+
+def _flat(tool: dict) -> dict:
+    """A chat tool in the Responses API's flat shape."""
+    return {"type": "function", **tool["function"]}
+
+
+def test_responses_tool_round_trip_streamed_and_not(client):
+    """/v1/responses with the openai client: a forced call comes back as a function_call
+    item (not streamed, then streamed through the client's own event accumulation); its
+    function_call_output, sent with previous_response_id, gets a text answer."""
+    tools = [_flat(WEATHER), _flat(TIME)]
+    first = client.responses.create(model=MODEL, input=ASK[0]["content"], tools=tools,
+                                    tool_choice="required", parallel_tool_calls=False,
+                                    max_output_tokens=40, temperature=0)
+    (call,) = [o for o in first.output if o.type == "function_call"]
+    assert call.call_id.startswith("call_") and call.name in ("get_weather", "get_time")
+    jsonschema.validate(json.loads(call.arguments),
+                        (WEATHER if call.name == "get_weather" else TIME)["function"]["parameters"])
+    answer = client.responses.create(
+        model=MODEL, previous_response_id=first.id, tools=tools, tool_choice="none",
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        max_output_tokens=8, temperature=0)
+    assert [o.type for o in answer.output] == ["message"] and answer.output_text
+    assert answer.usage.input_tokens_details.cached_tokens > 0     # the history hit
+    with client.responses.stream(model=MODEL, input=ASK[0]["content"], tools=tools,
+                                 tool_choice={"type": "function", "name": "get_time"},
+                                 max_output_tokens=40, temperature=0) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_response()
+    assert "response.function_call_arguments.delta" in kinds
+    assert "response.function_call_arguments.done" in kinds
+    (call,) = [o for o in streamed.output if o.type == "function_call"]
+    assert call.name == "get_time"
+    jsonschema.validate(json.loads(call.arguments), TIME["function"]["parameters"])
+    # the same call, resent as input items (no previous_response_id), is a valid history
+    again = client.responses.create(
+        model=MODEL, tools=tools, tool_choice="none", max_output_tokens=4, temperature=0,
+        input=[{"role": "user", "content": ASK[0]["content"]},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id, "output": "noon"}])
+    assert again.status in ("completed", "incomplete") and again.output[0].type == "message"
