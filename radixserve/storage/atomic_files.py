@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .disk_faults import FsyncFailed
 
@@ -21,10 +21,11 @@ def tmp_path_for(path: Path) -> Path:
 
 
 def write_atomic(path: Path, chunks: Iterable[bytes | bytearray | memoryview],
-                 sync_dir: bool = False) -> int:
+                 sync_dir: bool = False, before_rename: Callable[[], None] | None = None) -> int:
     """Write `chunks` as `path`'s new content; -> bytes written. The data is fsynced before
     the rename; `sync_dir` also fsyncs the directory, making the rename itself durable
-    (callers writing many files do that once, with `fsync_dir`)."""
+    (callers writing many files do that once, with `fsync_dir`). `before_rename`: a crash
+    test's hook (storage/crash_points.py)."""
     tmp = tmp_path_for(path)
     written = 0
     try:
@@ -33,6 +34,8 @@ def write_atomic(path: Path, chunks: Iterable[bytes | bytearray | memoryview],
                 written += f.write(chunk)
             f.flush()
             fsync_file(f.fileno(), tmp)
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

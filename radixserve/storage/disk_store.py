@@ -3,6 +3,7 @@
     <dir>/fingerprint.json      which model configuration wrote the pages (written first)
     <dir>/pages/<key>.page      one page: checked header (magic, key, length, CRC32C) + bytes
     <dir>/index.bin             the tree (store_index.py), checked the same way, written last
+    <dir>/journal/*.log         the disk tier's changes since that index (journal.py)
     <dir>/lock                  flock'ed while a server uses the directory
 
 Every file is written to a temporary name, fsynced and renamed (atomic_files.py), and the
@@ -16,6 +17,14 @@ the previous index or the new one, each naming complete pages. Opening a directo
 - ours: stray temporary files are removed, the index is read and checked, and page files
   it does not name (pages of a save that did not finish, or of an unreadable index, which
   is logged) are removed.
+
+With a journal (`journal_sync_ms` not None: the server's disk tier), every page file the
+tier completes and every one it drops is appended there as it happens, so a `kill -9`
+between two saves loses nothing the kernel has (a power loss: at most `journal_sync_ms`).
+Opening replays the index and the journal (journal_replay.py; a torn last record is cut,
+with one warning) and writes the result as the new index at once (a compaction), so the
+journal stays short; it is compacted again when it grows past `journal_max_bytes`, and at
+every save. `recovery` says what the opening found and how long it took.
 
 A page that fails its check when read is never returned: its file is removed, it is
 counted in `corrupt_pages` and logged once; the caller recomputes its tokens. A key may be
@@ -32,19 +41,25 @@ import logging
 import os
 import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import msgspec
 
 from .atomic_files import TMP_SUFFIX, fsync_dir, write_atomic
+from .crash_points import CrashPoints
 from .disk_faults import DiskFaults, WritesPaused
 from .checked_blob import HEADER, BadBlob, StalePage, check_header, check_payload, pack_header
 from .fingerprint import ModelFingerprint
+from .journal import (JOURNAL_DIR, DiskJournal, PagesDropped, Record, cut_torn_tail,
+                      journal_files, read_journal)
+from .journal_replay import replay
 from .store_index import (INDEX_VERSION, IndexNode, StoreIndex, decode_index, encode_index,
                           restorable)
 
-__all__ = ["DiskPageStore", "StoreRefused", "DiskStoreFull", "STORE_FORMAT"]
+__all__ = ["DiskPageStore", "StoreRefused", "DiskStoreFull", "STORE_FORMAT", "Recovery"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +83,17 @@ class DiskStoreFull(RuntimeError):
         self.needed, self.used, self.capacity = needed, used, capacity
 
 
+@dataclass
+class Recovery:
+    """What opening the directory found: the index's and the journal's share."""
+
+    index_pages: int = 0            # named by the index on disk
+    journal_records: int = 0        # replayed on top of it
+    torn_tails: int = 0             # journal files cut after their last good record
+    pages: int = 0                  # named after the replay (restorable, before checks)
+    seconds: float = 0.0            # reading, replaying and compacting
+
+
 class _StoreHeader(msgspec.Struct):
     format: int
     fingerprint: ModelFingerprint
@@ -79,7 +105,8 @@ class DiskPageStore:
     thread and its loader may call it concurrently."""
 
     def __init__(self, directory: str | os.PathLike, fingerprint: ModelFingerprint,
-                 capacity_bytes: int | None = None):
+                 capacity_bytes: int | None = None, journal_sync_ms: int | None = None,
+                 journal_max_bytes: int = 16 << 20):
         self.directory = Path(directory)
         self.fingerprint = fingerprint
         self.capacity_bytes = capacity_bytes
@@ -94,6 +121,16 @@ class DiskPageStore:
         self._next_serial = time.time_ns()      # grows across restarts too
         self._lock_fd: int | None = None
         self.faults = DiskFaults(str(self.directory))   # I/O errors: counted, never raised up
+        self.crash = CrashPoints.from_env()
+        self.recovery = Recovery()
+        self.compactions = 0
+        self._index_lock = threading.Lock()     # one index write (save or compaction) at a time
+        self._marks = 0                         # saves between index_mark and write_index
+        self.journal: DiskJournal | None = None
+        if journal_sync_ms is not None:
+            self.journal = DiskJournal(self.directory / JOURNAL_DIR, self.pages_dir,
+                                       self.faults, journal_sync_ms, self.crash,
+                                       journal_max_bytes, on_grown=self.compact)
         self.refusal: str | None = self._open()
         if self.refusal:
             log.warning("KV disk store %s not used: %s; the directory is left untouched",
@@ -124,8 +161,9 @@ class DiskPageStore:
 
     # -- pages --------------------------------------------------------------------------
 
-    def write_page(self, page_key: int, payload: bytes | memoryview) -> None:
-        """Store one page (complete on disk when this returns). Raises StoreRefused,
+    def write_page(self, page_key: int, payload: bytes | memoryview) -> int:
+        """Store one page (complete on disk when this returns); -> its write serial (for
+        the journal's record of it). Raises StoreRefused,
         DiskStoreFull (nothing written), ValueError for a key stored now (drop it first),
         OSError when the disk fails (reported to `faults`, which may pause writes: then
         WritesPaused, without touching the disk)."""
@@ -145,13 +183,20 @@ class DiskPageStore:
             serial = self._serials[page_key] = self._next_serial
             self._next_serial += 1
         try:
-            write_atomic(path, [pack_header(PAGE_MAGIC, page_key, payload, serial), payload])
+            write_atomic(path, [pack_header(PAGE_MAGIC, page_key, payload, serial), payload],
+                         before_rename=lambda: self.crash.reached("page_write"))
         except BaseException as e:
             self._forget(page_key)
             if isinstance(e, OSError):
                 self.faults.write_failed(e, path)
             raise
         self.faults.write_ok()
+        return serial
+
+    def journal_append(self, record: Record) -> None:
+        """Append to the journal (nothing without one)."""
+        if self.journal is not None and self.usable:
+            self.journal.append(record)
 
     def read_page(self, page_key: int) -> bytes | None:
         """The page's bytes; None when it is not stored, fails its check (then it is
@@ -164,6 +209,7 @@ class DiskPageStore:
                                            self._serials.get(page_key))
                 payload = f.read(length)
                 check_payload(payload, length, crc, trailing=bool(f.read(1)))
+            self.crash.reached("load")
             return payload
         except StalePage as e:
             self._reject(page_key, "stale_pages", str(e))
@@ -188,6 +234,7 @@ class DiskPageStore:
         it unless the last save's index names it, with the content it had then)."""
         self._check_usable()
         if self._forget(page_key):
+            self.journal_append(PagesDropped([page_key]))
             path = self._page_path(page_key)
             try:
                 path.unlink(missing_ok=True)
@@ -199,9 +246,24 @@ class DiskPageStore:
     def new_index(self, nodes: Sequence[IndexNode]) -> StoreIndex:
         return StoreIndex(INDEX_VERSION, self.fingerprint, list(nodes))
 
-    def write_index(self, index: StoreIndex) -> None:
+    @contextmanager
+    def index_mark(self) -> Iterator[int | None]:
+        """A save's start: journal records from here on are replayed onto the index it
+        writes (`write_index(since=mark)`), and no compaction runs until it is written."""
+        with self._index_lock:
+            mark = self.journal.rotate() if self.journal is not None else None
+            self._marks += 1
+        try:
+            yield mark
+        finally:
+            with self._index_lock:
+                self._marks -= 1
+
+    def write_index(self, index: StoreIndex, since: int | None = None) -> None:
         """Replace the index, crash-safely. Every page it names must be stored (written
-        and fsynced): ValueError otherwise, and the old index stays."""
+        and fsynced): ValueError otherwise, and the old index stays. `since`: a mark from
+        `index_mark`, taken before the tree was walked for `index`: the journal's records
+        since then are replayed onto it, and the journal files it covers are removed."""
         self._check_usable()
         if index.fingerprint != self.fingerprint or index.version != INDEX_VERSION:
             raise ValueError("index for another fingerprint or version")
@@ -212,9 +274,54 @@ class DiskPageStore:
         if missing:
             raise ValueError(f"index names {len(missing)} pages not stored, e.g. "
                              f"{min(missing):#x}")
-        fsync_dir(self.pages_dir)                 # the pages' renames are durable first
         index = StoreIndex(index.version, index.fingerprint, index.nodes, serials)
+        with self._index_lock:
+            if self.journal is None or since is None:
+                self._write_index_file(index, 0)
+                return
+            end = self.journal.rotate()
+            tail = self._journal_records(since, end)
+            self._write_index_file(replay(index, tail, self.fingerprint.page_size), end)
+
+    def compact(self) -> None:
+        """Fold the journal into the index (it grew past its bound); skipped while a save
+        is between its mark and its index, which will do the same."""
+        with self._index_lock:
+            if self.journal is None or self._marks or not self.usable:
+                return
+            end = self.journal.rotate()
+            base = self._load_index() or self.new_index([])
+            self._write_index_file(replay(base, self._journal_records(base.journal_from, end),
+                                          self.fingerprint.page_size), end)
+            self.compactions += 1
+
+    def _write_index_file(self, index: StoreIndex, journal_from: int) -> None:
+        """Write `index` as covering the journal files before `journal_from`, then remove
+        those files (the index lock is held)."""
+        index.journal_from = journal_from
+        fsync_dir(self.pages_dir)                 # the pages' renames are durable first
         write_atomic(self.directory / INDEX_FILE, encode_index(index), sync_dir=True)
+        self.crash.reached("compaction")
+        if self.journal is not None:
+            self.journal.compacted(journal_from)
+        else:
+            for _, path in journal_files(self.directory / JOURNAL_DIR):
+                path.unlink(missing_ok=True)
+
+    def _journal_records(self, first: int, end: int | None = None,
+                         cut: bool = False) -> list[Record]:
+        """The records of the journal files `first` <= seq < `end`, in order; `cut`: a
+        torn tail is truncated (at start, with one warning) and counted."""
+        records: list[Record] = []
+        for seq, path in journal_files(self.directory / JOURNAL_DIR):
+            if seq < first or (end is not None and seq >= end):
+                continue
+            read = read_journal(path)
+            records.extend(read.records)
+            if read.torn and cut:
+                self.recovery.torn_tails += 1
+                cut_torn_tail(path, read)
+        return records
 
     def read_index(self) -> StoreIndex | None:
         """The index on disk, reduced to the nodes that can be restored (see
@@ -236,7 +343,10 @@ class DiskPageStore:
         return result.index
 
     def close(self) -> None:
-        """Release the directory's lock (the process exiting does too)."""
+        """Sync and close the journal, release the directory's lock (the process exiting
+        does that too)."""
+        if self.journal is not None and self.usable:
+            self.journal.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -259,8 +369,32 @@ class DiskPageStore:
             return refusal
         self.pages_dir.mkdir(exist_ok=True)
         self._scan_pages()
+        started = time.perf_counter()
+        next_seq = self._recover()
         self._remove_unindexed()
+        self.recovery.seconds = time.perf_counter() - started
+        if self.journal is not None:
+            self.journal.start(next_seq)
         return None
+
+    def _recover(self) -> int:
+        """Replay the journal onto the index and write the result as the index (nothing
+        to do without journal files); -> the seq the next journal file takes."""
+        files = journal_files(self.directory / JOURNAL_DIR)
+        next_seq = files[-1][0] + 1 if files else 1
+        base = self._load_index()
+        self.recovery.index_pages = len(base.page_keys()) if base is not None else 0
+        if files:
+            base = base or self.new_index([])
+            records = self._journal_records(base.journal_from, cut=True)
+            self.recovery.journal_records = len(records)
+            with self._index_lock:
+                self._write_index_file(replay(base, records, self.fingerprint.page_size),
+                                       next_seq)
+            if records:
+                log.info("KV disk store %s: replayed %d journal records onto an index of "
+                         "%d pages", self.directory, len(records), self.recovery.index_pages)
+        return next_seq
 
     def _create(self) -> str | None:
         try:
@@ -318,6 +452,7 @@ class DiskPageStore:
         named = raw.page_keys() if raw is not None else set()
         index = self._restorable(raw)
         keep = index.page_keys() if index is not None else set()
+        self.recovery.pages = len(keep)
         unused = [k for k in self._sizes if k not in keep]
         if unused:
             for key in unused:

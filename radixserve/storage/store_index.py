@@ -33,6 +33,9 @@ class IndexNode(msgspec.Struct, array_like=True):
     token_ids: list[int]             # the edge's tokens: len == len(page_keys) * page_size
     page_keys: list[int]             # the disk store's page keys, in token order
     last_access: int = 0             # the tree's logical clock, to restore eviction order
+    # Each page's path hash (cache/path_hash.py), so journal records can hang pages from
+    # this node (journal_replay.py); [] in indexes written before the journal.
+    page_hashes: list[bytes] = []
 
 
 class StoreIndex(msgspec.Struct):
@@ -42,6 +45,9 @@ class StoreIndex(msgspec.Struct):
     # The write serial of each named page (filled by DiskPageStore.write_index): a page
     # file whose header carries another serial was rewritten after this index.
     page_serials: dict[int, int] = {}
+    # The first journal file this index does not cover (storage/journal.py): a restart
+    # replays that one and those after it.
+    journal_from: int = 0
 
     def page_keys(self) -> set[int]:
         return {k for n in self.nodes for k in n.page_keys}
@@ -90,7 +96,8 @@ def restorable(index: StoreIndex, page_size: int, stored: Collection[int]) -> Re
         used.update(node.page_keys)
     keys = {k for n in kept for k in n.page_keys}
     serials = {k: v for k, v in index.page_serials.items() if k in keys}
-    return Restorable(StoreIndex(index.version, index.fingerprint, kept, serials), dropped)
+    return Restorable(StoreIndex(index.version, index.fingerprint, kept, serials,
+                                 index.journal_from), dropped)
 
 
 def _problem(node: IndexNode, page_size: int, stored: Collection[int],
