@@ -22,7 +22,7 @@ import torch
 from radixserve.attention.kv_pool import _as_dtype, _check_positive, _zeros
 from radixserve.attention.kv_quant import SCALE_DTYPE, KVCodec
 from radixserve.attention.page_copy import copy_page_prefix
-from radixserve.kv_sizing import KVFormat, pool_pages
+from radixserve.kv_sizing import KVFormat
 
 
 class LatentKVPool:
@@ -65,16 +65,6 @@ class LatentKVPool:
         itemsize = torch.empty((), dtype=codec.storage).element_size()
         scale = SCALE_DTYPE.itemsize if codec.quantized else 0
         return num_layers * ((kv_lora_rank + rope_dim) * itemsize + scale)
-
-    @staticmethod
-    def pages_for_budget(budget_bytes: float, num_layers: int, page_size: int,
-                         kv_lora_rank: int, rope_dim: int, dtype: torch.dtype | str,
-                         kv_cache_tokens: int | None = None) -> int:
-        """Whole pages in ``budget_bytes`` (or --kv-cache-tokens), kv_sizing's arithmetic."""
-        return pool_pages(token_bytes=LatentKVPool.token_bytes(num_layers, kv_lora_rank,
-                                                               rope_dim, dtype),
-                          page_size=page_size, kv_cache_tokens=kv_cache_tokens,
-                          budget=budget_bytes)
 
     @property
     def bytes_per_token(self) -> int:

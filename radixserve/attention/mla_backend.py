@@ -38,13 +38,10 @@ class MLABackend(AttentionBackend[PlanT]):
                         f"forward_latent (ForwardContext.latent_attention)")
 
 
-def create_mla_backend(name: str, *, num_heads: int, kv_lora_rank: int, rope_dim: int,
-                       dtype: torch.dtype, device: torch.device | str,
-                       deterministic: bool = False) -> MLABackend:
+def create_mla_backend(name: str, *, num_heads: int, deterministic: bool = False) -> MLABackend:
     """"torch" or "auto" -> the torch MLA backend on CPU; "flashinfer" is refused with the
     reason until the MLA kernel path has run on a GPU (mla_flashinfer.py)."""
     from radixserve.attention.mla_torch import MLATorchBackend
-    device = torch.device(device)
     if deterministic:
         raise ValueError("--deterministic does not support latent-attention (MLA) models "
                          "yet")

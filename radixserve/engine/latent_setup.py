@@ -35,8 +35,6 @@ def latent_attention(config: EngineConfig, mc: ModelConfig, num_pages: int,
                         mc.mla.qk_rope_head_dim, dtype, device,
                         element=check_latent_format(kv_format))
     backend = create_mla_backend(config.attention_backend, num_heads=mc.num_heads,
-                                 kv_lora_rank=mc.mla.kv_lora_rank,
-                                 rope_dim=mc.mla.qk_rope_head_dim, dtype=dtype, device=device,
                                  deterministic=config.deterministic)
     return pool, backend
 

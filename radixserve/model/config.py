@@ -1,5 +1,5 @@
-"""ModelConfig: the shape of a Llama-family or Gemma 2/3 model, read from config.json or GGUF
-metadata.
+"""ModelConfig: the shape of a Llama-family, Gemma 2/3 or DeepSeek-V2/V3 model, read from
+config.json or GGUF metadata (DeepSeek's MLA and MoE parts: `deepseek_config.py`).
 
 Both sources are normalised here so the model code never sees a dict of raw keys. Which
 layers attend through a sliding window is resolved here too (`layer_windows`), so the

@@ -40,7 +40,8 @@ def yarn_frequencies(dim: int, theta: float, p: Mapping[str, Any]) -> tuple[torc
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     pos_freqs = theta ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
     extrapolation = 1 - ramp
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    inv_freq = ((1.0 / (factor * pos_freqs)) * (1 - extrapolation)
+                + (1.0 / pos_freqs) * extrapolation)
     return inv_freq, float(attention)
 
 
