@@ -111,6 +111,7 @@ def events_round(workload: str, events: bool, steps: int, page_size: int) -> dic
             if kv is not None:
                 kv.flush()
     times, finished = [], 0
+    cpu0 = time.process_time()
     for _ in range(steps):
         times.append(timed_step(core, runner, kv.flush if kv is not None else None)[1])
         finished += sum(1 for out in sink if out.finished)
@@ -120,25 +121,30 @@ def events_round(workload: str, events: bool, steps: int, page_size: int) -> dic
         kv.publisher.wait_sent(kv.publisher.will_send(), timeout_s=60)
         nbytes = kv.stats.published_bytes
         kv.close()
-    return {"ms": statistics.median(times) * 1e3, "finished": finished, "bytes": nbytes}
+    # CPU of every thread of the process (the publisher's included) over the loop, per step:
+    # less sensitive than wall time to other processes on a shared machine.
+    cpu_ms = (time.process_time() - cpu0) / steps * 1e3
+    return {"ms": statistics.median(times) * 1e3, "cpu_ms": cpu_ms, "finished": finished,
+            "bytes": nbytes}
 
 
 def compare_events(steps: int, rounds: int = 3) -> None:
     print(f"{'workload':>9} {'page':>5} {'off ms/step':>12} {'on ms/step':>11} {'on/off':>7} "
-          f"{'event bytes/request':>20}")
+          f"{'off cpu ms':>11} {'on cpu ms':>10} {'on/off':>7} {'event bytes/request':>20}")
     for workload in ("decode", "churn"):
         for page_size in (1, 16):
             off, on, per_request = [], [], []
             for _ in range(rounds):                 # alternated: drift hits both alike
-                off.append(events_round(workload, False, steps, page_size)["ms"])
+                off.append(events_round(workload, False, steps, page_size))
                 r = events_round(workload, True, steps, page_size)
-                on.append(r["ms"])
+                on.append(r)
                 if r["finished"]:
                     per_request.append(r["bytes"] / r["finished"])
-            a, b = statistics.median(off), statistics.median(on)
+            a, b = (statistics.median(x["ms"] for x in runs) for runs in (off, on))
+            c, d = (statistics.median(x["cpu_ms"] for x in runs) for runs in (off, on))
             per = f"{statistics.median(per_request):.0f}" if per_request else "-"
-            print(f"{workload:>9} {page_size:>5} {a:>12.3f} {b:>11.3f} {b / a:>7.3f} {per:>20}",
-                  flush=True)
+            print(f"{workload:>9} {page_size:>5} {a:>12.3f} {b:>11.3f} {b / a:>7.3f} "
+                  f"{c:>11.3f} {d:>10.3f} {d / c:>7.3f} {per:>20}", flush=True)
 
 
 def main() -> None:
