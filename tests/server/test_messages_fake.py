@@ -69,7 +69,13 @@ def test_message_body_stream_and_usage_split(fake):
                  for i in range(5)]}, "system[4].cache_control"),
     ({"system": system(ttl="10m")}, "system[0].cache_control.ttl"),
     ({"system": system("x" * (2 * BREAKPOINT_BUDGET))}, "system[0].cache_control"),
-    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
+    ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
+    ({"tools": [{"type": "web_search_20250305", "name": "w"}]}, "tools[0].type"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}],
+      "tool_choice": {"type": "tool", "name": "g"}}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]},
+     "messages[0].tool_call_id"),      # answers no earlier tool_use
 ])
 def test_bad_cache_control_and_tools_are_400_naming_the_field(fake, body, param):
     full = {"model": "fake-model", "max_tokens": 3,
