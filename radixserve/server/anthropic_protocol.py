@@ -70,6 +70,7 @@ class MessagesRequest(Struct, kw_only=True):
     tools: list[Any] | None = None
     tool_choice: Any = None
     metadata: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None   # automatic: a breakpoint on the last block
 
     def check(self) -> None:
         if not self.messages:
@@ -85,11 +86,23 @@ class MessagesRequest(Struct, kw_only=True):
                     if block.cache_control is not None:
                         found.append(Breakpoint(f"{where}[{j}].cache_control", index, j,
                                                 TTL_SECONDS[block.cache_control.ttl]))
+        if self.cache_control is not None:
+            last = self._last_block()
+            if all((b.message, b.block) != last for b in found):
+                found.append(Breakpoint("cache_control", *last,
+                                        TTL_SECONDS[self.cache_control.ttl]))
         if len(found) > MAX_BREAKPOINTS:
             raise bad_request(found[MAX_BREAKPOINTS].path,
                               f"at most {MAX_BREAKPOINTS} blocks may have 'cache_control' "
                               f"(this request has {len(found)})", "too_many_breakpoints")
         return found
+
+    def _last_block(self) -> tuple[int, int]:
+        """(message, block) of the request's last block, where Anthropic's automatic
+        caching puts the breakpoint (the whole prompt up to the new turn's end)."""
+        i = len(self.messages) - 1
+        content = self.messages[i].content
+        return i, (len(content) - 1 if isinstance(content, list) and content else 0)
 
     def chat_messages(self, upto: Breakpoint | None = None) -> list[dict]:
         """The conversation as chat messages; with `upto`, cut after that block (what a
