@@ -126,10 +126,7 @@ class MessageBuilder:
             if out.text:
                 events += self._text_delta(out.text)
         else:
-            text, calls = self.tool_stream.push(out.text)
-            if out.finished:
-                more_text, more_calls = self.tool_stream.finish()
-                text, calls = text + more_text, calls + more_calls
+            text, calls = self.tool_stream.feed(out.text, out.finished)
             if text:
                 if self.text_block is None:
                     events += self._open_text()
