@@ -1,6 +1,7 @@
 """Structured outputs and tools: the official `openai` client, unchanged, against a live
 server on SmolLM2 (response_format with a Pydantic model, tool round trips with every
-tool_choice, streamed and not, parallel calls), the native route's grammars, and bad input."""
+tool_choice, streamed and not, parallel calls; the same round trips on /v1/responses and, with
+the `anthropic` client, on /v1/messages), the native route's grammars, and bad input."""
 
 from __future__ import annotations
 
