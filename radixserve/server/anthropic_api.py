@@ -14,6 +14,7 @@ from radixserve.engine.outputs import RequestOutput
 from radixserve.server.openapi import RouteDoc, documented
 from radixserve.server import cache_breakpoints as B
 from radixserve.server.anthropic_protocol import MessagesRequest
+from radixserve.server.anthropic_tools import tool_use_block
 from radixserve.server.body import read_json
 from radixserve.server.engine_client import TokenizerClient
 from radixserve.server.miss_report import cache_extension
@@ -21,12 +22,16 @@ from radixserve.server.openai_serving import Renderer, run_on_engine
 from radixserve.server.prompts import Prepared, prepare_chat
 from radixserve.server.sse import NamedEvent, stream_events
 from radixserve.server.state import STATE, caller, json_response
+from radixserve.server.tool_parser import ToolCallStream, parse_calls
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
 
 class MessageBuilder:
-    """One message's outputs, rendered as Anthropic's body or its stream events."""
+    """One message's outputs, rendered as Anthropic's body or its stream events.
+
+    With tools, the text goes through a ToolCallStream: a text block opens at the first
+    text, each finished call is a tool_use block (anthropic_tools.py), in order."""
 
     def __init__(self, model: str, prepared: Prepared, placed: list[B.PlacedBreakpoint],
                  tokenizer: TokenizerClient):
@@ -40,6 +45,11 @@ class MessageBuilder:
         self.final: RequestOutput | None = None
         self.started = False
         self.stopped = False            # sse.EventSource
+        tools = prepared.tools
+        self.tool_stream = ToolCallStream(tools.names) if tools is not None else None
+        self.blocks = 0                 # streamed content blocks so far
+        self.text_block: int | None = None  # the open text block's index (streaming)
+        self._content: list[dict[str, Any]] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text.append(out.text)
@@ -66,21 +76,41 @@ class MessageBuilder:
             return None, None
         if isinstance(final.stop_reason, str):
             return "stop_sequence", final.stop_reason
+        if final.finish_reason == "stop" and self.made_calls():
+            return "tool_use", None
         return STOP_REASONS.get(final.finish_reason or "", "end_turn"), None
+
+    def made_calls(self) -> bool:
+        if self.tool_stream is not None and self.started:
+            return bool(self.tool_stream.calls)
+        return any(b["type"] == "tool_use" for b in self.content())
+
+    def content(self) -> list[dict[str, Any]]:
+        """The finished content blocks (made once: tool_use ids are made here)."""
+        if self._content is None:
+            text = "".join(self.text)
+            if self.prepared.tools is None:
+                self._content = [{"type": "text", "text": text}]
+            else:
+                rest, calls = parse_calls(text, self.prepared.tools.names)
+                blocks = [{"type": "text", "text": rest}] if rest else []
+                self._content = blocks + [tool_use_block(c) for c in calls] or \
+                    [{"type": "text", "text": ""}]
+        return self._content
 
     def output_tokens(self) -> int:
         final = self.final
         return final.usage.completion_tokens if final is not None and final.usage else 0
 
-    def message(self, text: str, with_stop: bool = True) -> dict[str, Any]:
+    def message(self, with_stop: bool = True) -> dict[str, Any]:
         reason, sequence = self.stop() if with_stop else (None, None)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": [{"type": "text", "text": text}] if with_stop else [],
+                "content": self.content() if with_stop else [],
                 "stop_reason": reason, "stop_sequence": sequence,
                 "usage": self.usage(self.output_tokens() if with_stop else 0)}
 
     def body(self) -> dict[str, Any]:
-        return self.message("".join(self.text))
+        return self.message()
 
     # -- sse.EventSource (outputs are `add`ed by the handler first)
 
@@ -88,29 +118,64 @@ class MessageBuilder:
         events = []
         if not self.started:
             self.started = True
-            events += [NamedEvent("message_start", {"type": "message_start",
-                                                    "message": self.message("", False)}),
-                       NamedEvent("content_block_start", {
-                           "type": "content_block_start", "index": 0,
-                           "content_block": {"type": "text", "text": ""}})]
-        if out.text:
-            events.append(NamedEvent("content_block_delta", {
-                "type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": out.text}}))
+            events.append(NamedEvent("message_start", {"type": "message_start",
+                                                       "message": self.message(False)}))
+            if self.tool_stream is None:
+                events += self._open_text()
+        if self.tool_stream is None:
+            if out.text:
+                events += self._text_delta(out.text)
+        else:
+            text, calls = self.tool_stream.feed(out.text, out.finished)
+            if text:
+                if self.text_block is None:
+                    events += self._open_text()
+                events += self._text_delta(text)
+            for call in calls:
+                events += self._close_text() + self._tool_use_events(call)
         if out.finished and (err := Renderer.failure(out)) is not None:
             events.append(NamedEvent("error", {"type": "error", "error": {
                 "type": err.type, "message": err.message}}))
             self.stopped = True
         return events
 
+    def _open_text(self) -> list[NamedEvent]:
+        self.text_block, self.blocks = self.blocks, self.blocks + 1
+        return [NamedEvent("content_block_start", {
+            "type": "content_block_start", "index": self.text_block,
+            "content_block": {"type": "text", "text": ""}})]
+
+    def _text_delta(self, text: str) -> list[NamedEvent]:
+        return [NamedEvent("content_block_delta", {
+            "type": "content_block_delta", "index": self.text_block,
+            "delta": {"type": "text_delta", "text": text}})]
+
+    def _close_text(self) -> list[NamedEvent]:
+        if self.text_block is None:
+            return []
+        index, self.text_block = self.text_block, None
+        return [NamedEvent("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def _tool_use_events(self, call) -> list[NamedEvent]:
+        """A finished call as Anthropic streams a tool_use block."""
+        block = tool_use_block(call)
+        index, self.blocks = self.blocks, self.blocks + 1
+        return [NamedEvent("content_block_start", {
+                    "type": "content_block_start", "index": index,
+                    "content_block": {**block, "input": {}}}),
+                NamedEvent("content_block_delta", {
+                    "type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
+                NamedEvent("content_block_stop", {"type": "content_block_stop", "index": index})]
+
     def closing(self) -> list[Any]:
         reason, sequence = self.stop()
-        return [NamedEvent("content_block_stop", {"type": "content_block_stop", "index": 0}),
-                NamedEvent("message_delta", {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                    "usage": self.usage(self.output_tokens())}),
-                NamedEvent("message_stop", {"type": "message_stop"})]
+        return self._close_text() + [
+            NamedEvent("message_delta", {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": self.usage(self.output_tokens())}),
+            NamedEvent("message_stop", {"type": "message_stop"})]
 
     def abort_outputs(self) -> list[RequestOutput]:
         if self.final is not None:

@@ -11,11 +11,14 @@ lapsed or was released for room only means the history is recomputed from the st
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from radixserve.server.conversation_ids import next_turn_ids
 from radixserve.server.engine_client import EngineClient
@@ -51,8 +54,10 @@ class TurnPrompt:
 
 class Conversations:
     def __init__(self, engine: EngineClient, config: ConversationConfig,
-                 directory: Path | None = None, clock: Callable[[], float] = time.time):
+                 directory: Path | None = None, clock: Callable[[], float] = time.time,
+                 model_id: str = ""):
         self.config = config
+        self.model_id = model_id        # a stored response of another model is re-rendered
         pin_budget = config.pin_tokens
         if pin_budget is None:
             pin_budget = engine.stats().pinned_tokens_limit
@@ -69,7 +74,9 @@ class Conversations:
     def for_engine(cls, engine: EngineClient, config: ConversationConfig) -> "Conversations":
         """Stored responses on disk beside the KV when the engine has --kv-disk-dir."""
         disk = getattr(engine.config, "kv_disk_dir", None)
-        return cls(engine, config, Path(disk) / STORE_SUBDIR if disk else None)
+        if not disk:
+            return cls(engine, config)
+        return cls(engine, config, Path(disk) / STORE_SUBDIR, model_id=model_identity(engine))
 
     def set_clock(self, clock: Callable[[], float]) -> None:
         """Tests move time instead of sleeping."""
@@ -101,8 +108,9 @@ class Conversations:
         ids = None
         # Tool turns render through tools.render_messages (the tools block, calls, results),
         # which next_turn_ids' plain template diff does not: they are re-rendered.
+        # Ids stored by another model (a restart on other weights) are never extended.
         if previous.namespace == prepared.namespace and history[:-1] == previous.messages \
-                and not req.uses_tools(messages):
+                and not req.uses_tools(messages) and previous.model == self.model_id:
             ids = await next_turn_ids(prompts.chat, history[:-1], previous.token_ids, new)
         if ids is None:
             return TurnPrompt(prepared, messages, previous, "rendered", pinned)
@@ -118,7 +126,7 @@ class Conversations:
         ids = list(turn.prepared.prompt_ids) + list(reply_ids)
         item = StoredResponse(id=response_id, owner=owner, namespace=turn.prepared.namespace,
                               created_at=created_at, last_used=0.0, messages=turn.messages,
-                              reply=reply, token_ids=ids, body=body)
+                              reply=reply, token_ids=ids, body=body, model=self.model_id)
         for dropped in self.store.put(item):
             await self.pins.release(dropped.pin_id)
         item.pin_id = await self.pins.take(ids[:-1], item.namespace)
@@ -134,6 +142,18 @@ class Conversations:
     async def close(self) -> None:
         await self.pins.release_all()
         await self.breakpoints.release_all()
+
+
+def model_identity(engine: EngineClient) -> str:
+    """What stored token ids are valid for across restarts: the KV disk store's model
+    fingerprint (weights, dtype, KV layout, K/V code), or, for an engine without a local
+    model runner (replicas, tests), the configured model."""
+    runner = getattr(engine, "runner", None)
+    if runner is None:
+        return f"model={engine.config.model}"
+    from radixserve.engine.kv_persistence import engine_fingerprint
+    fingerprint = engine_fingerprint(engine.config, runner)
+    return hashlib.sha256(msgspec.json.encode(fingerprint)).hexdigest()
 
 
 def new_response_id() -> str:

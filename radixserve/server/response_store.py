@@ -38,6 +38,7 @@ class StoredResponse(msgspec.Struct, kw_only=True):
     token_ids: list[int]            # prompt + generated ids, exactly as the engine ran them
     body: dict                      # the response object as returned
     pin_id: str | None = None       # this server run's TimedPins id (not meaningful on disk)
+    model: str = ""                 # the model identity its ids belong to (conversations.py)
 
 
 def not_found(response_id: str, param: str = "response_id") -> ApiError:

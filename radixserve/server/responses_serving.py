@@ -183,10 +183,7 @@ class ResponseBuilder:
                                           output_index=0, content_index=0, delta=out.text,
                                           logprobs=[]))
         else:
-            text, calls = self.tool_stream.push(out.text)
-            if out.finished:
-                more_text, more_calls = self.tool_stream.finish()
-                text, calls = text + more_text, calls + more_calls
+            text, calls = self.tool_stream.feed(out.text, out.finished)
             if text:
                 events += self._text_delta(text)
             for call in calls:

@@ -122,6 +122,14 @@ class ToolCallStream:
             text_out = ""
         return text_out, new
 
+    def feed(self, text: str, finished: bool) -> tuple[str, list[ToolCall]]:
+        """`push`, and at the sample's end `finish` too: everything released by this output."""
+        out, calls = self.push(text)
+        if finished:
+            more_text, more_calls = self.finish()
+            out, calls = out + more_text, calls + more_calls
+        return out, calls
+
     def finish(self) -> tuple[str, list[ToolCall]]:
         """The sample ended: what is still held, as content or calls."""
         held, self._held = self._held, ""

@@ -205,3 +205,31 @@ def test_prompt_cache_key_is_a_scheduling_hint_never_a_namespace(fake):
     calls = fake.engine.calls[-3:]
     assert [params.cache_key for _, params, _ in calls] == ["k1", "k2", "k3"]
     assert [namespace for _, _, namespace in calls] == [None, None, None]
+
+
+def test_a_stored_response_of_another_model_is_re_rendered_not_extended(tmp_path):
+    """Stored responses persist beside the KV (--kv-disk-dir) with the model identity their
+    ids belong to: after a restart on the same model a follow-up extends the stored ids;
+    after a restart on another model it is rendered from the stored items instead."""
+    def serve(model: str) -> LiveServer:
+        engine = FakeEngine(max_model_len=2048, reply="Sure. ")
+        engine.config.kv_disk_dir = str(tmp_path)
+        engine.config.model = model
+        return LiveServer(engine, ServerConfig(port=0))
+
+    def follow_up(server, previous_id: str) -> dict:
+        r = http.post(server.base_url + "/responses", json={
+            "input": "Next?", "previous_response_id": previous_id, "max_output_tokens": 2})
+        assert r.status == 200, r.body
+        return r.json()["usage"]["radixserve"]
+
+    with serve("model-a") as first:
+        r = http.post(first.base_url + "/responses", json={"input": "Hi", "max_output_tokens": 2})
+        response_id = r.json()["id"]
+        first.check_invariants()
+    with serve("model-a") as same:
+        assert follow_up(same, response_id)["prompt_source"] == "extended"
+        same.check_invariants()
+    with serve("model-b") as other:
+        assert follow_up(other, response_id)["prompt_source"] == "rendered"
+        other.check_invariants()

@@ -1,6 +1,7 @@
 """Structured outputs and tools: the official `openai` client, unchanged, against a live
 server on SmolLM2 (response_format with a Pydantic model, tool round trips with every
-tool_choice, streamed and not, parallel calls), the native route's grammars, and bad input."""
+tool_choice, streamed and not, parallel calls; the same round trips on /v1/responses and, with
+the `anthropic` client, on /v1/messages), the native route's grammars, and bad input."""
 
 from __future__ import annotations
 
@@ -314,3 +315,41 @@ def test_responses_tool_round_trip_streamed_and_not(client):
                 "arguments": call.arguments},
                {"type": "function_call_output", "call_id": call.call_id, "output": "noon"}])
     assert again.status in ("completed", "incomplete") and again.output[0].type == "message"
+
+
+def test_messages_tool_round_trip_streamed_and_not(server):
+    """/v1/messages with the anthropic client: tool_choice any -> a tool_use block and
+    stop_reason tool_use; its tool_result gets a text answer; a named tool streamed
+    through the client's own accumulation of input_json_delta."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url,
+                                 api_key="unused", max_retries=0, timeout=120)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in (WEATHER, TIME)]
+    ask = [{"role": "user", "content": ASK[0]["content"]}]
+    first = client.messages.create(model=MODEL, max_tokens=40, messages=ask,
+                                   tools=tools, tool_choice={"type": "any",
+                                                             "disable_parallel_tool_use": True})
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and use.name in ("get_weather", "get_time")
+    jsonschema.validate(use.input, next(t["input_schema"] for t in tools
+                                        if t["name"] == use.name))
+    answer = client.messages.create(
+        model=MODEL, max_tokens=6, tools=tools, tool_choice={"type": "none"},
+        messages=ask + [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                        {"role": "user", "content": [{"type": "tool_result",
+                                                      "tool_use_id": use.id,
+                                                      "content": "sunny"}]}])
+    assert [b.type for b in answer.content] == ["text"]
+    assert answer.usage.cache_read_input_tokens > 0            # the tools block hit
+    with client.messages.stream(model=MODEL, max_tokens=40, messages=ask,
+                                tools=tools, tool_choice={"type": "tool",
+                                                          "name": "get_time"}) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_message()
+    assert "input_json" in kinds and streamed.stop_reason == "tool_use"
+    (use,) = [b for b in streamed.content if b.type == "tool_use"]
+    assert use.name == "get_time"
+    jsonschema.validate(use.input, tools[1]["input_schema"])
+    server.check_invariants()
