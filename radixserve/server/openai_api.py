@@ -17,14 +17,14 @@ from radixserve.server.state import STATE, ServerState, caller, json_response
 
 @documented(RouteDoc("Chat completion (OpenAI); server-sent events with stream=true",
                      body=P.ChatCompletionRequest, response=P.ChatCompletionResponse,
-                     stream=P.ChatCompletionChunk))
+                     stream=P.ChatCompletionChunk, errors=(404,)))   # 404: another model
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await serve(request, ChatRenderer, P.ChatCompletionRequest, prepare_chat)
 
 
 @documented(RouteDoc("Text completion (OpenAI); server-sent events with stream=true",
                      body=P.CompletionRequest, response=P.CompletionResponse,
-                     stream=P.CompletionChunk))
+                     stream=P.CompletionChunk, errors=(404,)))       # 404: another model
 async def completions(request: web.Request) -> web.StreamResponse:
     return await serve(request, CompletionRenderer, P.CompletionRequest, prepare_completion)
 
