@@ -188,7 +188,8 @@ def deterministic_groups(meta: AttentionMetadata, *, num_qo_heads: int, num_kv_h
         classes.setdefault(query_tile_class(qo[b + 1] - qo[b], group_size), []).append(b)
     kwargs = dict(causal=True, sm_scale=sm_scale, q_data_type=dtype,
                   kv_data_type=kv_dtype or dtype, **_window_kwargs(window_left),
-                  **_soft_cap_kwargs(logits_soft_cap), fixed_split_size=fixed_split_pages(meta.page_size), disable_split_kv=False)
+                  **_soft_cap_kwargs(logits_soft_cap),
+                  fixed_split_size=fixed_split_pages(meta.page_size), disable_split_kv=False)
     groups = []
     for tile_class in sorted(classes):
         spans = classes[tile_class]
@@ -273,6 +274,8 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         self.logits_soft_cap = logits_soft_cap
         # Window classes, planned into the kernels as flashinfer's window_left = W - 1: one
         # (Llama; Mistral with its window on every layer) or several (Gemma: local/global).
+        # Their wrappers are created on first use, so that constructing the backend needs
+        # neither CUDA nor flashinfer (backend selection is tested on CPU machines).
         windows, self.layer_class = window_classes(layer_windows)
         self.classes = [WindowClass(-1 if w is None else w - 1) for w in windows]
         self.window_left = self.classes[0].window_left
@@ -282,33 +285,6 @@ class FlashInferBackend(AttentionBackend[FlashInferPlan]):
         self.fixed_kv_scale = FP8_KV_SCALE if self.kv_dtype != dtype else None
         self._run_kw = ({} if self.fixed_kv_scale is None else
                         dict(k_scale=FP8_KV_SCALE, v_scale=FP8_KV_SCALE))
-        # Wrappers are created on first use so that constructing the backend needs neither
-        # CUDA nor flashinfer (backend selection is tested on CPU machines).
-
-    # The first window class's wrappers (the only class of a model without mixed windows).
-    @property
-    def _prefill_wrapper(self) -> Any:
-        return self.classes[0].prefill
-
-    @_prefill_wrapper.setter
-    def _prefill_wrapper(self, wrapper: Any) -> None:
-        self.classes[0].prefill = wrapper
-
-    @property
-    def _decode_wrapper(self) -> Any:
-        return self.classes[0].decode
-
-    @_decode_wrapper.setter
-    def _decode_wrapper(self, wrapper: Any) -> None:
-        self.classes[0].decode = wrapper
-
-    @property
-    def _tile_wrappers(self) -> list[Any]:
-        return self.classes[0].tiles
-
-    @_tile_wrappers.setter
-    def _tile_wrappers(self, wrappers: list[Any]) -> None:
-        self.classes[0].tiles = wrappers
 
     def _ensure_wrappers(self) -> None:
         if all(c.prefill is not None for c in self.classes):

@@ -384,6 +384,8 @@ def _gemma_from_gguf(config: ModelConfig, meta: Mapping[str, Any], arch: str) ->
                    layer_windows=windows, qk_norm=gemma3, hidden_act="gelu_pytorch_tanh",
                    query_pre_attn_scalar=(float(config.head_dim) if scale is None
                                           else float(scale) ** -2),
-                   final_logit_softcapping=_optional_float(meta, f"{arch}.final_logit_softcapping"),
-                   attn_logit_softcapping=_optional_float(meta, f"{arch}.attn_logit_softcapping"),
+                   final_logit_softcapping=_optional_float(
+                       meta, f"{arch}.final_logit_softcapping"),
+                   attn_logit_softcapping=_optional_float(
+                       meta, f"{arch}.attn_logit_softcapping"),
                    rope_local_theta=GGUF_GEMMA3_LOCAL_ROPE_THETA if gemma3 else None)

@@ -120,3 +120,20 @@ def test_deterministic_selects_fixed_split_or_deterministic_flashinfer(flashinfe
     add_engine_arguments(parser)
     assert EngineConfig.from_args(parser.parse_args(["--deterministic"])).deterministic
     assert not EngineConfig.from_args(parser.parse_args([])).deterministic
+
+
+def test_hybrid_models_backends(flashinfer_present):
+    """Gemma-like settings: flashinfer takes mixed windows and the soft-cap (one window class
+    each); deterministic mode runs windows on the fixed-split torch backend, also when
+    flashinfer was asked for, and refuses the soft-cap with the reason named."""
+    from radixserve.attention.fixed_split import FixedSplitBackend
+    gemma = dict(KW, layer_windows=[8, None, 8])
+    fi = create_backend("flashinfer", **gemma, device="cuda", logits_soft_cap=50.0)
+    assert isinstance(fi, FlashInferBackend) and fi.logits_soft_cap == 50.0
+    assert [c.window_left for c in fi.classes] == [-1, 7] and fi.layer_class == [1, 0, 1]
+    with pytest.warns(RuntimeWarning, match="deterministic mode with sliding-window"):
+        det = create_backend("flashinfer", **gemma, device="cuda", deterministic=True)
+    assert isinstance(det, FixedSplitBackend) and det.layer_windows == (8, None, 8)
+    with pytest.raises(ValueError, match="soft-capping"):
+        create_backend("torch", **gemma, device="cpu", deterministic=True,
+                       logits_soft_cap=50.0)

@@ -119,19 +119,19 @@ def test_prefill_only_decode_only_and_empty():
 
 def test_prepare_plans_each_wrapper_once_per_step():
     backend = FlashInferBackend(device="cpu", **KW)
-    backend._prefill_wrapper, backend._decode_wrapper = RecordingWrapper(), RecordingWrapper()
+    backend.classes[0].prefill, backend.classes[0].decode = RecordingWrapper(), RecordingWrapper()
     meta = build_metadata(spans_for([(0, 9), (5, 1), (6, 1)], 16), 16, "cpu")
     prepared = backend.prepare(meta)
-    assert len(backend._prefill_wrapper.plans) == 1 and len(backend._decode_wrapper.plans) == 1
+    assert len(backend.classes[0].prefill.plans) == 1 and len(backend.classes[0].decode.plans) == 1
     assert [r.rows for r in prepared.runs] == [slice(0, 9), slice(9, 11)]
     backend.prepare(build_metadata(spans_for([(5, 1)], 16), 16, "cpu"))
-    assert len(backend._prefill_wrapper.plans) == 1 and len(backend._decode_wrapper.plans) == 2
+    assert len(backend.classes[0].prefill.plans) == 1 and len(backend.classes[0].decode.plans) == 2
 
 
 def test_empty_step_needs_no_flashinfer():
     backend = FlashInferBackend(device="cpu", **KW)
     prepared = backend.prepare(build_metadata([], 1, "cpu"))   # would import flashinfer if it
-    assert backend._prefill_wrapper is None and prepared.runs == []   # tried to build wrappers
+    assert backend.classes[0].prefill is None and prepared.runs == []   # tried to build wrappers
     pool = KVPool(1, 4, 1, 2, 64, torch.bfloat16, "cpu")
     out = backend.forward(prepared, 0, torch.zeros(0, 8, 64, dtype=torch.bfloat16),
                           torch.zeros(0, 2, 64, dtype=torch.bfloat16),
@@ -148,8 +148,8 @@ def test_forward_through_emulated_kernels_equals_dense(page_size, lens):
     pool = KVPool(1, 200 // page_size + 10, page_size, 2, 64, torch.float32, "cpu")
     sc = make_scenario(pool, lens, 8, seed=page_size)
     backend = FlashInferBackend(device="cpu", **kw)
-    backend._prefill_wrapper = EmulatingWrapper(causal_expected=True)
-    backend._decode_wrapper = EmulatingWrapper(causal_expected=False)
+    backend.classes[0].prefill = EmulatingWrapper(causal_expected=True)
+    backend.classes[0].decode = EmulatingWrapper(causal_expected=False)
     meta = build_metadata(sc.spans, page_size, "cpu")
     out = backend.forward(backend.prepare(meta), 0, sc.q, sc.k, sc.v, pool)
     assert (out.double() - dense_attention(sc)).abs().max() < 2e-5
@@ -157,12 +157,12 @@ def test_forward_through_emulated_kernels_equals_dense(page_size, lens):
 
 def test_deterministic_plans_each_query_tile_class_on_its_own_prefill_wrapper():
     backend = FlashInferBackend(device="cpu", **KW, deterministic=True)
-    backend._tile_wrappers = [RecordingWrapper() for _ in range(3)]
-    backend._prefill_wrapper = backend._tile_wrappers[0]
+    backend.classes[0].tiles = [RecordingWrapper() for _ in range(3)]
+    backend.classes[0].prefill = backend.classes[0].tiles[0]
     # group 4: 9 new tokens -> 36 packed rows (class 1); decodes -> 4 (class 0)
     meta = build_metadata(spans_for([(0, 9), (5, 1), (6, 1)], 16), 16, "cpu")
     prepared = backend.prepare(meta)
-    small, mid, large = backend._tile_wrappers
+    small, mid, large = backend.classes[0].tiles
     assert large.plans == [] and len(small.plans) == len(mid.plans) == 1
     (args, kw), = small.plans
     assert args[0].tolist() == [0, 1, 2] and args[3].tolist() == [6, 7]
@@ -180,8 +180,8 @@ def test_deterministic_forward_through_emulated_kernel_equals_dense(lens):
     pool = KVPool(1, 40, 4, 2, 64, torch.float32, "cpu")
     sc = make_scenario(pool, lens, 8, seed=3)
     backend = FlashInferBackend(device="cpu", **kw, deterministic=True)
-    backend._tile_wrappers = [EmulatingWrapper(causal_expected=True) for _ in range(3)]
-    backend._prefill_wrapper = backend._tile_wrappers[0]
+    backend.classes[0].tiles = [EmulatingWrapper(causal_expected=True) for _ in range(3)]
+    backend.classes[0].prefill = backend.classes[0].tiles[0]
     meta = build_metadata(sc.spans, 4, "cpu")
     out = backend.forward(backend.prepare(meta), 0, sc.q, sc.k, sc.v, pool)
     assert (out.double() - dense_attention(sc)).abs().max() < 2e-5
@@ -205,11 +205,11 @@ def test_uniform_window_is_planned_as_window_left(page_size):
     pool = KVPool(1, 200 // page_size + 10, page_size, 2, 64, torch.float32, "cpu")
     sc = make_scenario(pool, [(0, 30), (21, 6), (5, 1), (64, 1)], 8, seed=page_size)
     backend = FlashInferBackend(device="cpu", **kw, layer_windows=[8, 8])
-    backend._prefill_wrapper = EmulatingWrapper(causal_expected=True)
-    backend._decode_wrapper = EmulatingWrapper(causal_expected=False)
+    backend.classes[0].prefill = EmulatingWrapper(causal_expected=True)
+    backend.classes[0].decode = EmulatingWrapper(causal_expected=False)
     out = backend.forward(backend.prepare(build_metadata(sc.spans, page_size, "cpu")), 0,
                           sc.q, sc.k, sc.v, pool)
-    for wrapper in (backend._prefill_wrapper, backend._decode_wrapper):
+    for wrapper in (backend.classes[0].prefill, backend.classes[0].decode):
         assert wrapper.plans[-1][1]["window_left"] == 7
     assert (out.double() - dense_attention(sc, window=8)).abs().max() < 2e-5
     assert (dense_attention(sc) - dense_attention(sc, window=8)).abs().max() > 1e-2

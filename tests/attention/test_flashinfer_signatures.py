@@ -92,11 +92,11 @@ def test_deterministic_mode_pins_fa2_and_plans_one_wrapper_per_tile_class(fakes)
     pool = KVPool(1, 200, 4, 3, 64, torch.float32, "cpu")
     sc = make_scenario(pool, LENS, 9, seed=1)
     backend.prepare(build_metadata(sc.spans, 4, "cpu"))
-    assert [w.init["backend"] for w in backend._tile_wrappers] == ["fa2"] * 3
-    planned = [[int(x) for x in w.plans[-1]["qo_indptr"]] for w in backend._tile_wrappers]
+    assert [w.init["backend"] for w in backend.classes[0].tiles] == ["fa2"] * 3
+    planned = [[int(x) for x in w.plans[-1]["qo_indptr"]] for w in backend.classes[0].tiles]
     # class <=16 packed rows: 5, 1, 1, 1 new tokens; <=64: 9; more: 40
     assert planned == [[0, 5, 6, 7, 8], [0, 9], [0, 40]]
-    for w in backend._tile_wrappers:
+    for w in backend.classes[0].tiles:
         p = w.plans[-1]
         assert p["fixed_split_size"] == 2048 // 4 and p["disable_split_kv"] is False
         assert p["causal"] is True

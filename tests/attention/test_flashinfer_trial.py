@@ -41,7 +41,7 @@ def test_trial_passes_when_plan_and_run_work(monkeypatch, deterministic):
     _install(monkeypatch)
     backend = FlashInferBackend(**KW, device="cpu", deterministic=deterministic)
     assert probe_mod.flashinfer_trial_error(backend) is None
-    assert backend._prefill_wrapper.plans       # it really planned
+    assert backend.classes[0].prefill.plans       # it really planned
 
 
 def test_trial_reports_missing_nvcc_in_one_line(monkeypatch):

@@ -36,8 +36,8 @@ def tiny_tokenizer():
 
 
 def hf_config(arch: str, **overrides):
-    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
-                              Qwen3Config)
+    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                              Qwen2Config, Qwen3Config)
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
            "qwen3": Qwen3Config, "gemma3_text": Gemma3TextConfig,
            "gemma2": Gemma2Config}[arch]
