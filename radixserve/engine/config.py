@@ -65,6 +65,11 @@ class EngineConfig:
     no_grammar_cache: bool = False          # keep compiled grammars in memory only
     grammar_compile_timeout_s: float = 10.0
     lpm_max_wait_steps: int = 16         # lpm: waiting this many steps puts a request first
+    # Hybrid models (docs/models.md, "Window-aware cache"): the sliding-window layers in
+    # their own pool holding only the windows a request or a match point needs.
+    kv_window_pool: str = "auto"         # auto (on for one window size) | off (full KV)
+    kv_window_pool_fraction: float = 0.125  # windowed pages per full-attention page
+    kv_window_checkpoint: int | None = None  # tokens between kept windows; None: 16 windows
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -151,3 +156,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar-compile-timeout-s", type=float, default=None,
                    help=f"a grammar that takes longer to compile gets a 400 (default "
                         f"{d.grammar_compile_timeout_s:g})")
+    g.add_argument("--kv-window-pool", default=d.kv_window_pool, choices=["auto", "off"],
+                   help="hybrid models: keep the sliding-window layers' KV in their own pool, "
+                        "only the windows a running request or a cached match point needs "
+                        "(auto: when the model has one window size; off: full KV in every "
+                        "layer). docs/models.md")
+    g.add_argument("--kv-window-pool-fraction", type=float, default=None,
+                   help=f"the windowed pool's pages per full-attention page (default "
+                        f"{d.kv_window_pool_fraction:g})")
+    g.add_argument("--kv-window-checkpoint", type=parse_tokens, default=None,
+                   help="tokens between the match points whose windows the cache keeps "
+                        "along a path (default: 16 windows)")

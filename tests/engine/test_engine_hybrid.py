@@ -1,6 +1,7 @@
-"""A hybrid model (tiny Gemma 3, window 16) through the real engine and radix tree: prompts
-reusing a cached prompt's first tokens at several points generate what they generate with
-the cache off, and every page is accounted for."""
+"""A hybrid model (tiny Gemma 3, window 16) through the real engine and the window-aware
+radix tree (per-group pools): prompts reusing a cached prompt's first tokens at several
+points generate what they generate with the cache off, every match ends where the rule
+says (docs/models.md, "Window-aware cache"), and every page of both pools is accounted for."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine_helpers import check_pages, collect, make_engine, run_scenario
+from radixserve.cache.window_memory import WindowedMemory
 from radixserve.engine.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
@@ -18,7 +20,11 @@ from hybrid_models import WINDOW, build_family  # noqa: E402
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 DONOR = list(range(10, 10 + 8 * WINDOW))               # 128 tokens, 8 windows
 HITS = [WINDOW // 2, WINDOW, 5 * WINDOW, 3 * WINDOW + 2]   # in W, at W, far, mid-page
-PROMPTS = [DONOR] + [DONOR[:h] + list(range(200, 210)) for h in HITS]
+CHECKPOINT = 2 * WINDOW
+# Round 1 diverges from the donor at each hit; round 2 diverges at the same points again,
+# now branch points whose windows round 1 left in the tree.
+PROMPTS = ([DONOR] + [DONOR[:h] + list(range(200, 210)) for h in HITS]
+           + [DONOR[:h] + list(range(230, 240)) for h in HITS])
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +38,27 @@ def run_in_order(engine):
     return run_scenario(engine, scenario, check=check_pages)
 
 
+def first_round_hit(hit: int) -> int:
+    """Round 1: the first window's points, else the last checkpoint (the donor's path has
+    no other match point before its end)."""
+    return hit if hit <= WINDOW else max(WINDOW, hit // CHECKPOINT * CHECKPOINT)
+
+
 def test_cached_hits_equal_uncached(gemma3):
     expected = [r.token_ids[0] for r in run_in_order(
         make_engine(gemma3, page_size=4, disable_radix_cache=True))]
-    got = run_in_order(make_engine(gemma3, page_size=4))
+    engine = make_engine(gemma3, page_size=4, kv_window_checkpoint=CHECKPOINT)
+    assert isinstance(engine.memory, WindowedMemory)
+    # Per-group pools: the windowed pool is a fraction of the full-attention one.
+    assert 0 < engine.runner.window_pages < engine.runner.num_pages
+    got = run_in_order(engine)
     assert [r.token_ids[0] for r in got] == expected
     cached = [r.final.usage.cached_tokens for r in got[1:]]
-    for hit, c in zip(HITS, cached):
+    assert cached[:len(HITS)] == [first_round_hit(h) for h in HITS]
+    for hit, c in zip(HITS, cached[len(HITS):]):
         assert hit // 4 * 4 <= c <= hit, (hit, cached)
+
+
+def test_full_kv_pool_when_off(gemma3):
+    engine = make_engine(gemma3, page_size=4, kv_window_pool="off")
+    assert engine.runner.windowed is None and not isinstance(engine.memory, WindowedMemory)
