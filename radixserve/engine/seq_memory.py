@@ -9,10 +9,11 @@ errors all go through it, so a page is returned exactly once whatever path a req
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Iterable
 
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.miss_reasons import MissReport, SeenPrefixes, explain
+from radixserve.cache.miss_reasons import MissReason, MissReport, SeenPrefixes, explain
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.tiers import ReadPending
 from radixserve.cache.window_lease import WindowedLease
@@ -49,6 +50,8 @@ class SequenceMemory:
         chain = self.seen.chain(prompt, seq.request.namespace)
         report = explain(self.tree, prompt, seq.request.namespace, self.seen, chain)
         self.seen.add(chain)
+        if self._windowed and seq.lease is not None and seq.lease.window_short:
+            report = replace(report, reason=MissReason.WINDOW_MISSING)
         return report
 
     def pages_for(self, num_tokens: int) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine_helpers import check_pages, collect, make_engine, run_scenario
+from radixserve.cache.miss_reasons import MissReason
 from radixserve.cache.window_memory import WindowedMemory
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -55,6 +56,10 @@ def test_cached_hits_equal_uncached(gemma3):
     assert [r.token_ids[0] for r in got] == expected
     cached = [r.final.usage.cached_tokens for r in got[1:]]
     assert cached[:len(HITS)] == [first_round_hit(h) for h in HITS]
+    # A match that backed off for a missing window says so (cache/miss_reasons.py).
+    reasons = [r.final.usage.miss.reason for r in got[1:len(HITS) + 1]]
+    assert [r == MissReason.WINDOW_MISSING for r in reasons] == [
+        first_round_hit(h) < h for h in HITS], reasons
     for hit, c in zip(HITS, cached[len(HITS):]):
         assert hit // 4 * 4 <= c <= hit, (hit, cached)
 
