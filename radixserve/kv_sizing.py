@@ -130,7 +130,7 @@ def layer_groups(fmt: KVFormat, layer_windows: Sequence[int | None], num_kv_head
     return groups
 
 
-DEFAULT_WINDOW_POOL_FRACTION = 0.125    # windowed pages per full-attention page
+DEFAULT_WINDOW_POOL_FRACTION = 0.09     # windowed pages per full-attention page (bench_hybrid.py)
 DEFAULT_CHECKPOINT_WINDOWS = 16          # a checkpoint every 16 windows along a path
 
 

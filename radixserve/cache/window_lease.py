@@ -41,6 +41,7 @@ class WindowedLease(PrefixLease):
         self.branch = 0             # the match point where this request's prompt left the tree
         self.window_short = 0       # tokens that matched but whose window was missing
         self._slid = 0              # private pages below this index were slid already
+        self._reading: np.ndarray | None = None    # pinned tree windows (after the match)
 
     def acquire(self, tokens: TokenIds, max_tokens: int | None = None) -> MatchResult | None:
         match = super().acquire(tokens, max_tokens)
@@ -64,12 +65,28 @@ class WindowedLease(PrefixLease):
                             cow_page=self._cow[0] if self._cow else -1,
                             cow_tokens=self._cow[1] if self._cow else 0)
         self._slid = len(self.pages)
+        lo, hi = self.rule.needed_pages(m)
+        reads = self.pages[lo:min(hi, len(self.pages))]
+        if self._cow is not None:
+            reads = np.append(reads, self._cow[0])
+        self._pin(reads)
         return match
+
+    def _pin(self, pages: np.ndarray | None) -> None:
+        """Pin the tree windows this lease reads (None: unpin them)."""
+        if self._reading is not None:
+            self.memory.pin(self._reading, -1)
+        self._reading = pages if pages is not None and len(pages) else None
+        if self._reading is not None:
+            self.memory.pin(self._reading, +1)
+            self.memory.touch(self._reading)
 
     def slide(self, num_computed: int) -> None:
         """Drop the windows of private pages now wholly before num_computed - W that no
         kept match point needs (all of them when the cache is off)."""
         ps = self.page_size
+        if self._reading is not None and num_computed - self.rule.window >= self.matched_tokens:
+            self._pin(None)         # no longer reads the tree's windows
         hi = min(max(0, num_computed - self.rule.window) // ps, len(self.pages))
         lo = max(self._slid, self.num_tree_pages)
         if hi <= lo:
@@ -89,4 +106,5 @@ class WindowedLease(PrefixLease):
     def release(self, tokens: TokenIds | None = None, num_tokens: int = 0) -> None:
         if tokens is not None:
             self.slide(num_tokens)
+        self._pin(None)
         super().release(tokens, num_tokens)

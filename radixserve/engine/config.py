@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from radixserve.cache.eviction import POLICIES
-from radixserve.kv_sizing import KV_DTYPE_CHOICES
+from radixserve.kv_sizing import DEFAULT_WINDOW_POOL_FRACTION, KV_DTYPE_CHOICES
 from radixserve.units import parse_bytes, parse_tokens
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -68,7 +68,7 @@ class EngineConfig:
     # Hybrid models (docs/models.md, "Window-aware cache"): the sliding-window layers in
     # their own pool holding only the windows a request or a match point needs.
     kv_window_pool: str = "auto"         # auto (on for one window size) | off (full KV)
-    kv_window_pool_fraction: float = 0.125  # windowed pages per full-attention page
+    kv_window_pool_fraction: float = DEFAULT_WINDOW_POOL_FRACTION  # windowed per full page
     kv_window_checkpoint: int | None = None  # tokens between kept windows; None: 16 windows
 
     @classmethod

@@ -118,10 +118,10 @@ def test_window_eviction_keeps_earlier_points_matchable():
 def test_a_short_windowed_pool_drops_windows_before_full_pages():
     mem = make_memory(64, 12, window=4, page_size=2, checkpoint=8)
     run_request(mem, list(range(100, 124)))
-    tree_pages = len(mem.tree.tree_page_ids())
-    run_request(mem, list(range(50, 66)), keep=False)    # needs more windows than are free
+    tree_pages = set(mem.tree.tree_page_ids().tolist())
+    run_request(mem, list(range(50, 66)))                # needs more windows than are free
     assert mem.dropped_windows > 0
-    assert len(mem.tree.tree_page_ids()) == tree_pages   # no full page was evicted for it
+    assert tree_pages <= set(mem.tree.tree_page_ids().tolist())  # no full page evicted
     mem.check_conservation()
 
 
