@@ -5,6 +5,7 @@ says (docs/models.md, "Window-aware cache"), and every page of both pools is acc
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -67,3 +68,37 @@ def test_cached_hits_equal_uncached(gemma3):
 def test_full_kv_pool_when_off(gemma3):
     engine = make_engine(gemma3, page_size=4, kv_window_pool="off")
     assert engine.runner.windowed is None and not isinstance(engine.memory, WindowedMemory)
+
+
+def test_unsupported_combinations_are_refused_naming_the_flag(gemma3):
+    for flag, overrides in [("--kv-host-tokens", dict(kv_host_tokens=4096)),
+                            ("--kv-disk-dir", dict(kv_disk_dir="/nonexistent")),
+                            ("--attention-backend flashinfer",
+                             dict(attention_backend="flashinfer"))]:
+        with pytest.raises(ValueError, match=flag) as err:
+            make_engine(gemma3, page_size=4, **overrides)
+        assert "--kv-window-pool off" in str(err.value)
+
+
+def test_a_pin_and_a_partial_page_hit_with_window_pools(gemma3):
+    """A pinned prefix is hit whole by the next request; a hit ending inside a page (within
+    the first window, a kept match point) copies the full and the windowed part of the page
+    (copy-on-write) and generates as uncached."""
+    pinned, mid_page = DONOR[:6 * WINDOW], DONOR[:WINDOW - 6]     # 10: inside a page
+
+    async def scenario(engine):
+        info = await engine.pin(pinned)
+        outs = [await collect(engine.generate(pinned + [201, 202], GREEDY)),
+                await collect(engine.generate(mid_page + [203], GREEDY))]
+        check_pages(engine)
+        assert (await engine.unpin(info.pin_id)).tokens == len(pinned)
+        return outs
+
+    uncached = run_scenario(make_engine(gemma3, page_size=4, disable_radix_cache=True),
+                            lambda e: asyncio.gather(
+                                collect(e.generate(pinned + [201, 202], GREEDY)),
+                                collect(e.generate(mid_page + [203], GREEDY))))
+    got = run_scenario(make_engine(gemma3, page_size=4), scenario)
+    assert [g.token_ids[0] for g in got] == [u.token_ids[0] for u in uncached]
+    assert got[0].final.usage.cached_tokens == len(pinned)
+    assert got[1].final.usage.cached_tokens == len(mid_page)     # inside page 2: a copy
