@@ -28,7 +28,14 @@ from .token_keys import TokenIds
 from .prefix_lease import PrefixLease
 from .window_memory import WindowedMemory
 
-__all__ = ["WindowedLease"]
+__all__ = ["WindowedLease", "new_lease"]
+
+
+def new_lease(memory, namespace: str | None = None, use_cache: bool = True) -> PrefixLease:
+    """The lease `memory` needs: a WindowedLease over per-group pools (WindowedMemory),
+    else a PrefixLease. Pins use it too: a pin then also keeps its end window pinned."""
+    lease_type = WindowedLease if isinstance(memory, WindowedMemory) else PrefixLease
+    return lease_type(memory, namespace, use_cache)
 
 
 class WindowedLease(PrefixLease):

@@ -83,6 +83,11 @@ class WindowedMemory(PagedMemory):
         self._clock += 1
         self._used[pages] = self._clock
 
+    @property
+    def pinned_windows(self) -> int:
+        """Full pages whose windows a lease (a running request or a pin) is reading."""
+        return int(np.count_nonzero(self._pins))
+
     def pin(self, pages: np.ndarray, by: int) -> None:
         """`by` = +1 / -1: a lease starts / stops reading these tree pages' windows."""
         np.add.at(self._pins, np.asarray(pages, dtype=np.int64), by)

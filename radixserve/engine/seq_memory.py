@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.miss_reasons import MissReason, MissReport, SeenPrefixes, explain
-from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.tiers import ReadPending
-from radixserve.cache.window_lease import WindowedLease
+from radixserve.cache.window_lease import new_lease
 from radixserve.cache.window_memory import WindowedMemory
 from radixserve.engine.request import SeqState
 
@@ -39,7 +38,6 @@ class SequenceMemory:
         self.seen = SeenPrefixes()
         # Hybrid models (per-group pools): leases that hold windowed KV only where needed.
         self._windowed = isinstance(memory, WindowedMemory)
-        self._lease_type = WindowedLease if self._windowed else PrefixLease
 
     def explain_miss(self, seq: SeqState) -> MissReport | None:
         """Where the prompt stops matching in the tree and why (cache/miss_reasons.py); then
@@ -79,7 +77,7 @@ class SequenceMemory:
         (nothing held) while disk pages it would load are being read off this thread.
         """
         assert seq.lease is None
-        lease = self._lease_type(self.pool, seq.request.namespace, self.use_cache)
+        lease = new_lease(self.pool, seq.request.namespace, self.use_cache)
         match = lease.acquire(seq.token_ids,
                               max_tokens=len(seq.token_ids) - 1 if reuse_cache else 0)
         seq.lease = lease

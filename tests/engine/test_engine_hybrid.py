@@ -88,10 +88,13 @@ def test_a_pin_and_a_partial_page_hit_with_window_pools(gemma3):
 
     async def scenario(engine):
         info = await engine.pin(pinned)
+        # The pin also keeps its end window [80, 96) from being dropped for room.
+        assert engine.memory.pinned_windows == WINDOW // 4
         outs = [await collect(engine.generate(pinned + [201, 202], GREEDY)),
                 await collect(engine.generate(mid_page + [203], GREEDY))]
         check_pages(engine)
         assert (await engine.unpin(info.pin_id)).tokens == len(pinned)
+        assert engine.memory.pinned_windows == 0
         return outs
 
     uncached = run_scenario(make_engine(gemma3, page_size=4, disable_radix_cache=True),
