@@ -128,3 +128,75 @@ def layer_groups(fmt: KVFormat, layer_windows: Sequence[int | None], num_kv_head
         n = sum(1 for x in layer_windows if x == w)
         groups.append(LayerGroup(w, n, fmt.token_bytes(n, num_kv_heads, head_dim)))
     return groups
+
+
+DEFAULT_WINDOW_POOL_FRACTION = 0.09     # windowed pages per full-attention page (bench_hybrid.py)
+DEFAULT_CHECKPOINT_WINDOWS = 16          # a checkpoint every 16 windows along a path
+
+
+DEFAULT_PREFILL_CHUNK_TOKENS = 2048     # EngineConfig.chunked_prefill_size's default
+
+
+@dataclass(frozen=True)
+class GroupPools:
+    """Pages of the per-group pools (window-aware cache): one page id space for the
+    full-attention layers (the tree's pages) and a smaller pool for the sliding-window
+    layers, which hold only the windows a running request or a match point needs."""
+    full_pages: int
+    window_pages: int
+
+    def pool_bytes(self, groups: Sequence[LayerGroup], page_size: int) -> int:
+        """Bytes of both pools, the windowed pool's all-zero null page included."""
+        full = sum(g.bytes_per_token for g in groups if g.window is None)
+        win = sum(g.bytes_per_token for g in groups if g.window is not None)
+        return page_size * (self.full_pages * full + (self.window_pages + 1) * win)
+
+
+def window_pool_floor(window: int, page_size: int, chunk_tokens: int,
+                      max_model_len: int, checkpoint: int) -> int:
+    """Windowed pages one request alone may need: its window, a prefill chunk and a page
+    of look-ahead, plus the checkpoint windows along its own (locked) path."""
+    pages = -(-(window + chunk_tokens) // page_size) + 2
+    per_window = -(-window // page_size) + 1
+    return pages + per_window * (max_model_len // max(checkpoint, 1) + 2)
+
+
+def group_pool_pages(groups: Sequence[LayerGroup], *, page_size: int,
+                     kv_cache_tokens: int | None, budget: float, fraction: float,
+                     floor: int = 1) -> GroupPools:
+    """Split the KV budget between the full-attention page ids and the windowed pool.
+
+    --kv-cache-tokens T: T tokens of full-attention KV, and `fraction` of that (at least
+    `floor` pages) for the windowed layers. A byte budget: the most full pages P with
+    P * full bytes + ceil(P * fraction) * windowed bytes within it. One window group only
+    (the model's windowed layers share one window)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"--kv-window-pool-fraction must be in (0, 1], got {fraction}")
+    full_bytes = sum(g.bytes_per_token for g in groups if g.window is None)
+    win_bytes = sum(g.bytes_per_token for g in groups if g.window is not None)
+    if kv_cache_tokens is None:
+        per_page = page_size * (full_bytes + fraction * win_bytes)
+        usable = budget - page_size * win_bytes         # the windowed pool's null page
+        if usable < per_page * max(floor, 1):
+            raise ValueError(f"KV budget of {int(budget)} bytes is less than the windowed "
+                             f"pool's floor of {floor} pages")
+        full = int(usable // per_page)
+    else:
+        full = pool_pages(token_bytes=1, page_size=page_size,
+                          kv_cache_tokens=kv_cache_tokens, budget=0)
+    window = min(full, max(floor, int(full * fraction)))
+    return GroupPools(full, window)
+
+
+def window_pools(groups: Sequence[LayerGroup], *, page_size: int, kv_cache_tokens: int | None,
+                 budget: float, max_model_len: int,
+                 chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+                 fraction: float = DEFAULT_WINDOW_POOL_FRACTION,
+                 checkpoint: int | None = None) -> GroupPools:
+    """The per-group pools of a model whose windowed layers share one window: what the
+    server allocates and `radixserve plan` reports (one function for both)."""
+    window = next(g.window for g in groups if g.window is not None)
+    floor = window_pool_floor(window, page_size, chunk_tokens, max_model_len,
+                              checkpoint or window * DEFAULT_CHECKPOINT_WINDOWS)
+    return group_pool_pages(groups, page_size=page_size, kv_cache_tokens=kv_cache_tokens,
+                            budget=budget, fraction=fraction, floor=floor)

@@ -20,21 +20,35 @@ from radixserve.attention.kv_pool import KVPool
 
 
 @dataclass(frozen=True, slots=True)
+class GroupStep:
+    """One layer group's part of a step when groups have their own pools (hybrid models):
+    its layers, backend, plan over its own page table, and pool."""
+    layers: frozenset[int]
+    backend: AttentionBackend
+    plan: object
+    kv_pool: KVPool
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardContext(Generic[PlanT]):
     meta: AttentionMetadata
     backend: AttentionBackend[PlanT]
     plan: PlanT
     kv_pool: KVPool
+    windowed: GroupStep | None = None   # sliding-window layers' own pool, if they have one
 
     @classmethod
     def prepare(cls, backend: AttentionBackend[PlanT], meta: AttentionMetadata,
-                kv_pool: KVPool) -> ForwardContext[PlanT]:
+                kv_pool: KVPool, windowed: GroupStep | None = None) -> ForwardContext[PlanT]:
         """Plan the step (flashinfer: plan its kernels; torch: build gather indices)."""
-        return cls(meta, backend, backend.prepare(meta), kv_pool)
+        return cls(meta, backend, backend.prepare(meta), kv_pool, windowed)
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                   v: torch.Tensor) -> torch.Tensor:
         """Write this layer's new k/v into the pool and attend: [T, Hq, D] -> [T, Hq, D]."""
+        w = self.windowed
+        if w is not None and layer in w.layers:
+            return w.backend.forward(w.plan, layer, q, k, v, w.kv_pool)
         return self.backend.forward(self.plan, layer, q, k, v, self.kv_pool)
 
     def latent_attention(self, layer: int, q_nope: torch.Tensor, q_pe: torch.Tensor,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from typing import Sequence
 
 import torch
 
@@ -67,13 +68,17 @@ class KVPool:
 
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype | str, device: torch.device | str,
-                 kv_format: KVFormat | None = None, fixed_scale: float | None = None) -> None:
+                 kv_format: KVFormat | None = None, fixed_scale: float | None = None,
+                 layers: Sequence[int] | None = None) -> None:
         """``dtype``: the compute dtype (what attention reads); ``kv_format``: how K and V
         are stored (default: both in ``dtype``); ``fixed_scale``: one scale for every
-        quantized token (flashinfer's per-tensor scales) instead of per token and head."""
+        quantized token (flashinfer's per-tensor scales) instead of per token and head;
+        ``layers``: the model layers this pool stores (one layer group of a hybrid model;
+        the others' entries are None), default all."""
         _check_positive(num_layers=num_layers, num_pages=num_pages, page_size=page_size,
                         num_kv_heads=num_kv_heads, head_dim=head_dim)
         self.num_layers = num_layers
+        self.layers = tuple(range(num_layers)) if layers is None else tuple(layers)
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_kv_heads = num_kv_heads
@@ -91,14 +96,16 @@ class KVPool:
     def _side(self, codec: KVCodec, shape: tuple[int, ...]):
         """Per-layer storage of one side, its token-granular views (what write() and the
         torch backend index), and the scales with theirs (None when not quantized)."""
-        data = [_zeros(shape, codec.storage, self.device)
-                for _ in range(self.num_layers)]
-        flat = [t.view(-1, *shape[2:]) for t in data]
+        stored = set(self.layers)
+        data = [_zeros(shape, codec.storage, self.device) if i in stored else None
+                for i in range(self.num_layers)]
+        flat = [None if t is None else t.view(-1, *shape[2:]) for t in data]
         if not codec.quantized:
             return data, flat, None, None
-        scales = [_zeros(shape[:3], SCALE_DTYPE, self.device)
-                  for _ in range(self.num_layers)]
-        return data, flat, scales, [t.view(-1, shape[2]) for t in scales]
+        scales = [_zeros(shape[:3], SCALE_DTYPE, self.device) if i in stored else None
+                  for i in range(self.num_layers)]
+        return data, flat, scales, [None if t is None else t.view(-1, shape[2])
+                                    for t in scales]
 
     def side(self, name: str, layer: int):
         """(codec, token-granular data, token-granular scales or None) of "k" or "v"."""
@@ -116,7 +123,7 @@ class KVPool:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.kv_format.token_bytes(self.num_layers, self.num_kv_heads, self.head_dim)
+        return self.kv_format.token_bytes(len(self.layers), self.num_kv_heads, self.head_dim)
 
     @property
     def total_bytes(self) -> int:
@@ -179,11 +186,12 @@ class KVPool:
         """
         # Scales travel with their codes: a copied token decodes to the same values.
         tensors = self.k + self.v + (self.k_scale or []) + (self.v_scale or [])
-        copy_page_prefix(tensors, self.num_pages, self.page_size, src_page, dst_page,
-                         num_tokens)
+        # Layers of another group (`layers=`) hold None.
+        copy_page_prefix([t for t in tensors if t is not None], self.num_pages,
+                         self.page_size, src_page, dst_page, num_tokens)
 
     def __repr__(self) -> str:
-        return (f"KVPool(layers={self.num_layers}, pages={self.num_pages}, "
+        return (f"KVPool(layers={len(self.layers)}, pages={self.num_pages}, "
                 f"page_size={self.page_size}, kv_heads={self.num_kv_heads}, "
                 f"head_dim={self.head_dim}, dtype={self.dtype}, "
                 f"kv={self.kv_format.describe()}, device={self.device}, "

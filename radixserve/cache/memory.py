@@ -19,7 +19,7 @@ from typing import Iterable
 import numpy as np
 
 from .page_allocator import OutOfPages, PageAllocator
-from .radix_cache import EMPTY_PAGES, RadixCache, join_pages
+from .radix_cache import EMPTY_PAGES, InsertResult, RadixCache, join_pages
 
 __all__ = ["PagedMemory"]
 
@@ -78,7 +78,7 @@ class PagedMemory:
             got = sum(map(len, parts))
             if got > short:          # evict frees exactly what whole pages need; be safe anyway
                 extra = join_pages(parts)
-                self._free_list.free(extra[short:])
+                self.free(extra[short:])
                 parts = [extra[:short]]
             if free:
                 parts.insert(0, self._free_list.alloc(free, copy=False))
@@ -94,20 +94,27 @@ class PagedMemory:
         """Return private pages to the free list (PageAccountingError on a double free)."""
         self._free_list.free(pages)
 
+    def free_duplicates(self, own: np.ndarray, result: InsertResult) -> None:
+        """After an insert of `own` pages: free those the tree did not adopt (subclasses
+        that keep per-page state move it to the tree's equal page first)."""
+        duplicates = result.duplicates(own)
+        if len(duplicates):
+            self.free(duplicates)
+
     def flush_cache(self) -> int:
         """Drop the whole tree onto the free list; returns the pages freed.
 
         CacheLockedError (nothing changed) while a request holds a lock on the tree.
         """
         pages = self.tree.flush()
-        self._free_list.free(pages)
+        self.free(pages)
         return len(pages)
 
     def flush_namespace(self, namespace: str | None) -> int:
         """Drop one namespace (and those nested under it) onto the free list; the pages
         freed. CacheLockedError (nothing changed) while a request holds a lock in it."""
         pages = self.tree.flush_namespace(namespace)
-        self._free_list.free(pages)
+        self.free(pages)
         return len(pages)
 
     def check_conservation(self, private: Iterable[np.ndarray] = ()) -> None:

@@ -14,8 +14,9 @@ along its prompt and classifies the point where the match stops:
   longer prefix; never reported across tenants, and never with tokens;
 - `never_seen`: none of the above;
 - `window_missing`: hybrid models (sliding-window or recurrent layers) whose state for the
-  prefix is gone though its full-attention KV is cached; a typed value, not produced yet
-  (this engine serves full-attention models only).
+  prefix is gone though its full-attention KV is cached: the match backed off to the last
+  point whose window is present (the engine's SequenceMemory sets it from the lease's
+  `window_short`; `matched_tokens` is what the tree holds, the hit is the usage's).
 
 "Seen once" comes from `SeenPrefixes`: a bounded table of hashes of the prompts' 64-token
 prefixes, so `evicted` is told from `never_seen` without keeping any token. Torch-free, and

@@ -212,9 +212,7 @@ class PrefixLease:
         own = self.pages[:full]
         result = self.tree.insert(prefix(tokens, full * self.page_size), own, self.namespace,
                                   start=self.node)
-        duplicates = result.duplicates(own)
-        if len(duplicates):
-            self.memory.free(duplicates)
+        self.memory.free_duplicates(own, result)
         if full < len(self.pages):
             self.pages = join_pages([result.pages, self.pages[full:]])
         else:

@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from radixserve.cache.eviction import POLICIES
-from radixserve.kv_sizing import KV_DTYPE_CHOICES
+from radixserve.kv_sizing import DEFAULT_WINDOW_POOL_FRACTION, KV_DTYPE_CHOICES
 from radixserve.units import parse_bytes, parse_tokens
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -72,6 +72,11 @@ class EngineConfig:
     kv_events_topic: str = ""
     kv_events_block_size: int = 16        # tokens per announced block (a page-size multiple)
     kv_events_encoding: str = "array"     # array (vLLM's array_like structs) | map
+    # Hybrid models (docs/models.md, "Window-aware cache"): the sliding-window layers in
+    # their own pool holding only the windows a request or a match point needs.
+    kv_window_pool: str = "auto"         # auto (on for one window size) | off (full KV)
+    kv_window_pool_fraction: float = DEFAULT_WINDOW_POOL_FRACTION  # windowed per full page
+    kv_window_checkpoint: int | None = None  # tokens between kept windows; None: 16 windows
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -173,3 +178,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"msgpack shape of the events: array (vLLM's array_like structs, what "
                         f"llm-d decodes) or map (vLLM since vllm#42892) (default "
                         f"{d.kv_events_encoding})")
+    g.add_argument("--kv-window-pool", default=d.kv_window_pool, choices=["auto", "off"],
+                   help="hybrid models: keep the sliding-window layers' KV in their own pool, "
+                        "only the windows a running request or a cached match point needs "
+                        "(auto: when the model has one window size; off: full KV in every "
+                        "layer). docs/models.md")
+    g.add_argument("--kv-window-pool-fraction", type=float, default=None,
+                   help=f"the windowed pool's pages per full-attention page (default "
+                        f"{d.kv_window_pool_fraction:g})")
+    g.add_argument("--kv-window-checkpoint", type=parse_tokens, default=None,
+                   help="tokens between the match points whose windows the cache keeps "
+                        "along a path (default: 16 windows)")

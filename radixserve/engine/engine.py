@@ -19,6 +19,8 @@ import torch
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.radix_cache import CacheLockedError, RadixCache
+from radixserve.cache.window_memory import WindowedMemory
+from radixserve.cache.window_rule import WindowRule
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
@@ -38,6 +40,7 @@ from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
 from radixserve.engine.tier_setup import make_tiers
 from radixserve.engine.validation import check_request
+from radixserve.kv_sizing import DEFAULT_CHECKPOINT_WINDOWS
 from radixserve.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -51,7 +54,7 @@ class Engine(OneProcessStats):
         self.runner = on_compute_thread(ModelRunner, config, loaded)
         self.page_size = config.page_size
         self.tree = RadixCache(page_size=config.page_size, policy=config.eviction_policy)
-        self.memory = PagedMemory(self.runner.num_pages, self.tree)
+        self.memory = self._memory()
         self._executor = compute_executor()
         # Held by each step (schedule, forward, complete) and by the disk saves' page copies.
         self._step_lock = asyncio.Lock()
@@ -100,6 +103,17 @@ class Engine(OneProcessStats):
         """Hand the events of the last step (or admin change) to the publisher's thread."""
         if self.kv_events is not None:
             self.kv_events.flush()
+
+    def _memory(self) -> PagedMemory:
+        """The page accounting: with per-group pools, the windowed pool's too."""
+        if self.runner.windowed is None:
+            return PagedMemory(self.runner.num_pages, self.tree)
+        rule = WindowRule.of(self.runner.window, self.config.page_size,
+                             self.config.kv_window_checkpoint, DEFAULT_CHECKPOINT_WINDOWS)
+        memory = WindowedMemory(self.runner.num_pages, self.tree, self.runner.window_pages,
+                                rule)
+        self.runner.windowed.attach(memory.windows.of_page)
+        return memory
 
     async def _on_compute(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -412,7 +426,7 @@ class Engine(OneProcessStats):
         s.pages_cached = self.tree.total_tokens // self.page_size
         s.pages_locked = self.tree.locked_tokens // self.page_size
         s.pages_private = s.pages_total - s.pages_free - s.pages_cached
-        s.kv_pool_bytes = self.runner.kv_pool.total_bytes
+        s.kv_pool_bytes = self.runner.kv_bytes
         s.evicted_tokens = self.memory.evicted_tokens
         s.pinned_tokens = self.pins.pinned_tokens
         s.pinned_prefixes = self.pins.count

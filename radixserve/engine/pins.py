@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.prefix_lease import PrefixLease
+from radixserve.cache.window_lease import new_lease
 from radixserve.cache.token_keys import pack
 from radixserve.engine.errors import PinConflict, PinLimitExceeded, UnknownPin
 from radixserve.engine.request import Request
@@ -121,7 +122,7 @@ class PinBook:
         if existing is not None:
             return PinInfo(existing.pin_id, existing.tokens, existing.namespace,
                            existing.cached_tokens, created=False)
-        lease = PrefixLease(self.memory, namespace)
+        lease = new_lease(self.memory, namespace)
         lease.acquire(tokens)
         if lease.tree_tokens < len(tokens):
             got = lease.tree_tokens

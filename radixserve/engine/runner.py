@@ -20,6 +20,7 @@ from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.kv_quant import describe_kv_cache
 from radixserve.attention.kv_tiers import HostKVPool, PageWriter, TierMover
+from radixserve.attention.window_kv import WindowedKV
 from radixserve.cache.tier_types import MoveTimes
 from radixserve.engine.batch import SampleResult, StepBatch, StepResult
 from radixserve.engine.config import EngineConfig
@@ -28,6 +29,7 @@ from radixserve.engine.latent_setup import (describe_latent_cache, latent_attent
                                             latent_token_bytes)
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.engine.window_setup import group_pools, pool_window
 from radixserve.kv_sizing import (KVFormat, budget_bytes, layer_groups, pool_pages,
                                   resolve_kv_format)
 from radixserve.model import LoadedModel
@@ -95,26 +97,69 @@ class ModelRunner:
         self.kv_format = resolve_kv_format(config.kv_cache_dtype, config.kv_cache_dtype_k,
                                            config.kv_cache_dtype_v,
                                            str(self.dtype).removeprefix("torch."))
-        num_pages = kv_pool_pages(config, mc, self.device, self.kv_format)
-        # Full vs sliding-window layers (one full-KV pool holds them all for now).
+        # Full vs sliding-window layers: with per-group pools (hybrid models) the windowed
+        # layers get their own pool, backend and page map (`windowed`); else one full pool.
         self.layer_groups = layer_groups(self.kv_format, mc.windows, mc.num_kv_heads,
                                          mc.head_dim)
+        self.window = pool_window(config, mc.windows)
+        self.windowed: WindowedKV | None = None
         if mc.mla is not None:      # DeepSeek: latent pages and an MLA backend
+            num_pages = kv_pool_pages(config, mc, self.device, self.kv_format)
             self.kv_pool, self.backend = latent_attention(config, mc, num_pages, self.dtype,
                                                           self.device, self.kv_format)
         else:
-            self.backend = create_backend(
-                config.attention_backend, num_qo_heads=mc.num_heads,
-                num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, dtype=self.dtype,
-                device=self.device, kv_format=self.kv_format,
-                deterministic=config.deterministic, sm_scale=mc.attention_scale,
-                layer_windows=mc.layer_windows, logits_soft_cap=mc.attn_logit_softcapping)
-            self.kv_pool = KVPool(mc.num_layers, num_pages, config.page_size,
-                                  mc.num_kv_heads, mc.head_dim, self.dtype, self.device,
-                                  kv_format=self.kv_format,
-                                  fixed_scale=self.backend.fixed_kv_scale)
+            self._full_and_windowed_pools()
         self.sampler = Sampler()
         self.mover: TierMover | None = None     # host/disk tiers (attach_tiers)
+
+    def _full_and_windowed_pools(self) -> None:
+        config, mc = self.config, self.loaded.config
+        self.backend = self._backend(None if self.window is not None else mc.layer_windows)
+        full_layers = None
+        if self.window is None:
+            num_pages = kv_pool_pages(config, mc, self.device, self.kv_format)
+        else:
+            pools = group_pools(config, self.layer_groups, mc.max_position_embeddings,
+                                self._budget())
+            num_pages = pools.full_pages
+            full_layers = [i for i, w in enumerate(mc.windows) if w is None]
+            win_layers = [i for i, w in enumerate(mc.windows) if w is not None]
+            win_backend = self._backend((self.window,) * mc.num_layers)
+            self.windowed = WindowedKV(self._pool(pools.window_pages + 1, win_layers,
+                                                  win_backend), win_backend, self.window)
+        self.kv_pool = self._pool(num_pages, full_layers, self.backend)
+
+    def _backend(self, layer_windows):
+        c, mc = self.config, self.loaded.config
+        return create_backend(c.attention_backend, num_qo_heads=mc.num_heads,
+                              num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+                              dtype=self.dtype, device=self.device, kv_format=self.kv_format,
+                              deterministic=c.deterministic, sm_scale=mc.attention_scale,
+                              layer_windows=layer_windows,
+                              logits_soft_cap=mc.attn_logit_softcapping)
+
+    def _pool(self, num_pages: int, layers, backend) -> KVPool:
+        mc = self.loaded.config
+        return KVPool(mc.num_layers, num_pages, self.page_size, mc.num_kv_heads, mc.head_dim,
+                      self.dtype, self.device, kv_format=self.kv_format,
+                      fixed_scale=backend.fixed_kv_scale, layers=layers)
+
+    def _budget(self) -> float:
+        free = None
+        if self.device.type == "cuda" and self.config.kv_cache_tokens is None:
+            free = cuda_free_bytes(self.device)
+        return budget_bytes(self.device.type, free, self.config.kv_cache_memory_fraction)
+
+    @property
+    def window_pages(self) -> int:
+        """Pages of the windowed pool (its null page not counted); 0 without one."""
+        return self.windowed.pool.num_pages - 1 if self.windowed is not None else 0
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of every KV pool."""
+        extra = self.windowed.pool.total_bytes if self.windowed is not None else 0
+        return self.kv_pool.total_bytes + extra
 
     def attach_tiers(self, host_pages: int, disk: PageWriter | None) -> None:
         """Host slots (pinned on CUDA) and the disk writer (its queue) the cache's tier
@@ -161,10 +206,15 @@ class ModelRunner:
             if not batch.spans:
                 return StepResult(SampleResult(token_ids=[], logprobs=[]), moves)
             started = time.perf_counter()
+            windowed = self.windowed
             for order in batch.copies:      # copy-on-write pages this step computes into
                 self.kv_pool.copy_prefix(order.src_page, order.dst_page, order.num_tokens)
+                if windowed is not None:
+                    windowed.copy_prefix(order.src_page, order.dst_page, order.num_tokens)
             meta = build_metadata(batch.spans, self.page_size, self.device)
-            ctx = ForwardContext.prepare(self.backend, meta, self.kv_pool)
+            ctx = ForwardContext.prepare(
+                self.backend, meta, self.kv_pool,
+                windowed and windowed.prepare(batch.spans, self.page_size, self.device))
             input_ids = to_device(batch.input_ids, self.device)
             positions = to_device(batch.positions, self.device)
             logits_indices = to_device(logits_rows(meta.qo_lens, batch.sample_rows),

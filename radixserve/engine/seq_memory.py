@@ -9,12 +9,14 @@ errors all go through it, so a page is returned exactly once whatever path a req
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Iterable
 
 from radixserve.cache.memory import PagedMemory
-from radixserve.cache.miss_reasons import MissReport, SeenPrefixes, explain
-from radixserve.cache.prefix_lease import PrefixLease
+from radixserve.cache.miss_reasons import MissReason, MissReport, SeenPrefixes, explain
 from radixserve.cache.tiers import ReadPending
+from radixserve.cache.window_lease import new_lease
+from radixserve.cache.window_memory import WindowedMemory
 from radixserve.engine.request import SeqState
 
 if TYPE_CHECKING:
@@ -34,6 +36,8 @@ class SequenceMemory:
         self.lookahead_pages = LOOKAHEAD_TOKENS // self.page_size
         self.lookahead_floor = memory.num_pages // 4
         self.seen = SeenPrefixes()
+        # Hybrid models (per-group pools): leases that hold windowed KV only where needed.
+        self._windowed = isinstance(memory, WindowedMemory)
 
     def explain_miss(self, seq: SeqState) -> MissReport | None:
         """Where the prompt stops matching in the tree and why (cache/miss_reasons.py); then
@@ -44,6 +48,8 @@ class SequenceMemory:
         chain = self.seen.chain(prompt, seq.request.namespace)
         report = explain(self.tree, prompt, seq.request.namespace, self.seen, chain)
         self.seen.add(chain)
+        if self._windowed and seq.lease is not None and seq.lease.window_short:
+            report = replace(report, reason=MissReason.WINDOW_MISSING)
         return report
 
     def pages_for(self, num_tokens: int) -> int:
@@ -71,7 +77,7 @@ class SequenceMemory:
         (nothing held) while disk pages it would load are being read off this thread.
         """
         assert seq.lease is None
-        lease = PrefixLease(self.pool, seq.request.namespace, self.use_cache)
+        lease = new_lease(self.pool, seq.request.namespace, self.use_cache)
         match = lease.acquire(seq.token_ids,
                               max_tokens=len(seq.token_ids) - 1 if reuse_cache else 0)
         seq.lease = lease
@@ -99,6 +105,8 @@ class SequenceMemory:
         decoding sequence grows its page table every 8th step rather than every step.
         """
         lease = seq.lease           # (inlined pages_for: this runs for every span of every step)
+        if self._windowed:
+            lease.slide(seq.num_computed)
         missing = -(-(seq.num_computed + new_tokens) // self.page_size) - len(lease.pages)
         if missing <= 0:
             return

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from radixserve.kv_sizing import (DEFAULT_KV_MEMORY_FRACTION, SCALE_BYTES, KVFormat,
                                   budget_bytes, kv_element, layer_groups, pool_pages,
-                                  resolve_kv_format)
+                                  resolve_kv_format, window_pools)
 from radixserve.planner.model_spec import ModelSpec, PlanInputError
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -74,6 +74,8 @@ class Plan:
     # Full vs sliding-window layers: {"window": W or None, "num_layers", "bytes_per_token"}
     # (kv_sizing.layer_groups, as the server's runner groups them).
     layer_groups: list[dict] = field(default_factory=list)
+    # One window size: the windowed layers' own pool (pages), beside pool_pages' page ids.
+    window_pool_pages: int | None = None
 
 
 def _kv_terms(spec: ModelSpec, fmt: KVFormat) -> tuple[int, str]:
@@ -153,6 +155,7 @@ def make_plan(spec: ModelSpec, opts: PlanOptions) -> Plan:
         plan.layer_groups = [
             {"window": g.window, "num_layers": g.num_layers, "bytes_per_token": g.bytes_per_token}
             for g in layer_groups(fmt, spec.layer_windows, spec.num_kv_heads, spec.head_dim)]
+    _window_pools(spec, plan, fmt, opts, budget)
     _shared_prefix(plan, opts.shared_prefix_tokens, pages_per_request)
     if spec.mla is not None:
         m = spec.mla        # without MLA: every head's key (nope + rope) and value
@@ -172,6 +175,28 @@ def _windows(spec: ModelSpec, plan: Plan) -> None:
     plan.window_aware_bytes_per_request = layer_bytes * sum(
         min(plan.context, w or plan.context) for w in spec.layer_windows)
     plan.window_aware_max_concurrency = plan.pool_bytes // plan.window_aware_bytes_per_request
+
+
+def _window_pools(spec: ModelSpec, plan: Plan, fmt: KVFormat, opts: PlanOptions,
+                  budget: float | None) -> None:
+    """One window size: the server's per-group pools (kv_sizing.window_pools), the pool
+    figures then being the full-attention page ids and both pools' bytes."""
+    if spec.mla is not None or len(spec.windows) != 1:
+        return
+    groups = layer_groups(fmt, spec.layer_windows, spec.num_kv_heads, spec.head_dim)
+    try:
+        pools = window_pools(groups, page_size=opts.page_size,
+                             kv_cache_tokens=opts.kv_cache_tokens, budget=budget or 0,
+                             max_model_len=spec.max_context)
+    except ValueError as exc:
+        raise PlanInputError(str(exc)) from None
+    ps = opts.page_size
+    plan.pool_pages = pools.full_pages
+    plan.pool_tokens = pools.full_pages * ps
+    plan.pool_bytes = pools.pool_bytes(groups, ps)
+    plan.window_pool_pages = pools.window_pages
+    plan.max_concurrency_at_context = pools.full_pages // math.ceil(opts.context / ps)
+    plan.max_context_at_concurrency = (pools.full_pages // opts.concurrency) * ps
 
 
 def _shared_prefix(plan: Plan, prefix: int, pages_per_request: int) -> None:

@@ -28,6 +28,9 @@ def format_plan(p: Plan) -> str:
             f"{'full attention' if g['window'] is None else 'window ' + str(g['window'])}: "
             f"{g['num_layers']} layers, {g['bytes_per_token']:,} B/token"
             for g in p.layer_groups))
+    if p.window_pool_pages is not None:
+        lines.append(f"window pool      {p.window_pool_pages:,} pages of {p.page_size} for the "
+                     f"windowed layers, beside {p.pool_pages:,} full-attention pages")
     lines += [
         f"KV format        {p.kv_format}",
         f"KV per token     {p.formula} ({human_bytes(p.kv_bytes_per_token)})",

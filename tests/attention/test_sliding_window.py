@@ -1,12 +1,15 @@
 """Sliding-window layers in the torch backend equal dense attention with a window mask;
 full-attention layers of the same step are unaffected."""
 
+import numpy as np
 import pytest
 import torch
 
 from attn_helpers import dense_attention, make_scenario
 from radixserve.attention import TorchAttentionBackend, build_metadata
 from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.spans import SeqSpan
+from radixserve.attention.window_kv import WindowedKV
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
@@ -50,3 +53,43 @@ def test_short_steps_reuse_the_full_plan():
     sc = make_scenario(pool, [(0, 9), (6, 1)], 4)
     plan = backend.prepare(build_metadata(sc.spans, 1, "cpu"))
     assert plan.by_window[16] is plan
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_windowed_pool_reads_only_kept_pages(scenario, page_size):
+    """Per-group pools: the windowed layer reads a page table that holds real pages only
+    from each sequence's first kept page on (the rest map to the all-zero null page), and
+    still equals dense attention with the window mask."""
+    window, lens = 16, SCENARIOS[scenario]
+    ids = KVPool(1, 400 // page_size + 8, page_size, 2, 32, torch.float32, "cpu")
+    sc = make_scenario(ids, lens, 6, seed=7 + page_size)      # full page ids and their KV
+    win_pool = KVPool(1, 400 // page_size + 9, page_size, 2, 32, torch.float32, "cpu")
+    backend = TorchAttentionBackend(num_qo_heads=6, num_kv_heads=2, head_dim=32,
+                                    layer_windows=[window])
+    kv = WindowedKV(win_pool, backend, window)
+    of_page = np.full(ids.num_pages, kv.null, dtype=np.int32)
+    free = iter(np.random.default_rng(page_size).permutation(kv.null))
+    dropped = 0
+    for span in sc.spans:
+        first_kept = max(0, span.cached_len - window + 1) // page_size
+        dropped += first_kept
+        for p in span.pages[first_kept:]:
+            of_page[p] = next(free)
+            win_pool.k[0][of_page[p]] = ids.k[0][p]
+            win_pool.v[0][of_page[p]] = ids.v[0][p]
+    kv.attach(of_page)
+    step = kv.prepare(sc.spans, page_size, torch.device("cpu"))
+    out = backend.forward(step.plan, 0, sc.q, sc.k, sc.v, step.kv_pool)
+    err = (out.double() - dense_attention(sc, window=window)).abs().max().item()
+    assert err < TOL[torch.float32], f"max abs error {err}"
+    assert dropped > 0 and win_pool.k[0][kv.null].abs().max() == 0      # null never written
+
+
+def test_windowed_pool_refuses_to_write_without_a_page():
+    pool = KVPool(1, 5, 4, 2, 32, torch.float32, "cpu")
+    kv = WindowedKV(pool, TorchAttentionBackend(num_qo_heads=2, num_kv_heads=2, head_dim=32,
+                                                layer_windows=[8]), 8)
+    kv.attach(np.array([0, kv.null, 1], dtype=np.int32))
+    with pytest.raises(RuntimeError, match="no windowed page"):
+        kv.spans([SeqSpan(np.array([0, 1, 2], dtype=np.int32), 4, 3)], 4)

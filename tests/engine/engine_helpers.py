@@ -98,6 +98,10 @@ def check_pages(engine: Engine) -> None:
     engine.check_invariants()
     assert engine.memory.num_free + engine.tree.total_tokens // engine.page_size \
         == engine.runner.num_pages
+    windows = getattr(engine.memory, "windows", None)    # per-group pools (hybrid models)
+    if windows is not None:
+        in_tree = int(windows.present(engine.tree.tree_page_ids()).sum())
+        assert windows.num_free + in_tree == windows.num_pages == engine.runner.window_pages
 
 
 def run_scenario(engine: Engine, scenario, check=check_pages):

@@ -1,9 +1,11 @@
-"""A hybrid model (tiny Gemma 3, window 16) through the real engine and radix tree: prompts
-reusing a cached prompt's first tokens at several points generate what they generate with
-the cache off, and every page is accounted for."""
+"""A hybrid model (tiny Gemma 3, window 16) through the real engine and the window-aware
+radix tree (per-group pools): prompts reusing a cached prompt's first tokens at several
+points generate what they generate with the cache off, every match ends where the rule
+says (docs/models.md, "Window-aware cache"), and every page of both pools is accounted for."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import pytest
 
 from engine_helpers import check_pages, collect, make_engine, run_scenario
 from radixserve.attention.fixed_split import FixedSplitBackend
+from radixserve.cache.miss_reasons import MissReason
+from radixserve.cache.window_memory import WindowedMemory
 from radixserve.engine.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
@@ -19,7 +23,11 @@ from hybrid_models import WINDOW, build_family  # noqa: E402
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 DONOR = list(range(10, 10 + 8 * WINDOW))               # 128 tokens, 8 windows
 HITS = [WINDOW // 2, WINDOW, 5 * WINDOW, 3 * WINDOW + 2]   # in W, at W, far, mid-page
-PROMPTS = [DONOR] + [DONOR[:h] + list(range(200, 210)) for h in HITS]
+CHECKPOINT = 2 * WINDOW
+# Round 1 diverges from the donor at each hit; round 2 diverges at the same points again,
+# now branch points whose windows round 1 left in the tree.
+PROMPTS = ([DONOR] + [DONOR[:h] + list(range(200, 210)) for h in HITS]
+           + [DONOR[:h] + list(range(230, 240)) for h in HITS])
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +41,28 @@ def run_in_order(engine):
     return run_scenario(engine, scenario, check=check_pages)
 
 
+def first_round_hit(hit: int) -> int:
+    """Round 1: the first window's points, else the last checkpoint (the donor's path has
+    no other match point before its end)."""
+    return hit if hit <= WINDOW else max(WINDOW, hit // CHECKPOINT * CHECKPOINT)
+
+
 def test_cached_hits_equal_uncached(gemma3):
     expected = [r.token_ids[0] for r in run_in_order(
         make_engine(gemma3, page_size=4, disable_radix_cache=True))]
-    got = run_in_order(make_engine(gemma3, page_size=4))
+    engine = make_engine(gemma3, page_size=4, kv_window_checkpoint=CHECKPOINT)
+    assert isinstance(engine.memory, WindowedMemory)
+    # Per-group pools: the windowed pool is a fraction of the full-attention one.
+    assert 0 < engine.runner.window_pages < engine.runner.num_pages
+    got = run_in_order(engine)
     assert [r.token_ids[0] for r in got] == expected
     cached = [r.final.usage.cached_tokens for r in got[1:]]
-    for hit, c in zip(HITS, cached):
+    assert cached[:len(HITS)] == [first_round_hit(h) for h in HITS]
+    # A match that backed off for a missing window says so (cache/miss_reasons.py).
+    reasons = [r.final.usage.miss.reason for r in got[1:len(HITS) + 1]]
+    assert [r == MissReason.WINDOW_MISSING for r in reasons] == [
+        first_round_hit(h) < h for h in HITS], reasons
+    for hit, c in zip(HITS, cached[len(HITS):]):
         assert hit // 4 * 4 <= c <= hit, (hit, cached)
 
 
@@ -58,10 +81,55 @@ def test_deterministic_greedy_identical_alone_and_batched(gemma3):
             return got[::-1]
         return run_scenario(engine, scenario, check=check_pages)
 
-    alone = run(make_engine(gemma3, deterministic=True, disable_radix_cache=True), False)
-    busy = make_engine(gemma3, deterministic=True, page_size=4, chunked_prefill_size=24)
+    # Deterministic mode runs on one full-KV pool (the window pools refuse it).
+    alone = run(make_engine(gemma3, deterministic=True, disable_radix_cache=True,
+                            kv_window_pool="off"), False)
+    busy = make_engine(gemma3, deterministic=True, page_size=4, chunked_prefill_size=24,
+                       kv_window_pool="off")
     together = run(busy, True)
     assert [r.token_ids[0] for r in together] == [r.token_ids[0] for r in alone]
     assert isinstance(busy.runner.backend, FixedSplitBackend)     # with the model's windows
     assert WINDOW in busy.runner.backend.layer_windows
     assert sum(r.final.usage.cached_tokens for r in together) > 0
+
+
+def test_full_kv_pool_when_off(gemma3):
+    engine = make_engine(gemma3, page_size=4, kv_window_pool="off")
+    assert engine.runner.windowed is None and not isinstance(engine.memory, WindowedMemory)
+
+
+def test_unsupported_combinations_are_refused_naming_the_flag(gemma3):
+    for flag, overrides in [("--kv-host-tokens", dict(kv_host_tokens=4096)),
+                            ("--kv-disk-dir", dict(kv_disk_dir="/nonexistent")),
+                            ("--attention-backend flashinfer",
+                             dict(attention_backend="flashinfer"))]:
+        with pytest.raises(ValueError, match=flag) as err:
+            make_engine(gemma3, page_size=4, **overrides)
+        assert "--kv-window-pool off" in str(err.value)
+
+
+def test_a_pin_and_a_partial_page_hit_with_window_pools(gemma3):
+    """A pinned prefix is hit whole by the next request; a hit ending inside a page (within
+    the first window, a kept match point) copies the full and the windowed part of the page
+    (copy-on-write) and generates as uncached."""
+    pinned, mid_page = DONOR[:6 * WINDOW], DONOR[:WINDOW - 6]     # 10: inside a page
+
+    async def scenario(engine):
+        info = await engine.pin(pinned)
+        # The pin also keeps its end window [80, 96) from being dropped for room.
+        assert engine.memory.pinned_windows == WINDOW // 4
+        outs = [await collect(engine.generate(pinned + [201, 202], GREEDY)),
+                await collect(engine.generate(mid_page + [203], GREEDY))]
+        check_pages(engine)
+        assert (await engine.unpin(info.pin_id)).tokens == len(pinned)
+        assert engine.memory.pinned_windows == 0
+        return outs
+
+    uncached = run_scenario(make_engine(gemma3, page_size=4, disable_radix_cache=True),
+                            lambda e: asyncio.gather(
+                                collect(e.generate(pinned + [201, 202], GREEDY)),
+                                collect(e.generate(mid_page + [203], GREEDY))))
+    got = run_scenario(make_engine(gemma3, page_size=4), scenario)
+    assert [g.token_ids[0] for g in got] == [u.token_ids[0] for u in uncached]
+    assert got[0].final.usage.cached_tokens == len(pinned)
+    assert got[1].final.usage.cached_tokens == len(mid_page)     # inside page 2: a copy

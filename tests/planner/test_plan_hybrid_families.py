@@ -40,6 +40,9 @@ def test_plan_equals_server_for_each_family(name, families, monkeypatch, capsys)
     assert plan["served_by_radixserve"], plan["not_served_because"]
     assert (plan["pool_tokens"], plan["pool_bytes"]) == (
         stats.pages_total * stats.page_size, stats.kv_pool_bytes)
+    # Per-group pools: the windowed layers' own pool, a fraction of the full one.
+    assert plan["window_pool_pages"] == engine.runner.window_pages
+    assert 0 < plan["window_pool_pages"] < plan["pool_pages"]
     assert plan["layer_groups"] == [asdict(g) for g in engine.runner.layer_groups]
     windows = [w for w in family.loaded.config.windows]
     assert [g["num_layers"] for g in plan["layer_groups"]] == [

@@ -83,11 +83,16 @@ def test_mistral_7b_sliding_window():
     assert p.num_params == 7_241_732_096
     assert p.sliding_windows == {"4096": 32}
     assert p.served_context == 32768 and p.model_context == 32768   # window honoured
-    assert p.pool_pages == 73_191           # (24 GiB - 14,483,464,192 B) * 0.85 // 131,072
-    assert p.max_concurrency_at_context == 2
+    # Every layer windowed: per-group pools, so pool_pages counts page ids (no full-KV
+    # bytes) and the windowed pool, 0.09 of them, takes the budget:
+    # (24 GiB - 14,483,464,192 B) * 0.85 ~ 9,593,504,563 B; less the null page,
+    # // (0.09 x 131,072 B)
+    assert p.pool_pages == 813_230 and p.window_pool_pages == int(813_230 * 0.09) == 73_190
+    assert p.pool_bytes == (73_190 + 1) * 131_072 <= 9_593_504_563
+    assert p.max_concurrency_at_context == 813_230 // 32768 == 24
     # a window-aware cache holds 4096 tokens per layer: 32 layers x 4096 x 4096 B
     assert p.window_aware_bytes_per_request == 536_870_912
-    assert p.window_aware_max_concurrency == 73_191 * 131_072 // 536_870_912 == 17
+    assert p.window_aware_max_concurrency == 73_191 * 131_072 // 536_870_912 == 17    # (one pool)
     assert any("attends within each layer's window" in n for n in p.notes)
     assert p.layer_groups == [{"window": 4096, "num_layers": 32, "bytes_per_token": 131_072}]
 

@@ -1,0 +1,117 @@
+"""WindowedLease: a PrefixLease that holds sliding-window KV only where it is needed.
+
+Three differences from PrefixLease, all about the windowed layers (the full-attention
+pages are handled exactly as there):
+
+- `acquire` ends the match at the largest point whose window is present
+  (WindowRule.usable_point) and remembers why it stopped there (`window_short`: tokens
+  that matched but whose window was missing);
+- `slide(n)`, after n tokens are computed, drops the windowed pages of its *private*
+  pages that slid out of the window [n - W, n) and lie in no kept match point's window
+  (first window, checkpoints, its branch point). It never drops a tree page's window: a
+  tree page may be shared, and another request may be reading its window. So a running
+  request holds at most its window plus one page of windowed KV (plus look-ahead pages
+  and the prefill chunk it is computing);
+- `extend` inserts only the pages that slid out of the window: the last W tokens stay
+  private until the next extend or `release`, so the tree never receives windows that no
+  match point needs. `release` inserts everything (its end is a match point).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .radix_cache import MatchResult
+from .token_keys import TokenIds
+from .prefix_lease import PrefixLease
+from .window_memory import WindowedMemory
+
+__all__ = ["WindowedLease", "new_lease"]
+
+
+def new_lease(memory, namespace: str | None = None, use_cache: bool = True) -> PrefixLease:
+    """The lease `memory` needs: a WindowedLease over per-group pools (WindowedMemory),
+    else a PrefixLease. Pins use it too: a pin then also keeps its end window pinned."""
+    lease_type = WindowedLease if isinstance(memory, WindowedMemory) else PrefixLease
+    return lease_type(memory, namespace, use_cache)
+
+
+class WindowedLease(PrefixLease):
+    memory: WindowedMemory
+
+    def __init__(self, memory: WindowedMemory, namespace: str | None = None,
+                 use_cache: bool = True):
+        super().__init__(memory, namespace, use_cache)
+        self.rule = memory.rule
+        self.branch = 0             # the match point where this request's prompt left the tree
+        self.window_short = 0       # tokens that matched but whose window was missing
+        self._slid = 0              # private pages below this index were slid already
+        self._reading: np.ndarray | None = None    # pinned tree windows (after the match)
+
+    def acquire(self, tokens: TokenIds, max_tokens: int | None = None) -> MatchResult | None:
+        match = super().acquire(tokens, max_tokens)
+        self.branch = self.window_short = self._slid = 0
+        if match is None:
+            return None
+        ps = self.page_size
+        self.branch = self.matched_tokens // ps * ps
+        cow_page = self._cow[0] if self._cow is not None else -1
+        m = self.memory.usable_point(self.pages, self.matched_tokens, cow_page)
+        if m < self.matched_tokens:
+            # Back off to m: the pages past it are recomputed; the lock stays deeper (it
+            # covers m's path too), and a later insert finds its node from the root.
+            self.window_short = self.matched_tokens - m
+            self.pages = self.pages[:m // ps]
+            self.num_tree_pages = len(self.pages)
+            self.matched_tokens = m
+            if m % ps == 0:
+                self._cow = None
+            match = replace(match, matched_tokens=m, pages=self.pages,
+                            cow_page=self._cow[0] if self._cow else -1,
+                            cow_tokens=self._cow[1] if self._cow else 0)
+        self._slid = len(self.pages)
+        lo, hi = self.rule.needed_pages(m)
+        reads = self.pages[lo:min(hi, len(self.pages))]
+        if self._cow is not None:
+            reads = np.append(reads, self._cow[0])
+        self._pin(reads)
+        return match
+
+    def _pin(self, pages: np.ndarray | None) -> None:
+        """Pin the tree windows this lease reads (None: unpin them)."""
+        if self._reading is not None:
+            self.memory.pin(self._reading, -1)
+        self._reading = pages if pages is not None and len(pages) else None
+        if self._reading is not None:
+            self.memory.pin(self._reading, +1)
+            self.memory.touch(self._reading)
+
+    def slide(self, num_computed: int) -> None:
+        """Drop the windows of private pages now wholly before num_computed - W that no
+        kept match point needs (all of them when the cache is off)."""
+        ps = self.page_size
+        if self._reading is not None and num_computed - self.rule.window >= self.matched_tokens:
+            self._pin(None)         # no longer reads the tree's windows
+        hi = min(max(0, num_computed - self.rule.window) // ps, len(self.pages))
+        lo = max(self._slid, self.num_tree_pages)
+        if hi <= lo:
+            return
+        idx = np.arange(lo, hi)
+        if self.use_cache:
+            idx = idx[~self.rule.kept(idx, self.branch)]
+        if len(idx):
+            self.memory.drop_windows(self.pages[idx])
+        self._slid = hi
+
+    def extend(self, tokens: TokenIds, num_tokens: int) -> None:
+        self.slide(num_tokens)
+        keep_private = max(0, num_tokens - self.rule.window)
+        super().extend(tokens, keep_private)
+
+    def release(self, tokens: TokenIds | None = None, num_tokens: int = 0) -> None:
+        if tokens is not None:
+            self.slide(num_tokens)
+        self._pin(None)
+        super().release(tokens, num_tokens)

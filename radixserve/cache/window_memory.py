@@ -1,0 +1,122 @@
+"""WindowedMemory: PagedMemory for a hybrid model, with the sliding-window layers' pool.
+
+The full-attention page ids work exactly as in PagedMemory (free list, tree, leases).
+Beside them, `windows` (WindowPages) accounts the windowed layers' pages, attached to full
+page ids. This class keeps the two in step at the three places pages change hands:
+
+- a page handed to a lease (`alloc_after`) gets a windowed page: it is about to be
+  computed. The windowed pool is made room for first, by dropping the windows of the
+  least recently used unlocked leaves (their full-attention KV and every earlier match
+  point stay usable), then by evicting whole leaves;
+- a page going back to the free list (`free`, flushes, eviction surplus) loses its window;
+- a duplicate page an insert did not adopt hands its window to the tree's equal page when
+  that one has none (the second request through a branch point refills its window).
+
+Room in the windowed pool is made by dropping the least recently used windows of tree
+pages (attached or used by a match most long ago; a conversation's next turn uses its
+last end window, so stale interior windows go first), never a lease's private page's
+(its live window) nor a pinned one: a lease pins the tree windows it reads right after
+its match point until it has computed a window past it. Whole leaves are evicted only
+when no tree window is left to drop.
+
+Which windows a lease drops while it runs, and where a match may end, is WindowedLease's
+and WindowRule's.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .memory import PagedMemory
+from .page_allocator import OutOfPages
+from .radix_cache import InsertResult, RadixCache
+from .window_pages import WindowPages
+from .window_rule import WindowRule
+
+__all__ = ["WindowedMemory"]
+
+
+class WindowedMemory(PagedMemory):
+    def __init__(self, num_pages: int, tree: RadixCache, window_pages: int, rule: WindowRule):
+        super().__init__(num_pages, tree)
+        self.windows = WindowPages(window_pages, num_pages)
+        self.rule = rule
+        self.dropped_windows = 0        # windowed pages taken from the tree for room
+        self._clock = 0
+        self._used = np.zeros(num_pages, dtype=np.int64)      # per full page: last use
+        self._pins = np.zeros(num_pages, dtype=np.int32)      # leases reading its window
+        self._private = np.zeros(num_pages, dtype=bool)       # a lease's own page
+
+    def alloc_after(self, head: np.ndarray, n: int) -> np.ndarray:
+        """PagedMemory.alloc_after, each new page with a windowed page. OutOfPages when
+        either pool is short (tree windows may have been dropped by then)."""
+        self._window_room(n)
+        pages = super().alloc_after(head, n)
+        new = pages[len(head):]
+        self.windows.detach(new)     # pages evicted from the tree may still carry windows
+        self.windows.attach(new)
+        self._private[new] = True
+        self.touch(new)
+        return pages
+
+    def free(self, pages: np.ndarray) -> None:
+        self.windows.detach(pages)
+        self._private[pages] = False
+        super().free(pages)
+
+    def free_duplicates(self, own: np.ndarray, result: InsertResult) -> None:
+        self._private[own] = False          # adopted by the tree, or freed right below
+        dup = result.duplicates(own)
+        if len(dup):
+            mask = np.asarray(own) != result.pages
+            self.windows.move(np.asarray(own)[mask], result.pages[mask])
+            self.free(dup)
+
+    def drop_windows(self, pages: np.ndarray) -> int:
+        """Free the windowed KV of `pages` (their full-attention KV stays); how many."""
+        return self.windows.detach(pages)
+
+    def touch(self, pages: np.ndarray) -> None:
+        """Mark these pages' windows used now (LRU order of window drops)."""
+        self._clock += 1
+        self._used[pages] = self._clock
+
+    @property
+    def pinned_windows(self) -> int:
+        """Full pages whose windows a lease (a running request or a pin) is reading."""
+        return int(np.count_nonzero(self._pins))
+
+    def pin(self, pages: np.ndarray, by: int) -> None:
+        """`by` = +1 / -1: a lease starts / stops reading these tree pages' windows."""
+        np.add.at(self._pins, np.asarray(pages, dtype=np.int64), by)
+
+    def _window_room(self, n: int) -> None:
+        """At least `n` free windowed pages: drop the least recently used tree windows
+        (a sixteenth of the pool at least, so this runs rarely), then evict leaves whole;
+        OutOfPages if running requests hold the rest."""
+        if n <= self.windows.num_free:
+            return
+        w = self.windows
+        droppable = np.flatnonzero((w.of_page != w.null) & (self._pins == 0) & ~self._private)
+        want = min(len(droppable), max(n - w.num_free, w.num_pages // 16))
+        if want:
+            oldest = droppable[np.argpartition(self._used[droppable], want - 1)[:want]]
+            self.dropped_windows += w.detach(oldest)
+        while n > w.num_free and self.tree.evictable_tokens:
+            self.free(self.tree.evict(self.page_size))
+        if n > w.num_free:
+            raise OutOfPages(n, w.num_free)
+
+    def usable_point(self, pages: np.ndarray, matched: int, cow_page: int = -1) -> int:
+        """The largest match point <= `matched` whose window is present (WindowRule)."""
+        if matched == 0:
+            return 0
+        ids = pages if cow_page < 0 else np.append(pages, cow_page)
+        return self.rule.usable_point(self.windows.present(ids), matched)
+
+    def check_conservation(self, private: Iterable[np.ndarray] = ()) -> None:
+        private = list(private)
+        super().check_conservation(private)
+        self.windows.check([self.tree.tree_page_ids(), *private])

@@ -1,0 +1,96 @@
+"""WindowPages: the sliding-window layers' own page accounting.
+
+A hybrid model's full-attention layers keep every token's KV, in the pages the radix tree
+and the leases hand out (the *full* page ids). Its sliding-window layers need only the
+windows that a running request or a future match reads, so they get a smaller pool with
+its own free list. Each full page id either has a windowed page attached (`of_page[p]`, the
+windowed layers' KV of the same tokens) or not (`of_page[p] == null`): the windowed pool's
+one extra page, never handed out and never written, so a page table read through
+`of_page` stays all zeros where a window is absent (attention masks those positions).
+
+Who owns a windowed page is who owns the full page it is attached to (tree, a lease, or
+nobody: then it must be free), so the full pages' conservation carries over: free windowed
+pages + pages attached to tree pages + pages attached to private pages == total.
+Torch-free: the replay tool runs it without a model.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .page_allocator import OutOfPages, PageAllocator
+
+__all__ = ["WindowPages"]
+
+
+class WindowPages:
+    def __init__(self, num_pages: int, num_full_pages: int):
+        self._free_list = PageAllocator(num_pages)
+        self.null = num_pages           # the all-zero page absent windows read
+        self.of_page = np.full(num_full_pages, self.null, dtype=np.int32)
+
+    @property
+    def num_pages(self) -> int:
+        return self._free_list.num_pages
+
+    @property
+    def num_free(self) -> int:
+        return self._free_list.num_free
+
+    def present(self, full_pages: np.ndarray) -> np.ndarray:
+        """bool per full page: its windowed KV is held."""
+        return self.of_page[np.asarray(full_pages, dtype=np.int64)] != self.null
+
+    def attach(self, full_pages: np.ndarray) -> None:
+        """A windowed page for each of `full_pages` lacking one (OutOfPages: nothing changed)."""
+        full_pages = np.asarray(full_pages, dtype=np.int64)
+        lacking = full_pages[self.of_page[full_pages] == self.null]
+        if len(lacking) > self._free_list.num_free:
+            raise OutOfPages(len(lacking), self._free_list.num_free)
+        if len(lacking):
+            self.of_page[lacking] = self._free_list.alloc(len(lacking))
+
+    def detach(self, full_pages: np.ndarray) -> int:
+        """Free the windowed pages of `full_pages` (those that have one); how many."""
+        full_pages = np.asarray(full_pages, dtype=np.int64)
+        held = full_pages[self.of_page[full_pages] != self.null]
+        if len(held):
+            self._free_list.free(self.of_page[held])
+            self.of_page[held] = self.null
+        return len(held)
+
+    def move(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Hand the windowed pages of `src` to `dst` where `dst` lacks one (a duplicate's
+        window refills the tree page it duplicates); the rest of `src`'s stay put."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        go = (self.of_page[src] != self.null) & (self.of_page[dst] == self.null)
+        self.of_page[dst[go]] = self.of_page[src[go]]
+        self.of_page[src[go]] = self.null
+
+    def check(self, owned_full_pages: Iterable[np.ndarray]) -> None:
+        """Windowed conservation: every windowed page is free or attached to exactly one
+        full page, and only full pages someone owns (tree or lease) have one."""
+        owned = np.concatenate([np.asarray(p, dtype=np.int64).ravel()
+                                for p in owned_full_pages] or [np.zeros(0, np.int64)])
+        attached_to = np.flatnonzero(self.of_page != self.null)
+        stray = np.setdiff1d(attached_to, owned)
+        problems = []
+        if len(stray):
+            problems.append(f"full pages {stray[:16].tolist()} are owned by nobody but "
+                            "hold windowed pages")
+        ids = self.of_page[attached_to].astype(np.int64)
+        uniq, counts = np.unique(ids, return_counts=True)
+        if (counts > 1).any():
+            problems.append(f"windowed pages attached twice: {uniq[counts > 1][:16].tolist()}")
+        free = self._free_list.free_page_ids().astype(np.int64)
+        both = np.intersect1d(free, ids)
+        if len(both):
+            problems.append(f"windowed pages both free and attached: {both[:16].tolist()}")
+        if len(free) + len(ids) != self.num_pages:
+            problems.append(f"windowed: free {len(free)} + attached {len(ids)} != "
+                            f"{self.num_pages}")
+        if problems:
+            raise AssertionError("windowed page conservation violated: " + "; ".join(problems))

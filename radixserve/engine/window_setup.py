@@ -1,0 +1,53 @@
+"""Whether a model's sliding-window layers get their own pool, and how big each pool is.
+
+`--kv-window-pool auto` turns per-group pools on for a model whose windowed layers share
+one window (Gemma 2/3, sliding Mistral/Qwen2/Qwen3); several window sizes keep one full-KV
+pool (logged). Combinations the window-aware cache does not support yet are refused at
+start, naming the flag, rather than served wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from radixserve.engine.config import EngineConfig
+from radixserve.kv_sizing import GroupPools, LayerGroup, window_pools
+
+log = logging.getLogger(__name__)
+
+_OFF = "pass --kv-window-pool off to keep full KV in every layer"
+
+
+def pool_window(config: EngineConfig, layer_windows: tuple[int | None, ...]) -> int | None:
+    """The window of the windowed pool, or None for one full-KV pool."""
+    if config.kv_window_pool not in ("auto", "off"):
+        raise ValueError(f"--kv-window-pool must be auto or off, got {config.kv_window_pool!r}")
+    windows = sorted({w for w in layer_windows if w is not None})
+    if config.kv_window_pool == "off" or not windows:
+        return None
+    if len(windows) > 1:
+        log.info("KV pools: windows %s differ; one full-KV pool (one windowed pool per "
+                 "window size is not supported yet)", windows)
+        return None
+    unsupported = [
+        ("--kv-host-tokens/--kv-host-bytes", bool(config.kv_host_tokens or config.kv_host_bytes)),
+        ("--kv-disk-dir", config.kv_disk_dir is not None),
+        ("--attention-backend flashinfer", config.attention_backend == "flashinfer"),
+        ("--deterministic", config.deterministic),
+    ]
+    for flag, used in unsupported:
+        if used:
+            raise ValueError(f"{flag} is not supported with the per-group window pools of "
+                             f"this hybrid model yet; {_OFF}")
+    return windows[0]
+
+
+def group_pools(config: EngineConfig, groups: list[LayerGroup], max_model_len: int,
+                budget: float) -> GroupPools:
+    """The per-group page counts (kv_sizing.window_pools, as `radixserve plan`)."""
+    return window_pools(groups, page_size=config.page_size,
+                        kv_cache_tokens=config.kv_cache_tokens, budget=budget,
+                        max_model_len=config.max_model_len or max_model_len,
+                        chunk_tokens=config.chunked_prefill_size,
+                        fraction=config.kv_window_pool_fraction,
+                        checkpoint=config.kv_window_checkpoint)

@@ -1,0 +1,180 @@
+"""The window-aware radix cache without a model: WindowRule's match points, a running
+request's windowed pages sliding out, eviction dropping windows before full pages, and a
+hypothesis state machine (both pools conserved after every step; every match point it
+reports has its window present)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from radixserve.cache.page_allocator import OutOfPages
+from radixserve.cache.radix_cache import RadixCache
+from radixserve.cache.window_lease import WindowedLease
+from radixserve.cache.window_memory import WindowedMemory
+from radixserve.cache.window_rule import WindowRule
+
+
+def make_memory(full_pages: int, window_pages: int, window: int = 8, page_size: int = 2,
+                checkpoint: int = 16) -> WindowedMemory:
+    rule = WindowRule(window, page_size, checkpoint)
+    return WindowedMemory(full_pages, RadixCache(page_size), window_pages, rule)
+
+
+def window_present(mem: WindowedMemory, lease: WindowedLease) -> bool:
+    """The window [m - W, m) of the lease's match point m is held (cow page included)."""
+    m = lease.matched_tokens
+    lo, hi = mem.rule.needed_pages(m)
+    pages = list(lease.pages[lo:hi])
+    if lease._cow is not None:
+        pages.append(lease._cow[0])
+    return bool(mem.windows.present(np.asarray(pages, dtype=np.int64)).all())
+
+
+def run_request(mem: WindowedMemory, tokens: list[int], chunk: int = 8, keep: bool = True,
+                use_cache: bool = True, on_step=None) -> WindowedLease:
+    """One request as the engine runs it: match, then grow / compute / extend per chunk."""
+    lease = WindowedLease(mem, None, use_cache)
+    lease.acquire(tokens, max_tokens=len(tokens) - 1)
+    n = lease.matched_tokens
+    ps = mem.page_size
+    try:
+        while n < len(tokens):
+            step = min(chunk, len(tokens) - n)
+            lease.slide(n)
+            lease.grow(-(-(n + step) // ps) - len(lease.pages))
+            n += step
+            lease.extend(tokens, n)
+            if on_step is not None:
+                on_step(lease, n)
+    except OutOfPages:
+        lease.release()
+        return lease
+    lease.release(tokens if keep else None, n)
+    return lease
+
+
+def test_usable_point_backs_off_to_the_last_present_window():
+    rule = WindowRule(window=4, page_size=2, checkpoint=8)
+    present = np.array([True, True, True, True, False, True, True, True])  # page 4 missing
+    assert rule.usable_point(present, 16) == 16     # needs pages 6..7 only
+    present[6] = False
+    assert rule.usable_point(present, 16) == 8      # 14 needs page 6; 12 and 10 page 4
+    assert rule.usable_point(present, 9) == 8       # 8 needs pages 2..3
+    assert rule.usable_point(np.zeros(3, bool), 6) == 0
+    # Inside a page (copy-on-write): the partial page's window counts too.
+    assert rule.usable_point(np.array([True, True, False]), 5) == 4
+
+
+def test_kept_pages_are_the_match_points_windows():
+    rule = WindowRule(window=4, page_size=2, checkpoint=16)
+    kept = rule.kept(np.arange(16), branch=22)
+    # first window [0, 4), checkpoints 16's [12, 16) and 32's [28, 32), the branch's [18, 22)
+    assert np.flatnonzero(kept).tolist() == [0, 1, 6, 7, 9, 10, 14, 15]
+
+
+def test_a_long_request_holds_its_window_plus_a_page():
+    """32k tokens at W=512: the request's own windowed pages stay within its window, one
+    page and its look-ahead, cache on (checkpoints go to the tree) or off."""
+    ps, w = 16, 512
+    for use_cache in (True, False):
+        mem = make_memory(2100, 400, window=w, page_size=ps, checkpoint=8 * w)
+        held = []
+
+        def check(lease: WindowedLease, n: int) -> None:
+            private = lease.pages[lease.num_tree_pages:]
+            held.append(int(mem.windows.present(private).sum()))
+
+        tokens = list(range(32768))
+        run_request(mem, tokens, chunk=2048, use_cache=use_cache, on_step=check)
+        assert max(held) <= -(-w // ps) + 1, held
+        mem.check_conservation()
+        in_tree = int(mem.windows.present(mem.tree.tree_page_ids()).sum())
+        if use_cache:   # first window, 7 checkpoints and the end: 9 windows of 32+1 pages
+            assert in_tree <= 9 * (w // ps + 1) < len(tokens) // ps // 6
+        else:
+            assert in_tree == 0 and mem.windows.num_free == 400
+
+
+def test_window_eviction_keeps_earlier_points_matchable():
+    """sglang#35515: losing a branch's tail window loses that point only."""
+    mem = make_memory(64, 30, window=4, page_size=2, checkpoint=8)
+    donor = list(range(100, 132))                       # 32 tokens: checkpoints 8, 16, 24
+    run_request(mem, donor)
+    full_before = len(mem.tree.tree_page_ids())
+    leaf = next(mem.tree.iter_evictable())
+    mem.drop_windows(leaf.pages[-2:])                    # the end's window is gone
+    assert len(mem.tree.tree_page_ids()) == full_before  # full-attention KV all kept
+    lease = WindowedLease(mem)
+    lease.acquire(donor + [1], max_tokens=32)
+    assert lease.matched_tokens == 24 and lease.window_short == 8
+    assert window_present(mem, lease)
+    lease.release()
+    mem.check_conservation()
+
+
+def test_a_short_windowed_pool_drops_windows_before_full_pages():
+    mem = make_memory(64, 12, window=4, page_size=2, checkpoint=8)
+    run_request(mem, list(range(100, 124)))
+    tree_pages = set(mem.tree.tree_page_ids().tolist())
+    run_request(mem, list(range(50, 66)))                # needs more windows than are free
+    assert mem.dropped_windows > 0
+    assert tree_pages <= set(mem.tree.tree_page_ids().tolist())  # no full page evicted
+    mem.check_conservation()
+
+
+def test_a_second_request_refills_the_branch_window():
+    mem = make_memory(128, 64, window=4, page_size=2, checkpoint=64)
+    system = list(range(100, 124))                       # 24 tokens, no checkpoint inside
+    run_request(mem, system + [1, 2, 3, 4])
+    first = WindowedLease(mem)
+    first.acquire(system + [5, 6], max_tokens=26)
+    assert first.matched_tokens == 4                     # only the first window's points
+    first.release()
+    run_request(mem, system + [5, 6, 7, 8])               # computes and keeps 24's window
+    again = WindowedLease(mem)
+    again.acquire(system + [9, 9], max_tokens=26)
+    assert again.matched_tokens == 24 and window_present(mem, again)
+    again.release()
+    mem.check_conservation()
+
+
+class WindowTree(RuleBasedStateMachine):
+    """Requests over a small alphabet (many shared prefixes and divergences inside pages),
+    a tight windowed pool, window and full evictions."""
+
+    def __init__(self):
+        super().__init__()
+        self.mem = make_memory(48, 14, window=4, page_size=2, checkpoint=8)
+
+    @rule(head=st.lists(st.integers(0, 2), min_size=1, max_size=30),
+          keep=st.booleans(), chunk=st.integers(1, 9))
+    def request(self, head, keep, chunk):
+        tokens = head + [7]
+        lease = WindowedLease(self.mem)
+        lease.acquire(tokens, max_tokens=len(tokens) - 1)
+        assert window_present(self.mem, lease)
+        assert lease.matched_tokens <= len(tokens) - 1
+        lease.release()
+        run_request(self.mem, tokens, chunk=chunk, keep=keep)
+
+    @rule(n=st.integers(1, 10))
+    def evict_full(self, n):
+        self.mem.free(self.mem.tree.evict(n * self.mem.page_size))
+
+    @rule()
+    def drop_lru_windows(self):
+        leaf = next(self.mem.tree.iter_evictable(), None)
+        if leaf is not None:
+            self.mem.drop_windows(leaf.pages)
+
+    @invariant()
+    def pools_conserved(self):
+        self.mem.check_conservation()
+        self.mem.tree.check_invariants()
+
+
+TestWindowTree = WindowTree.TestCase
+TestWindowTree.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
