@@ -625,7 +625,7 @@ class RadixCache:
                 f"cannot flush namespace {namespace!r}: {locked} cached tokens are locked by "
                 f"running requests; wait until they finish (or abort them)")
         pool = [n for n in nodes if n.tier == _POOL]
-        self.tiers.forget([n for n in nodes if n.tier != _POOL])
+        self.tiers.forget(nodes)        # the lower ones' slots; kept disk copies of all
         for node in nodes:
             if node.evict_key is not None:
                 self._remove_evictable(node)

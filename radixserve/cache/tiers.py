@@ -42,6 +42,11 @@ reads of a load):
   dropped, recomputed into the pool) is `orphaned`: neither free nor reused until its
   write is over, then its file is removed and the slot freed. Without a writer (`writer`
   None: writes run inside the order) `moves_done` ends every pending write.
+- Inclusive disk tier: a disk node loaded into the pool keeps its files (`kept`, by slot,
+  oldest first): a crash, or the next save, finds them on disk. Kept copies are the first to
+  go when the disk tier needs room (the pool holds their pages), and go with a flush of
+  their namespace. Each page written to the disk tier is first described to `places`
+  (engine/disk_places.py), which the disk store's journal records once the write is done.
 - Save and restore (engine/kv_persistence.py): the cache saver borrows disk slots for its
   on-disk copies of pool/host pages (`lend_disk_slots`, held outside the tree and counted
   by `check`), so saved copies and the disk tier share one budget; a restart rebuilds the
@@ -63,7 +68,7 @@ if TYPE_CHECKING:
     from .radix_cache import RadixCache
     from .tree_node import TreeNode
 
-__all__ = ["POOL", "HOST", "DISK", "DemoteOrder", "LoadOrder", "LoadPlan",
+__all__ = ["POOL", "HOST", "DISK", "DemoteOrder", "DiskPlaces", "LoadOrder", "LoadPlan",
            "LowerTiers", "PageStore", "ReadPending", "ReadResults", "TierCounters",
            "WriteResults"]
 
@@ -142,6 +147,13 @@ class ReadResults(Protocol):
     def discard(self, key: int) -> None: ...
 
 
+class DiskPlaces(Protocol):
+    """Told where each page about to be written to disk sits in the tree (its path), so
+    that the disk tier's journal can record it (engine/disk_places.py)."""
+
+    def placed(self, node: TreeNode, slots: list[int]) -> None: ...
+
+
 class ReadPending(Exception):
     """The match continues on disk and its pages are being read off the tree's thread:
     admit the request later (nothing was changed or locked)."""
@@ -201,6 +213,11 @@ class LowerTiers:
         # Disk slots lent to the cache saver for on-disk copies of pool/host pages (local
         # ids): the saved cache and the disk tier share one budget, the disk tier's slots.
         self.lent: set[int] = set()
+        # Disk slots of pages loaded into the pool that keep their file (the inclusive disk
+        # tier), oldest first, with their namespace (a flush of it drops them).
+        self.kept: dict[int, str | None] = {}
+        self.places: DiskPlaces | None = None
+        self._keeping = False               # load(): a disk node's release keeps its files
         self.counters = TierCounters()
         self._moves: list[DemoteOrder | LoadOrder] = []
         self._below = [t for t in (HOST, DISK) if self.alloc[t].num_pages]
@@ -250,6 +267,7 @@ class LowerTiers:
             self.pending_writes.discard(key + off)
         bad = {key + off for key in failed}
         self.pending_writes.difference_update(bad)
+        self._drop_kept([key for key in failed if key in self.kept])
         self.counters.failed_writes += len(bad)
         bad -= self.orphaned
         self._settle_orphans()
@@ -319,6 +337,8 @@ class LowerTiers:
         a = self.alloc[tier]
         if tier == DISK:
             self.collect_io()       # written pages may go; orphaned slots come back
+            if a.num_free < n and self.kept:    # redundant copies go first
+                self._drop_kept(list(self.kept)[:n - a.num_free])
         while a.num_free < n:
             progress = False
             for victim in self._victims(tier):
@@ -373,6 +393,8 @@ class LowerTiers:
         self.nodes[tier][node.id] = node
         if tier == DISK:
             self.pending_writes.update(ids.tolist())
+            if self.places is not None:
+                self.places.placed(node, self.local(DISK, ids).tolist())
 
     def _pending(self, node: TreeNode) -> bool:
         return node.tier == DISK and bool(self.pending_writes) and \
@@ -492,7 +514,11 @@ class LowerTiers:
             self._moves.append(LoadOrder(tier, self.local(tier, node.pages), dst, data))
             self.counters.loaded_tokens[tier.label] += node.num_tokens
             self._count_out(tier, node.num_tokens)
-            self.tree.enter_pool(node, dst)
+            self._keeping = tier == DISK
+            try:
+                self.tree.enter_pool(node, dst)
+            finally:
+                self._keeping = False
         return plan.nodes[-1]
 
     # ------------------------------------------------------------------ saved copies
@@ -514,6 +540,18 @@ class LowerTiers:
         local = np.concatenate(got) if got else np.zeros(0, dtype=np.int32)
         self.lent.update(local.tolist())
         return local
+
+    def take_kept(self, local: Sequence[int]) -> None:
+        """Kept copies the saver takes over as its own (lent) copies."""
+        for slot in local:
+            del self.kept[slot]
+        self.lent.update(local)
+
+    def _drop_kept(self, local: Sequence[int]) -> None:
+        for slot in local:
+            del self.kept[slot]
+        if local:
+            self._release_ids(DISK, np.asarray(local, dtype=np.int64) + self.offset[DISK])
 
     def return_disk_slots(self, local: Sequence[int]) -> None:
         """Saved copies dropped: their slots are free again (their files are dropped by
@@ -545,6 +583,10 @@ class LowerTiers:
         """A lower node leaves its tier (into the pool, dropped or flushed): free its ids."""
         tier = node.tier
         del self.nodes[tier][node.id]
+        if tier == DISK and self._keeping:      # loaded: its files stay as copies
+            self.kept.update(dict.fromkeys(self.local(DISK, node.pages).tolist(),
+                                           node.namespace))
+            return
         self._release_ids(tier, node.pages)
 
     def _release_ids(self, tier: Tier, ids: np.ndarray) -> None:
@@ -574,7 +616,11 @@ class LowerTiers:
             self._release_ids(DISK, np.asarray(done, dtype=np.int64))
 
     def forget(self, nodes: Sequence[TreeNode]) -> None:
-        """Flushed nodes: the lower ones give their ids back."""
+        """Flushed nodes: the lower ones give their ids back, and the kept copies of their
+        namespaces go too."""
+        flushed = {n.namespace for n in nodes}
+        live = set(self.tree.namespaces())       # a copy whose namespace has no node left
+        self._drop_kept([s for s, ns in self.kept.items() if ns in flushed or ns not in live])
         for node in nodes:
             if node.tier != POOL:
                 self.release(node)
@@ -608,6 +654,7 @@ class LowerTiers:
             held = [self.local(tier, n.pages) for n in found[tier].values()]
             if tier == DISK:
                 held.append(np.fromiter(self.lent, dtype=np.int64, count=len(self.lent)))
+                held.append(np.fromiter(self.kept, dtype=np.int64, count=len(self.kept)))
                 held.append(self.local(DISK, np.fromiter(self.orphaned, dtype=np.int64,
                                                          count=len(self.orphaned))))
             ids = np.concatenate([a.free_page_ids(), *held]).astype(np.int64)

@@ -65,6 +65,9 @@ class EngineConfig:
     no_grammar_cache: bool = False          # keep compiled grammars in memory only
     grammar_compile_timeout_s: float = 10.0
     lpm_max_wait_steps: int = 16         # lpm: waiting this many steps puts a request first
+    # The disk tier's journal (storage/journal.py): fsynced in batches this often; 0: at
+    # every record. A kill -9 loses nothing either way; a power loss at most this much.
+    kv_disk_journal_sync_ms: int = 1000
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -151,3 +154,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar-compile-timeout-s", type=float, default=None,
                    help=f"a grammar that takes longer to compile gets a 400 (default "
                         f"{d.grammar_compile_timeout_s:g})")
+    g.add_argument("--kv-disk-journal-sync-ms", type=int, default=None,
+                   help=f"fsync the disk tier's journal of page writes and drops this often "
+                        f"(default {d.kv_disk_journal_sync_ms}; 0: at every record): what a "
+                        f"power loss may lose; a kill -9 loses nothing (docs/tiers.md)")

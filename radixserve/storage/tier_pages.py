@@ -7,6 +7,11 @@ holding it now, so the disk tier's pages and the saved cache's pages are the sam
 the saver indexes an L3 node by its slots' keys, and a restore hands the index's keys to
 fresh slots (`adopt`) without reading them (the load path checks their CRC).
 
+Each disk-tier page is `describe`d (where it sits in the tree: storage/journal.py's
+PagePlace) before its write; once the write is complete, its `PageAdded` record goes to the
+store's journal, so a crash before the next save keeps it. The path hash stays known per
+slot (`hash_of`) for the saver, which takes over the copies an inclusive load keeps.
+
 While a save is writing its index (`holding_drops`), dropped pages stay on disk, so the
 index never names a file removed between the walk that chose it and its write; they are
 removed afterwards.
@@ -19,6 +24,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from .disk_store import DiskPageStore
+from .journal import PageAdded, PagePlace
 
 __all__ = ["TierPages"]
 
@@ -30,15 +36,38 @@ class TierPages:
         self._key: dict[int, int] = {}          # slot -> page key of its file
         self._lock = threading.Lock()
         self._held: list[int] | None = None     # keys dropped while a save holds drops
+        self._places: dict[int, PagePlace] = {} # slot -> where its page sits in the tree
 
     def write_page(self, slot: int, payload: bytes) -> None:
         """Store the slot's page under a new key (DiskStoreFull etc.: the slot reads as
         missing). Runs on the compute thread."""
+        with self._lock:
+            place = self._places.get(slot)
         self.drop_page(slot)                    # a stale mapping (its write raced a drop)
         key = self.store.new_page_key()
-        self.store.write_page(key, payload)
+        serial = self.store.write_page(key, payload)
         with self._lock:
             self._key[slot] = key
+            if place is not None:
+                self._places[slot] = place
+        if place is not None:
+            self.store.journal_append(PageAdded(key, serial, place.path_hash,
+                                                place.parent_hash, place.namespace,
+                                                place.token_ids, place.last_access))
+
+    def describe(self, slot: int, place: PagePlace | None) -> None:
+        """Where the page about to be written into `slot` sits in the tree (tree thread,
+        before its write is queued); None: not known, the page is not journaled."""
+        with self._lock:
+            if place is None:
+                self._places.pop(slot, None)
+            else:
+                self._places[slot] = place
+
+    def hash_of(self, slot: int) -> bytes | None:
+        """The path hash of the page in `slot` (None: not known)."""
+        place = self._places.get(slot)
+        return place.path_hash if place is not None else None
 
     def read_page(self, slot: int) -> bytes | None:
         key = self._key.get(slot)
@@ -47,14 +76,16 @@ class TierPages:
     def drop_page(self, slot: int) -> None:
         with self._lock:
             key = self._key.pop(slot, None)
+            self._places.pop(slot, None)
             if key is not None and self._held is not None:
                 self._held.append(key)
                 return
         if key is not None:
             self.store.drop_page(key)
 
-    def adopt(self, slot: int, key: int) -> None:
+    def adopt(self, slot: int, key: int, place: PagePlace | None = None) -> None:
         """A restored page: `slot` is held by the file `key` (not read here)."""
+        self.describe(slot, place)
         with self._lock:
             self._key[slot] = key
 
