@@ -80,9 +80,9 @@ def walk_path_hashes(tree: "RadixCache", block_tokens: int
 def node_page_hashes(node: "TreeNode", block_tokens: int
                      ) -> tuple[bytes | None, list[bytes]] | None:
     """(the hash of the block before `node`'s first, None at its namespace's start; the
-    hashes of its own blocks), for a node holding whole blocks from a block boundary (a
-    host/disk node); None for one that does not. Walks up to the root: O(depth)."""
-    if node.num_tokens % block_tokens or (node.depth - node.num_tokens) % block_tokens:
+    hashes of its whole blocks -- a partial last one has none), for a node that starts on a
+    block boundary; None for one that does not. Walks up to the root: O(depth)."""
+    if (node.depth - node.num_tokens) % block_tokens:
         return None
     parts = []
     n = node
@@ -92,5 +92,7 @@ def node_page_hashes(node: "TreeNode", block_tokens: int
     hashes = chain_blocks(namespace_seed(node.namespace), b"".join(reversed(parts)),
                           block_tokens)
     own = node.num_tokens // block_tokens
+    if not own:
+        return None
     before = hashes[-own - 1] if len(hashes) > own else None
     return before, hashes[len(hashes) - own:]

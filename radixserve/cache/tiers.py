@@ -55,7 +55,7 @@ reads of a load):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -153,6 +153,10 @@ class DiskPlaces(Protocol):
 
     def placed(self, node: TreeNode, slots: list[int]) -> None: ...
 
+    def missing(self, node: TreeNode) -> bool:
+        """Whether some page of this (pool/host) node has no file on disk, written or
+        queued (False for a node that cannot be journaled: nothing to do)."""
+
 
 class ReadPending(Exception):
     """The match continues on disk and its pages are being read off the tree's thread:
@@ -217,6 +221,9 @@ class LowerTiers:
         # tier), oldest first, with their namespace (a flush of it drops them).
         self.kept: dict[int, str | None] = {}
         self.places: DiskPlaces | None = None
+        # Called with the disk slots whose write just became durable (the engine drops
+        # older copies of the same pages then: engine/kv_persistence.py).
+        self.on_written: Callable[[list[int]], None] | None = None
         self._keeping = False               # load(): a disk node's release keeps its files
         self.counters = TierCounters()
         self._moves: list[DemoteOrder | LoadOrder] = []
@@ -265,6 +272,8 @@ class LowerTiers:
         off = self.offset[DISK]
         for key in written:
             self.pending_writes.discard(key + off)
+        if written and self.on_written is not None:
+            self.on_written(list(written))
         bad = {key + off for key in failed}
         self.pending_writes.difference_update(bad)
         self._drop_kept([key for key in failed if key in self.kept])
@@ -320,7 +329,37 @@ class LowerTiers:
         self.tree.leave_pool(leaf)
         self._moves.append(DemoteOrder(POOL, src, tier, self.local(tier, dst)))
         self._count_in(tier, leaf.num_tokens)
+        if tier == DISK:
+            self._copy_ancestors(leaf)
         return True
+
+    def _copy_ancestors(self, node: TreeNode) -> None:
+        """A disk page can only be restored after a crash if every page before it is on
+        disk too: the pool/host ancestors of a node just sent to disk that have no disk
+        copy yet get one (kept copies: they stay where they are)."""
+        if self.places is None:
+            return
+        todo = []
+        parent = node.parent
+        while parent is not None and parent.depth and parent.tier != DISK:
+            if self.places.missing(parent):
+                todo.append(parent)
+            parent = parent.parent
+        for anc in reversed(todo):              # from the root down
+            n = len(anc.pages)
+            if anc.parent is None or n == 0:
+                break
+            dst = self._take(DISK, n)
+            if dst is None or anc.parent is None:   # no room (or dropped making it)
+                if dst is not None:
+                    self.alloc[DISK].free(self.local(DISK, dst))
+                break
+            local = self.local(DISK, dst)
+            self.pending_writes.update(dst.tolist())
+            self.kept.update(dict.fromkeys(local.tolist(), anc.namespace))
+            self.places.placed(anc, local.tolist())
+            self._moves.append(DemoteOrder(anc.tier, self.local(anc.tier, anc.pages), DISK,
+                                           local))
 
     def _take(self, tier: Tier, n: int) -> np.ndarray | None:
         """`n` free ids of `tier` (making room by pushing its victims down), or None."""
@@ -546,6 +585,10 @@ class LowerTiers:
         for slot in local:
             del self.kept[slot]
         self.lent.update(local)
+
+    def drop_kept(self, local: Sequence[int]) -> None:
+        """Kept copies to remove (their page has another file now)."""
+        self._drop_kept(local)
 
     def _drop_kept(self, local: Sequence[int]) -> None:
         for slot in local:

@@ -26,6 +26,12 @@ class DiskPlaces:
         self.disk = disk
         self.page_size = page_size
 
+    def missing(self, node: TreeNode) -> bool:
+        found = node_page_hashes(node, self.page_size)
+        if found is None:
+            return False
+        return not all(self.disk.has_hash(h) for h in found[1])
+
     def placed(self, node: TreeNode, slots: list[int]) -> None:
         found = node_page_hashes(node, self.page_size)
         if found is None:               # not whole pages: not restorable, not journaled
@@ -35,8 +41,11 @@ class DiskPlaces:
         parent, hashes = found
         step = self.page_size * ITEM_BYTES
         key = node.key
-        for i, (slot, h) in enumerate(zip(slots, hashes)):
-            self.disk.describe(slot, PagePlace(h, parent, node.namespace,
+        for i, slot in enumerate(slots):
+            if i >= len(hashes):                # a partial last page: not restorable
+                self.disk.describe(slot, None)
+                continue
+            self.disk.describe(slot, PagePlace(hashes[i], parent, node.namespace,
                                                unpack(key[i * step:(i + 1) * step]),
                                                node.last_access))
-            parent = h
+            parent = hashes[i]

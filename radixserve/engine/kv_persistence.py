@@ -108,6 +108,8 @@ class KVPersistence:
         self._copies: dict[bytes, int] = {}     # page path hash -> disk slot of its copy
         self._batch_pages = max(1, BATCH_BYTES // kv.page_bytes) if kv is not None else 1
         self._saving = asyncio.Lock()
+        if tiers is not None:
+            tiers.lower.on_written = self._drop_older_copies
         self.restored: RestoreReport | None = None
         self.last_save: SaveReport | None = None
         self.saves = 0
@@ -282,6 +284,23 @@ class KVPersistence:
                             self.store.directory, e)
                 return i
         return len(payloads)
+
+    def _drop_older_copies(self, written: list[int]) -> None:
+        """The disk tier just wrote these slots: a kept or saved copy of the same page is
+        redundant now, and goes (not while a save runs, whose copies are in flight)."""
+        tiers = self._tiers
+        if tiers is None:
+            return
+        for slot in written:
+            for other in tiers.disk.copies_of(slot):
+                if other in tiers.kept:
+                    tiers.drop_kept([other])
+                elif other in tiers.lent and not self._saving.locked():
+                    h = tiers.disk.hash_of(other)
+                    if h is not None and self._copies.get(h) == other:
+                        del self._copies[h]
+                        tiers.disk.drop_page(other)
+                        tiers.return_disk_slots([other])
 
     def _take_kept_copies(self, tiers: LowerTiers, live: set[bytes]) -> None:
         """The disk copies pages loaded into the pool kept (the inclusive disk tier)

@@ -37,6 +37,7 @@ class TierPages:
         self._lock = threading.Lock()
         self._held: list[int] | None = None     # keys dropped while a save holds drops
         self._places: dict[int, PagePlace] = {} # slot -> where its page sits in the tree
+        self._by_hash: dict[bytes, set[int]] = {}   # path hash -> slots described with it
 
     def write_page(self, slot: int, payload: bytes) -> None:
         """Store the slot's page under a new key (DiskStoreFull etc.: the slot reads as
@@ -48,8 +49,7 @@ class TierPages:
         serial = self.store.write_page(key, payload)
         with self._lock:
             self._key[slot] = key
-            if place is not None:
-                self._places[slot] = place
+        self.describe(slot, place)              # drop_page above forgot it
         if place is not None:
             self.store.journal_append(PageAdded(key, serial, place.path_hash,
                                                 place.parent_hash, place.namespace,
@@ -59,10 +59,32 @@ class TierPages:
         """Where the page about to be written into `slot` sits in the tree (tree thread,
         before its write is queued); None: not known, the page is not journaled."""
         with self._lock:
-            if place is None:
-                self._places.pop(slot, None)
-            else:
+            self._forget_place(slot)
+            if place is not None:
                 self._places[slot] = place
+                self._by_hash.setdefault(place.path_hash, set()).add(slot)
+
+    def _forget_place(self, slot: int) -> None:
+        old = self._places.pop(slot, None)
+        if old is not None:
+            same = self._by_hash.get(old.path_hash)
+            if same is not None:
+                same.discard(slot)
+                if not same:
+                    del self._by_hash[old.path_hash]
+
+    def has_hash(self, path_hash: bytes) -> bool:
+        """Whether some slot holds (or is about to hold) the page of this path."""
+        return bool(self._by_hash.get(path_hash))
+
+    def copies_of(self, slot: int) -> list[int]:
+        """The other slots holding a written file of the same page (same path hash)."""
+        with self._lock:
+            place = self._places.get(slot)
+            if place is None:
+                return []
+            return [s for s in self._by_hash.get(place.path_hash, ())
+                    if s != slot and s in self._key]
 
     def hash_of(self, slot: int) -> bytes | None:
         """The path hash of the page in `slot` (None: not known)."""
@@ -76,7 +98,7 @@ class TierPages:
     def drop_page(self, slot: int) -> None:
         with self._lock:
             key = self._key.pop(slot, None)
-            self._places.pop(slot, None)
+            self._forget_place(slot)
             if key is not None and self._held is not None:
                 self._held.append(key)
                 return
