@@ -64,22 +64,27 @@ def start(args, kv: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"the server exited: {proc.wait()}")
 
 
-def serve(url: str, rng: random.Random, stop: threading.Event, model: str) -> None:
+def serve(url: str, rng: random.Random, stop: threading.Event, model: str,
+          done: list[int]) -> None:
     while not stop.is_set():
+        question = f"{rng.choice(QUESTIONS)} (ticket {rng.randrange(10**6)})"
         body = {"model": model, "max_tokens": 8, "temperature": 0,
                 "messages": [{"role": "system", "content": rng.choice(SYSTEMS)},
-                             {"role": "user", "content": rng.choice(QUESTIONS)}]}
+                             {"role": "user", "content": question}]}
         try:
             post(url + "/v1/chat/completions", body)
         except OSError:
             return                          # killed
+        done.append(1)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--kv-cache-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-tokens", type=int, default=512)
+    p.add_argument("--warm-requests", type=int, default=24,
+                   help="requests served before each save (churn down to disk)")
     p.add_argument("--page-size", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", default=None, help="the --kv-disk-dir (default: a temporary one)")
@@ -101,13 +106,14 @@ def main() -> None:
                       f"recovery {rec['seconds']:.3f} s", flush=True)
             if round_ == args.rounds:
                 break
-            stop = threading.Event()
+            stop, done = threading.Event(), []
             workers = [threading.Thread(target=serve, args=(url, random.Random(rng.random()),
-                                                            stop, args.model))
+                                                            stop, args.model, done))
                        for _ in range(2)]
             for w in workers:
                 w.start()
-            time.sleep(rng.uniform(2, 4))            # churn: prefixes go down to disk
+            while len(done) < args.warm_requests:    # churn: prefixes go down to disk
+                time.sleep(0.05)
             saved = post(url + "/cache/save", {})
             serve_s = rng.uniform(1, 5)
             time.sleep(serve_s)                      # serving after the save
@@ -119,9 +125,9 @@ def main() -> None:
             for w in workers:
                 w.join()
             print(f"round {round_ + 1}: saved {saved['nodes']} nodes "
-                  f"({saved['pages_written']} pages written), served {serve_s:.1f} s more, "
-                  f"kill -9 with {on_disk} page files on disk ({files} just before)",
-                  flush=True)
+                  f"({saved['pages_written']} pages written) after {len(done)} requests, "
+                  f"served {serve_s:.1f} s more, kill -9 with {on_disk} page files on disk "
+                  f"({files} just before)", flush=True)
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -171,7 +171,11 @@ class KVPersistence:
                     break
                 async with self._step_lock:      # no step evicts between walk and copy
                     await self._run_pending_moves()
-                    todo = [(h, n.tier, int(p), n, i) for n in self._walk() if n.tier != DISK
+                    walked = self._walk()
+                    # copies kept since (loads, ancestors of pages sent to disk) are ours
+                    self._take_kept_copies(tiers, {h for n in walked if n.tier != DISK
+                                                   for h in n.hashes})
+                    todo = [(h, n.tier, int(p), n, i) for n in walked if n.tier != DISK
                             for i, (h, p) in enumerate(zip(n.hashes, n.pages))
                             if h not in self._copies]
                     if not todo:
@@ -339,10 +343,17 @@ class KVPersistence:
             keys = [tiers.disk.key_of(s) if s is not None else None for s in slots]
             if not keys or None in keys or not all(self.store.has_page(k) for k in keys):
                 continue
+            # Whole pages only: a partial last page cannot be restored (its node would be
+            # refused whole).
+            ps = self.tree.page_size
+            whole = len(n.key) // ITEM_BYTES // ps
+            if whole == 0:
+                continue
             saved.add(n.node_id)
-            hashes = n.hashes if len(n.hashes) == len(keys) else []
-            out.append(IndexNode(n.node_id, n.parent_id, n.namespace, unpack(n.key), keys,
-                                 n.last_access, hashes))
+            keys = keys[:whole]
+            hashes = n.hashes[:whole] if len(n.hashes) >= whole else []
+            out.append(IndexNode(n.node_id, n.parent_id, n.namespace,
+                                 unpack(n.key)[:whole * ps], keys, n.last_access, hashes))
         return out
 
     # -- restore ------------------------------------------------------------------------
