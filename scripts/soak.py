@@ -6,8 +6,11 @@
 The server runs as a subprocess with a small KV pool over a disk tier (--kv-disk-dir in a
 temporary directory), so cached prefixes churn down to disk and back. Client threads mix:
 chat and completions over a few shared system prompts (prefix hits), streams that hang up
-at a random chunk, n=2 requests, flushes and pins/unpins, and the fast hostile inputs of
-tests/server/hostile.py (nested JSON, 5 MB prompts, absurd parameters...).
+at a random chunk, n=2 requests, flushes and pins/unpins, batch jobs (the server has no
+batch route: `radixserve batch` runs files offline, so a job here is a batch file's lines,
+few-shot requests sharing one preamble, sent together through the API as a client-side
+batch runner would), and the fast hostile inputs of tests/server/hostile.py (nested JSON,
+5 MB prompts, absurd parameters...).
 
 Every `--sample-s` it records the server's RSS, open descriptors and threads, and checks
 page conservation (free + cached + private = total, from /cache/stats). After a warm-up it
@@ -121,6 +124,8 @@ def one_action(url: str, rng: random.Random, tally: Tally, hostile: list) -> Non
     elif roll < 0.85:
         r = http.post(url + "/cache/flush", json={}, timeout=300)    # 409 while busy
         tally.record("flush", r.status)
+    elif roll < 0.88:
+        batch_job(url, rng, tally)
     elif roll < 0.92:
         r = http.post(url + "/cache/pin", json={"prompt": rng.choice(SYSTEMS)}, timeout=300)
         tally.record("pin", r.status)
@@ -135,14 +140,43 @@ def one_action(url: str, rng: random.Random, tally: Tally, hostile: list) -> Non
             tally.fail(f"hostile {case.name!r}: {out.status}, expected {case.expect}")
 
 
+def batch_job(url: str, rng: random.Random, tally: Tally, lines: int = 4) -> None:
+    """A batch file's lines (one preamble, several questions) sent at once; each must be
+    answered 200."""
+    preamble = rng.choice(SYSTEMS)
+    bodies = [{"messages": [{"role": "system", "content": preamble},
+                            {"role": "user", "content": q}],
+               "max_tokens": rng.randint(2, 8), "temperature": 0}
+              for q in rng.sample(QUESTIONS, lines)]
+    statuses: list[int | None] = [None] * lines
+
+    def send(i: int) -> None:
+        statuses[i] = http.post(url + "/v1/chat/completions", json=bodies[i],
+                                timeout=300).status
+
+    started = time.monotonic()
+    senders = [threading.Thread(target=send, args=(i,)) for i in range(lines)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    tally.record("batch", 200 if all(x == 200 for x in statuses) else
+                 max(x or 0 for x in statuses), time.monotonic() - started)
+
+
 def client(url: str, seed: int, tally: Tally, hostile: list, stop: threading.Event,
            go: threading.Event) -> None:
     rng = random.Random(seed)
-    while not stop.is_set():
+    first = True                        # each client starts with a batch job: short runs
+    while not stop.is_set():            # have one too
         go.wait()
         if stop.is_set():
             return
         try:
+            if first:
+                first = False
+                batch_job(url, rng, tally)
+                continue
             one_action(url, rng, tally, hostile)
         except OSError as e:                # the client's own socket: a server fault here
             tally.fail(f"client error: {type(e).__name__}: {e}")

@@ -81,3 +81,24 @@ def walk_path_hashes(tree: "RadixCache", block_tokens: int
             whole = len(data) - len(data) % step
             carry[node.id] = (hashes[-1] if hashes else h, data[whole:])
         yield node, hashes
+
+
+def node_page_hashes(node: "TreeNode", block_tokens: int
+                     ) -> tuple[bytes | None, list[bytes]] | None:
+    """(the hash of the block before `node`'s first, None at its namespace's start; the
+    hashes of its whole blocks -- a partial last one has none), for a node that starts on a
+    block boundary; None for one that does not. Walks up to the root: O(depth)."""
+    if (node.depth - node.num_tokens) % block_tokens:
+        return None
+    parts = []
+    n = node
+    while n is not None and n.depth:
+        parts.append(n.key)
+        n = n.parent
+    hashes = chain_blocks(namespace_seed(node.namespace), b"".join(reversed(parts)),
+                          block_tokens)
+    own = node.num_tokens // block_tokens
+    if not own:
+        return None
+    before = hashes[-own - 1] if len(hashes) > own else None
+    return before, hashes[len(hashes) - own:]

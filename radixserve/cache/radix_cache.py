@@ -693,7 +693,7 @@ class RadixCache:
         if self.observer is not None:       # parents first, all still linked
             for node in nodes:
                 self.observer.removed(node)
-        self.tiers.forget([n for n in nodes if n.tier != _POOL])
+        self.tiers.forget(nodes)        # the lower ones' slots; kept disk copies of all
         for node in nodes:
             if node.evict_key is not None:
                 self._remove_evictable(node)

@@ -44,6 +44,11 @@ reads of a load):
   dropped, recomputed into the pool) is `orphaned`: neither free nor reused until its
   write is over, then its file is removed and the slot freed. Without a writer (`writer`
   None: writes run inside the order) `moves_done` ends every pending write.
+- Inclusive disk tier: a disk node loaded into the pool keeps its files (`kept`, by slot,
+  oldest first): a crash, or the next save, finds them on disk. Kept copies are the first to
+  go when the disk tier needs room (the pool holds their pages), and go with a flush of
+  their namespace. Each page written to the disk tier is first described to `places`
+  (engine/disk_places.py), which the disk store's journal records once the write is done.
 - Save and restore (engine/kv_persistence.py): the cache saver borrows disk slots for its
   on-disk copies of pool/host pages (`lend_disk_slots`, held outside the tree and counted
   by `check`), so saved copies and the disk tier share one budget; a restart rebuilds the
@@ -52,7 +57,7 @@ reads of a load):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -65,7 +70,7 @@ if TYPE_CHECKING:
     from .radix_cache import RadixCache
     from .tree_node import TreeNode
 
-__all__ = ["POOL", "HOST", "DISK", "DemoteOrder", "LoadOrder", "LoadPlan",
+__all__ = ["POOL", "HOST", "DISK", "DemoteOrder", "DiskPlaces", "LoadOrder", "LoadPlan",
            "LowerTiers", "PageStore", "ReadPending", "ReadResults", "TierCounters",
            "TierFlow", "WriteResults"]
 
@@ -144,6 +149,17 @@ class ReadResults(Protocol):
     def discard(self, slot: int) -> None: ...
 
 
+class DiskPlaces(Protocol):
+    """Told where each page about to be written to disk sits in the tree (its path), so
+    that the disk tier's journal can record it (engine/disk_places.py)."""
+
+    def placed(self, node: TreeNode, slots: list[int]) -> None: ...
+
+    def missing(self, node: TreeNode) -> bool:
+        """Whether some page of this (pool/host) node has no file on disk, written or
+        queued (False for a node that cannot be journaled: nothing to do)."""
+
+
 class ReadPending(Exception):
     """The match continues on disk and its pages are being read off the tree's thread:
     admit the request later (nothing was changed or locked)."""
@@ -214,6 +230,14 @@ class LowerTiers:
         # Disk slots lent to the cache saver for on-disk copies of pool/host pages (local
         # ids): the saved cache and the disk tier share one budget, the disk tier's slots.
         self.lent: set[int] = set()
+        # Disk slots of pages loaded into the pool that keep their file (the inclusive disk
+        # tier), oldest first, with their namespace (a flush of it drops them).
+        self.kept: dict[int, str | None] = {}
+        self.places: DiskPlaces | None = None
+        # Called with the disk slots whose write just became durable (the engine drops
+        # older copies of the same pages then: engine/kv_persistence.py).
+        self.on_written: Callable[[list[int]], None] | None = None
+        self._keeping = False               # load(): a disk node's release keeps its files
         self.counters = TierCounters()
         self._moves: list[DemoteOrder | LoadOrder] = []
         self._below = [t for t in (HOST, DISK) if self.alloc[t].num_pages]
@@ -261,8 +285,11 @@ class LowerTiers:
         off = self.offset[DISK]
         for slot in written:
             self.pending_writes.discard(slot + off)
+        if written and self.on_written is not None:
+            self.on_written(list(written))
         bad = {slot + off for slot in failed}
         self.pending_writes.difference_update(bad)
+        self._drop_kept([slot for slot in failed if slot in self.kept])
         self.counters.failed_writes += len(bad)
         bad -= self.orphaned
         self._settle_orphans()
@@ -315,7 +342,37 @@ class LowerTiers:
         self.tree.leave_pool(leaf)
         self._moves.append(DemoteOrder(POOL, src, tier, self.local(tier, dst)))
         self._count_in(tier, leaf.num_tokens)
+        if tier == DISK:
+            self._copy_ancestors(leaf)
         return True
+
+    def _copy_ancestors(self, node: TreeNode) -> None:
+        """A disk page can only be restored after a crash if every page before it is on
+        disk too: the pool/host ancestors of a node just sent to disk that have no disk
+        copy yet get one (kept copies: they stay where they are)."""
+        if self.places is None:
+            return
+        todo = []
+        parent = node.parent
+        while parent is not None and parent.depth and parent.tier != DISK:
+            if self.places.missing(parent):
+                todo.append(parent)
+            parent = parent.parent
+        for anc in reversed(todo):              # from the root down
+            n = len(anc.pages)
+            if anc.parent is None or n == 0:
+                break
+            dst = self._take(DISK, n)
+            if dst is None or anc.parent is None:   # no room (or dropped making it)
+                if dst is not None:
+                    self.alloc[DISK].free(self.local(DISK, dst))
+                break
+            local = self.local(DISK, dst)
+            self.pending_writes.update(dst.tolist())
+            self.kept.update(dict.fromkeys(local.tolist(), anc.namespace))
+            self.places.placed(anc, local.tolist())
+            self._moves.append(DemoteOrder(anc.tier, self.local(anc.tier, anc.pages), DISK,
+                                           local))
 
     def _take(self, tier: Tier, n: int) -> np.ndarray | None:
         """`n` free ids of `tier` (making room by pushing its victims down), or None."""
@@ -332,6 +389,8 @@ class LowerTiers:
         a = self.alloc[tier]
         if tier == DISK:
             self.collect_io()       # written pages may go; orphaned slots come back
+            if a.num_free < n and self.kept:    # redundant copies go first
+                self._drop_kept(list(self.kept)[:n - a.num_free])
         while a.num_free < n:
             progress = False
             for victim in self._victims(tier):
@@ -387,6 +446,8 @@ class LowerTiers:
         self.nodes[tier][node.id] = node
         if tier == DISK:
             self.pending_writes.update(ids.tolist())
+            if self.places is not None:
+                self.places.placed(node, self.local(DISK, ids).tolist())
 
     def _pending(self, node: TreeNode) -> bool:
         return node.tier == DISK and bool(self.pending_writes) and \
@@ -506,7 +567,11 @@ class LowerTiers:
             self._moves.append(LoadOrder(tier, self.local(tier, node.pages), dst, data))
             self.counters[tier].loaded_tokens += node.num_tokens
             self._count_out(tier, node.num_tokens)
-            self.tree.enter_pool(node, dst)
+            self._keeping = tier == DISK
+            try:
+                self.tree.enter_pool(node, dst)
+            finally:
+                self._keeping = False
         return plan.nodes[-1]
 
     # ------------------------------------------------------------------ saved copies
@@ -528,6 +593,22 @@ class LowerTiers:
         local = np.concatenate(got) if got else np.zeros(0, dtype=np.int32)
         self.lent.update(local.tolist())
         return local
+
+    def take_kept(self, local: Sequence[int]) -> None:
+        """Kept copies the saver takes over as its own (lent) copies."""
+        for slot in local:
+            del self.kept[slot]
+        self.lent.update(local)
+
+    def drop_kept(self, local: Sequence[int]) -> None:
+        """Kept copies to remove (their page has another file now)."""
+        self._drop_kept(local)
+
+    def _drop_kept(self, local: Sequence[int]) -> None:
+        for slot in local:
+            del self.kept[slot]
+        if local:
+            self._release_ids(DISK, np.asarray(local, dtype=np.int64) + self.offset[DISK])
 
     def return_disk_slots(self, local: Sequence[int]) -> None:
         """Saved copies dropped: their slots are free again (their files are dropped by
@@ -559,6 +640,10 @@ class LowerTiers:
         """A lower node leaves its tier (into the pool, dropped or flushed): free its ids."""
         tier = node.tier
         del self.nodes[tier][node.id]
+        if tier == DISK and self._keeping:      # loaded: its files stay as copies
+            self.kept.update(dict.fromkeys(self.local(DISK, node.pages).tolist(),
+                                           node.namespace))
+            return
         self._release_ids(tier, node.pages)
 
     def _release_ids(self, tier: Tier, ids: np.ndarray) -> None:
@@ -588,7 +673,11 @@ class LowerTiers:
             self._release_ids(DISK, np.asarray(done, dtype=np.int64))
 
     def forget(self, nodes: Sequence[TreeNode]) -> None:
-        """Flushed nodes: the lower ones give their ids back."""
+        """Flushed nodes: the lower ones give their ids back, and the kept copies of their
+        namespaces go too."""
+        flushed = {n.namespace for n in nodes}
+        live = set(self.tree.namespaces())       # a copy whose namespace has no node left
+        self._drop_kept([s for s, ns in self.kept.items() if ns in flushed or ns not in live])
         for node in nodes:
             if node.tier != POOL:
                 self.release(node)
@@ -621,6 +710,7 @@ class LowerTiers:
             held = [self.local(tier, n.pages) for n in found[tier].values()]
             if tier == DISK:
                 held.append(np.fromiter(self.lent, dtype=np.int64, count=len(self.lent)))
+                held.append(np.fromiter(self.kept, dtype=np.int64, count=len(self.kept)))
                 held.append(self.local(DISK, np.fromiter(self.orphaned, dtype=np.int64,
                                                          count=len(self.orphaned))))
             ids = np.concatenate([a.free_page_ids(), *held]).astype(np.int64)

@@ -94,6 +94,12 @@ class DiskStats:
     restored_tokens: int
     saves: int
     last_save: dict | None          # SaveReport.as_dict() of the last save
+    # What the start recovered (storage/disk_store.py: Recovery, plus the restore into
+    # the tree) and the journal since (storage/journal.py).
+    recovery: dict | None = None
+    journal_records: int = 0        # appended by this server
+    journal_bytes: int = 0          # in the journal files since the last index write
+    compactions: int = 0            # journal folded into the index because it grew
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -77,6 +77,9 @@ class EngineConfig:
     kv_window_pool: str = "auto"         # auto (on for one window size) | off (full KV)
     kv_window_pool_fraction: float = DEFAULT_WINDOW_POOL_FRACTION  # windowed per full page
     kv_window_checkpoint: int | None = None  # tokens between kept windows; None: 16 windows
+    # The disk tier's journal (storage/journal.py): fsynced in batches this often; 0: at
+    # every record. A kill -9 loses nothing either way; a power loss at most this much.
+    kv_disk_journal_sync_ms: int = 1000
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -189,3 +192,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-window-checkpoint", type=parse_tokens, default=None,
                    help="tokens between the match points whose windows the cache keeps "
                         "along a path (default: 16 windows)")
+    g.add_argument("--kv-disk-journal-sync-ms", type=int, default=None,
+                   help=f"fsync the disk tier's journal of page writes and drops this often "
+                        f"(default {d.kv_disk_journal_sync_ms}; 0: at every record): what a "
+                        f"power loss may lose; a kill -9 loses nothing (docs/tiers.md)")

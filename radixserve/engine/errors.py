@@ -30,6 +30,15 @@ class NoDiskStore(EngineError):
     """A disk operation (POST /cache/save) on an engine without --kv-disk-dir (HTTP 409)."""
 
 
+class DiskUnwritable(EngineError):
+    """A save (POST /cache/save) the disk refused: full (HTTP 507) or read-only, failing
+    (HTTP 503). Counted as a disk fault; the cache in memory and serving are unaffected."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind                # storage/disk_faults.py's fault kind
+
+
 class Unsupported(EngineError):
     """An operation this engine's setup does not offer (HTTP 409), e.g. the tree view with
     --replicas, where there is no one tree."""

@@ -41,9 +41,11 @@ from radixserve.cache.tiers import DISK, LowerTiers
 from radixserve.cache.tree_node import TreeNode
 from radixserve.engine.cache_stats import DiskStats
 from radixserve.engine.config import DEFAULT_KV_DISK_BYTES, EngineConfig
+from radixserve.engine.errors import DiskUnwritable
 from radixserve.engine.tier_runtime import TierRuntime
-from radixserve.cache.token_keys import unpack
+from radixserve.cache.token_keys import ITEM_BYTES, unpack
 from radixserve.storage import DiskPageStore, DiskStoreFull, IndexNode, TierPages
+from radixserve.storage.journal import PagePlace
 
 if TYPE_CHECKING:
     from radixserve.engine.runner import ModelRunner
@@ -71,6 +73,7 @@ class SaveReport:
 class RestoreReport:
     nodes: int = 0              # rebuilt in the tree as disk-tier nodes
     tokens: int = 0
+    pages: int = 0
     skipped_nodes: int = 0      # lost parent, or no disk-tier slots left
     seconds: float = 0.0
 
@@ -85,6 +88,8 @@ class _Node:                    # a tree node as one save pass saw it
     pages: np.ndarray
     hashes: list[bytes]         # each page's path hash
     last_access: int
+    parent_hash: bytes | None   # the hash of the block before its first (None: first)
+    aligned: bool               # starts on a page boundary
 
 
 class KVPersistence:
@@ -103,12 +108,15 @@ class KVPersistence:
         self._copies: dict[bytes, int] = {}     # page path hash -> disk slot of its copy
         self._batch_pages = max(1, BATCH_BYTES // kv.page_bytes) if kv is not None else 1
         self._saving = asyncio.Lock()
+        if tiers is not None:
+            tiers.lower.on_written = self._drop_older_copies
         self.restored: RestoreReport | None = None
         self.last_save: SaveReport | None = None
         self.saves = 0
 
     def stats(self) -> DiskStats:
         """For /cache/stats and /metrics."""
+        journal = self.store.journal
         return DiskStats(dir=str(self.store.directory), used_bytes=self.store.used_bytes(),
                          capacity_bytes=self.store.capacity_bytes,
                          pages=len(self.store.page_keys()),
@@ -117,7 +125,20 @@ class KVPersistence:
                          **self.store.faults.as_dict(),  # absorbed faults (storage/disk_faults.py)
                          restored_tokens=self.restored.tokens if self.restored else 0,
                          saves=self.saves,
-                         last_save=self.last_save.as_dict() if self.last_save else None)
+                         last_save=self.last_save.as_dict() if self.last_save else None,
+                         recovery=self._recovery(),
+                         journal_records=journal.records if journal else 0,
+                         journal_bytes=journal.bytes if journal else 0,
+                         compactions=self.store.compactions)
+
+    def _recovery(self) -> dict | None:
+        """What the start found on disk and how long bringing it back took: the store's
+        replay of index + journal, then the restore into the tree."""
+        if self.restored is None:
+            return None
+        found = self.store.recovery
+        return {**vars(found), "restored_pages": self.restored.pages,
+                "seconds": found.seconds + self.restored.seconds}
 
     @property
     def _tiers(self) -> LowerTiers | None:
@@ -141,6 +162,7 @@ class KVPersistence:
                 return report
             async with self._step_lock:
                 live = {h for n in self._walk() if n.tier != DISK for h in n.hashes}
+                self._take_kept_copies(tiers, live)
                 report.pages_dropped = self._drop_copies_but(tiers, live)
             new_slots: set[int] = set()
             while True:
@@ -149,28 +171,40 @@ class KVPersistence:
                     break
                 async with self._step_lock:      # no step evicts between walk and copy
                     await self._run_pending_moves()
-                    todo = [(h, n.tier, int(p)) for n in self._walk() if n.tier != DISK
-                            for h, p in zip(n.hashes, n.pages) if h not in self._copies]
+                    walked = self._walk()
+                    # copies kept since (loads, ancestors of pages sent to disk) are ours
+                    self._take_kept_copies(tiers, {h for n in walked if n.tier != DISK
+                                                   for h in n.hashes})
+                    todo = [(h, n.tier, int(p), n, i) for n in walked if n.tier != DISK
+                            for i, (h, p) in enumerate(zip(n.hashes, n.pages))
+                            if h not in self._copies]
                     if not todo:
                         break
                     slots = tiers.lend_disk_slots(min(len(todo), self._batch_pages))
                     todo = todo[:len(slots)]
+                    for (_, _, _, n, i), slot in zip(todo, slots.tolist()):
+                        # journaled once written: a kill mid-save keeps it
+                        tiers.disk.describe(slot, self._place(n, i))
                     payloads = await self._compute(self._copy_out, todo) if todo else []
                 written = await asyncio.to_thread(self._write, tiers.disk, slots.tolist(),
                                                   payloads)
-                for (h, _, _), slot in zip(todo[:written], slots.tolist()):
+                for (h, *_), slot in zip(todo[:written], slots.tolist()):
                     self._copies[h] = slot
                 new_slots.update(slots[:written].tolist())
                 report.pages_written += written
                 if written < len(slots):         # failed writes: give their slots back
                     async with self._step_lock:
+                        for slot in slots[written:].tolist():
+                            tiers.disk.drop_page(slot)
                         tiers.return_disk_slots(slots[written:].tolist())
                 if not todo or written < len(todo):
                     report.complete = False      # the disk budget (or the disk) is full
                     log.warning("KV disk store %s: full; the save keeps what fits",
                                 self.store.directory)
                     break
-            with tiers.disk.holding_drops():    # what the index names stays until written
+            # What the index names stays until written; journal records from the walk on
+            # are replayed onto it (storage/disk_store.py: index_mark).
+            with tiers.disk.holding_drops(), self.store.index_mark() as mark:
                 async with self._step_lock:     # disk-tier writes still queued run first
                     await self._run_pending_moves()
                     nodes = self._walk()
@@ -179,8 +213,14 @@ class KVPersistence:
                 report.nodes = len(index_nodes)
                 report.pages_kept = sum(k not in new_keys
                                         for n in index_nodes for k in n.page_keys)
-                await asyncio.to_thread(self.store.write_index,
-                                        self.store.new_index(index_nodes))
+                try:
+                    await asyncio.to_thread(self.store.write_index,
+                                            self.store.new_index(index_nodes), mark)
+                except OSError as e:            # read-only, full, failing: a disk fault
+                    kind = self.store.faults.write_failed(e, self.store.directory)
+                    raise DiskUnwritable(f"the cache could not be saved: the KV disk "
+                                         f"directory {self.store.directory} refused the "
+                                         f"index ({kind}: {e.strerror or e})", kind) from e
             report.seconds = time.monotonic() - started
             self.last_save = report
             self.saves += 1
@@ -189,13 +229,28 @@ class KVPersistence:
     def _walk(self) -> list[_Node]:
         """The tree's nodes, parents first, with their pages' path hashes (event loop)."""
         nodes = []
-        for node, hashes in walk_path_hashes(self.tree, self.tree.page_size):
+        last: dict[int, bytes | None] = {}      # node id -> the hash of its last block
+        ps = self.tree.page_size
+        for node, hashes in walk_path_hashes(self.tree, ps):
             parent = node.parent
             below_root = parent is None or parent.depth == 0
+            before = None if below_root else last.get(parent.id)
+            last[node.id] = hashes[-1] if hashes else before
+            aligned = (node.depth - node.num_tokens) % ps == 0
             nodes.append(_Node(node.tier, node.id, None if below_root else parent.id,
                                node.namespace,
-                               node.key, node.pages, hashes, node.last_access))
+                               node.key, node.pages, hashes, node.last_access,
+                               before if aligned else None, aligned))
         return nodes
+
+    def _place(self, n: _Node, i: int) -> PagePlace | None:
+        """Where page i of a walked node sits (None: the node does not start on a page
+        boundary, so its pages are not journaled, only indexed by the save)."""
+        if not n.aligned:
+            return None
+        step = self.tree.page_size * ITEM_BYTES
+        return PagePlace(n.hashes[i], n.hashes[i - 1] if i else n.parent_hash, n.namespace,
+                         unpack(n.key[i * step:(i + 1) * step]), n.last_access)
 
     async def _run_pending_moves(self) -> None:
         """Run tier orders issued since the last step and drain the disk writer's queue
@@ -210,7 +265,7 @@ class KVPersistence:
         await asyncio.to_thread(tiers.drain_writes)
         tiers.moves_done()
 
-    def _copy_out(self, todo: list[tuple[bytes, int, int]]) -> list[bytes]:
+    def _copy_out(self, todo: list[tuple]) -> list[bytes]:
         """Page bytes of (hash, tier, tree id) entries, in order (compute thread)."""
         out: list[bytes | None] = [None] * len(todo)
         for tier in (Tier.POOL, Tier.HOST):
@@ -233,6 +288,35 @@ class KVPersistence:
                             self.store.directory, e)
                 return i
         return len(payloads)
+
+    def _drop_older_copies(self, written: list[int]) -> None:
+        """The disk tier just wrote these slots: a kept or saved copy of the same page is
+        redundant now, and goes (not while a save runs, whose copies are in flight)."""
+        tiers = self._tiers
+        if tiers is None:
+            return
+        for slot in written:
+            for other in tiers.disk.copies_of(slot):
+                if other in tiers.kept:
+                    tiers.drop_kept([other])
+                elif other in tiers.lent and not self._saving.locked():
+                    h = tiers.disk.hash_of(other)
+                    if h is not None and self._copies.get(h) == other:
+                        del self._copies[h]
+                        tiers.disk.drop_page(other)
+                        tiers.return_disk_slots([other])
+
+    def _take_kept_copies(self, tiers: LowerTiers, live: set[bytes]) -> None:
+        """The disk copies pages loaded into the pool kept (the inclusive disk tier)
+        become the saver's copies of those pages: not written again."""
+        taken = []
+        for slot in tiers.kept:
+            h = tiers.disk.hash_of(slot)
+            if h is not None and h in live and h not in self._copies and \
+                    slot + tiers.offset[DISK] not in tiers.pending_writes:
+                self._copies[h] = slot
+                taken.append(slot)
+        tiers.take_kept(taken)
 
     def _drop_copies_but(self, tiers: LowerTiers, live: set[bytes]) -> int:
         """Drop the saved copies of paths no longer in the pool or host memory (the tree
@@ -259,9 +343,17 @@ class KVPersistence:
             keys = [tiers.disk.key_of(s) if s is not None else None for s in slots]
             if not keys or None in keys or not all(self.store.has_page(k) for k in keys):
                 continue
+            # Whole pages only: a partial last page cannot be restored (its node would be
+            # refused whole).
+            ps = self.tree.page_size
+            whole = len(n.key) // ITEM_BYTES // ps
+            if whole == 0:
+                continue
             saved.add(n.node_id)
-            out.append(IndexNode(n.node_id, n.parent_id, n.namespace, unpack(n.key), keys,
-                                 n.last_access))
+            keys = keys[:whole]
+            hashes = n.hashes[:whole] if len(n.hashes) >= whole else []
+            out.append(IndexNode(n.node_id, n.parent_id, n.namespace,
+                                 unpack(n.key)[:whole * ps], keys, n.last_access, hashes))
         return out
 
     # -- restore ------------------------------------------------------------------------
@@ -277,6 +369,7 @@ class KVPersistence:
         index = await asyncio.to_thread(self.store.read_index)
         tiers = self._tiers
         placed: dict[int, TreeNode] = {}
+        last_hash: dict[int, bytes | None] = {}
         adopted: set[int] = set()
         for node in index.nodes if index and tiers else []:
             parent = placed.get(node.parent_id) if node.parent_id is not None else None
@@ -287,11 +380,15 @@ class KVPersistence:
             if made is None:
                 report.skipped_nodes += 1
                 continue
-            for slot, key in zip(tiers.local(DISK, made.pages).tolist(), node.page_keys):
-                tiers.disk.adopt(slot, key)
-                adopted.add(key)
+            parent_hash = last_hash.get(node.parent_id)
+            for slot, place in zip(tiers.local(DISK, made.pages).tolist(),
+                                   self._places(node, parent_hash)):
+                tiers.disk.adopt(slot, place[0], place[1])
+                adopted.add(place[0])
             placed[node.node_id] = made
+            last_hash[node.node_id] = node.page_hashes[-1] if node.page_hashes else None
             report.nodes += 1
+            report.pages += len(node.page_keys)
             report.tokens += made.num_tokens
         for key in self.store.page_keys():
             if key not in adopted:
@@ -299,10 +396,28 @@ class KVPersistence:
         report.seconds = time.monotonic() - started
         self.restored = report
         if report.nodes or report.skipped_nodes:
+            found = self.store.recovery
             log.info("KV disk store %s: restored %d tokens in %d nodes (%d skipped) as "
-                     "disk-tier nodes in %.2f s", self.store.directory, report.tokens,
-                     report.nodes, report.skipped_nodes, report.seconds)
+                     "disk-tier nodes in %.2f s; recovery %.2f s (index of %d pages + %d "
+                     "journal records)", self.store.directory, report.tokens,
+                     report.nodes, report.skipped_nodes, report.seconds,
+                     found.seconds + report.seconds, found.index_pages,
+                     found.journal_records)
         return report
+
+    def _places(self, node: IndexNode, parent_hash: bytes | None
+                ) -> list[tuple[int, PagePlace | None]]:
+        """(key, where it sits) of a restored node's pages (no place: an index written
+        before page hashes were)."""
+        if len(node.page_hashes) != len(node.page_keys):
+            return [(key, None) for key in node.page_keys]
+        ps = self.tree.page_size
+        out = []
+        for i, (key, h) in enumerate(zip(node.page_keys, node.page_hashes)):
+            out.append((key, PagePlace(h, parent_hash, node.namespace,
+                                       node.token_ids[i * ps:(i + 1) * ps], node.last_access)))
+            parent_hash = h
+        return out
 
 
 def open_store(config: EngineConfig, runner: ModelRunner) -> DiskPageStore | None:
@@ -315,7 +430,8 @@ def open_store(config: EngineConfig, runner: ModelRunner) -> DiskPageStore | Non
         log.warning("--kv-disk-dir is not used with --disable-radix-cache")
         return None
     store = DiskPageStore(config.kv_disk_dir, engine_fingerprint(config, runner),
-                          config.kv_disk_bytes or DEFAULT_KV_DISK_BYTES)
+                          config.kv_disk_bytes or DEFAULT_KV_DISK_BYTES,
+                          journal_sync_ms=config.kv_disk_journal_sync_ms)
     return store if store.usable else None
 
 

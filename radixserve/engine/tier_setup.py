@@ -17,6 +17,7 @@ from radixserve.cache.radix_cache import RadixCache
 from radixserve.cache.tiers import LowerTiers
 from radixserve.engine.compute_thread import on_compute_thread
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.disk_places import DiskPlaces
 from radixserve.engine.tier_costs import TierCosts
 from radixserve.engine.tier_runtime import TierRuntime
 from radixserve.storage import DiskPageStore, TierPages
@@ -60,6 +61,8 @@ def make_tiers(config: EngineConfig, runner: ModelRunner, tree: RadixCache,
     lower = LowerTiers(tree, runner.num_pages, host_pages, disk_pages, disk, page_bytes)
     reader = DiskReader(disk) if disk is not None else None     # reads off the loop
     lower.writer, lower.reader = writer, reader
+    if disk is not None:
+        lower.places = DiskPlaces(disk, ps)     # each disk page's path, for the journal
     return TierRuntime(lower, TierCosts(), disk, reader, writer)
 
 

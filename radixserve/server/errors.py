@@ -12,6 +12,7 @@ import msgspec
 
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
                                       NoDiskStore, PinConflict, PinLimitExceeded, QueueFull,
+                                      DiskUnwritable,
                                       Unsupported, UnknownPin)
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
@@ -97,6 +98,11 @@ def api_error_from(exc: BaseException) -> ApiError:
     if isinstance(exc, CacheBusy):
         return ApiError(409, f"cannot flush the cache now: {exc}",
                         type="conflict_error", code="cache_busy")
+    if isinstance(exc, DiskUnwritable):
+        full = exc.kind == "no_space"
+        return ApiError(507 if full else 503, str(exc), type="service_unavailable",
+                        code="kv_disk_full" if full else "kv_disk_unwritable",
+                        headers=None if full else {"Retry-After": "1"})
     if isinstance(exc, NoDiskStore):
         return ApiError(409, str(exc), type="conflict_error", code="no_disk_store")
     if isinstance(exc, Unsupported):

@@ -230,7 +230,7 @@ async def cache_flush(request: web.Request) -> web.Response:
 
 
 @documented(RouteDoc("Write the cache to --kv-disk-dir now (admins)",
-                     response=NS.SaveResponse, errors=(409,)))
+                     response=NS.SaveResponse, errors=(409, 503, 507)))
 async def cache_save(request: web.Request) -> web.Response:
     """Write the cache to --kv-disk-dir now (admins); 409 without a disk store."""
     state = request.app[STATE]

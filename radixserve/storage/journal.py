@@ -38,7 +38,7 @@ from .atomic_files import fsync_dir, fsync_file
 from .crash_points import CrashPoints
 from .disk_faults import DiskFaults
 
-__all__ = ["PageAdded", "PagesDropped", "Record", "DiskJournal", "JournalRead",
+__all__ = ["PageAdded", "PagesDropped", "PagePlace", "Record", "DiskJournal", "JournalRead",
            "read_journal", "journal_files", "JOURNAL_DIR"]
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,17 @@ class PagesDropped(msgspec.Struct, tag="drop", array_like=True):
 
 
 Record = PageAdded | PagesDropped
+
+
+class PagePlace(msgspec.Struct, frozen=True):
+    """Where a disk page sits in the tree: what its `PageAdded` record says besides the
+    file (engine/disk_places.py computes it)."""
+
+    path_hash: bytes
+    parent_hash: bytes | None
+    namespace: str | None
+    token_ids: list[int]
+    last_access: int = 0
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
 

@@ -7,6 +7,11 @@ holding it now, so the disk tier's pages and the saved cache's pages are the sam
 the saver indexes an L3 node by its slots' keys, and a restore hands the index's keys to
 fresh slots (`adopt`) without reading them (the load path checks their CRC).
 
+Each disk-tier page is `describe`d (where it sits in the tree: storage/journal.py's
+PagePlace) before its write; once the write is complete, its `PageAdded` record goes to the
+store's journal, so a crash before the next save keeps it. The path hash stays known per
+slot (`hash_of`) for the saver, which takes over the copies an inclusive load keeps.
+
 While a save is writing its index (`holding_drops`), dropped pages stay on disk, so the
 index never names a file removed between the walk that chose it and its write; they are
 removed afterwards.
@@ -19,6 +24,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from .disk_store import DiskPageStore
+from .journal import PageAdded, PagePlace
 
 __all__ = ["TierPages"]
 
@@ -30,15 +36,60 @@ class TierPages:
         self._key: dict[int, int] = {}          # slot -> page key of its file
         self._lock = threading.Lock()
         self._held: list[int] | None = None     # keys dropped while a save holds drops
+        self._places: dict[int, PagePlace] = {} # slot -> where its page sits in the tree
+        self._by_hash: dict[bytes, set[int]] = {}   # path hash -> slots described with it
 
     def write_page(self, slot: int, payload: bytes) -> None:
         """Store the slot's page under a new key (DiskStoreFull etc.: the slot reads as
         missing). Runs on the compute thread."""
+        with self._lock:
+            place = self._places.get(slot)
         self.drop_page(slot)                    # a stale mapping (its write raced a drop)
         key = self.store.new_page_key()
-        self.store.write_page(key, payload)
+        serial = self.store.write_page(key, payload)
         with self._lock:
             self._key[slot] = key
+        self.describe(slot, place)              # drop_page above forgot it
+        if place is not None:
+            self.store.journal_append(PageAdded(key, serial, place.path_hash,
+                                                place.parent_hash, place.namespace,
+                                                place.token_ids, place.last_access))
+
+    def describe(self, slot: int, place: PagePlace | None) -> None:
+        """Where the page about to be written into `slot` sits in the tree (tree thread,
+        before its write is queued); None: not known, the page is not journaled."""
+        with self._lock:
+            self._forget_place(slot)
+            if place is not None:
+                self._places[slot] = place
+                self._by_hash.setdefault(place.path_hash, set()).add(slot)
+
+    def _forget_place(self, slot: int) -> None:
+        old = self._places.pop(slot, None)
+        if old is not None:
+            same = self._by_hash.get(old.path_hash)
+            if same is not None:
+                same.discard(slot)
+                if not same:
+                    del self._by_hash[old.path_hash]
+
+    def has_hash(self, path_hash: bytes) -> bool:
+        """Whether some slot holds (or is about to hold) the page of this path."""
+        return bool(self._by_hash.get(path_hash))
+
+    def copies_of(self, slot: int) -> list[int]:
+        """The other slots holding a written file of the same page (same path hash)."""
+        with self._lock:
+            place = self._places.get(slot)
+            if place is None:
+                return []
+            return [s for s in self._by_hash.get(place.path_hash, ())
+                    if s != slot and s in self._key]
+
+    def hash_of(self, slot: int) -> bytes | None:
+        """The path hash of the page in `slot` (None: not known)."""
+        place = self._places.get(slot)
+        return place.path_hash if place is not None else None
 
     def read_page(self, slot: int) -> bytes | None:
         key = self._key.get(slot)
@@ -47,14 +98,16 @@ class TierPages:
     def drop_page(self, slot: int) -> None:
         with self._lock:
             key = self._key.pop(slot, None)
+            self._forget_place(slot)
             if key is not None and self._held is not None:
                 self._held.append(key)
                 return
         if key is not None:
             self.store.drop_page(key)
 
-    def adopt(self, slot: int, key: int) -> None:
+    def adopt(self, slot: int, key: int, place: PagePlace | None = None) -> None:
         """A restored page: `slot` is held by the file `key` (not read here)."""
+        self.describe(slot, place)
         with self._lock:
             self._key[slot] = key
 

@@ -99,13 +99,16 @@ def test_a_pending_node_is_loaded_from_the_queue_and_its_slots_wait_for_the_writ
     m = lease.acquire(a + [99])
     assert lease.load(m) == 8               # from the writer's queue, no read asked
     assert reader.asked_keys == []
-    # The node is in the pool now; its disk slots are orphaned until the writes end.
-    assert len(tiers.orphaned) == 4 and tiers.alloc[DISK].num_free == 4
+    # The node is in the pool now; the disk tier is inclusive: its slots stay, as kept
+    # copies, and their writes go on.
+    assert len(tiers.kept) == 4 and not tiers.orphaned and tiers.alloc[DISK].num_free == 4
     check(tree, mem)
     writer.finish()
     tiers.collect_io()
     assert not tiers.orphaned and not tiers.pending_writes
-    assert tiers.alloc[DISK].num_free == 8 and not store.pages     # files removed
+    assert tiers.alloc[DISK].num_free == 4 and len(store.pages) == 4   # the copies' files
+    tiers.forget(list(tree.iter_nodes()))          # a flush takes the copies with it
+    assert tiers.alloc[DISK].num_free == 8 and not store.pages and not tiers.kept
     lease.release()
     check(tree, mem)
 

@@ -33,9 +33,9 @@ class Faults:
         self.hits = 0
         real_write = disk_store.write_atomic
 
-        def write_atomic(path, chunks, sync_dir=False):
+        def write_atomic(path, chunks, sync_dir=False, **kw):
             self._fail(self.write_errno, f"write {path.name}")
-            return real_write(path, chunks, sync_dir)
+            return real_write(path, chunks, sync_dir, **kw)
 
         def faulty_open(path, mode="r", *args, **kw):
             if "r" in mode and str(path).endswith(disk_store.PAGE_SUFFIX):
@@ -125,6 +125,41 @@ def test_disk_faults_never_fail_a_request_and_the_tier_resumes(
             assert inject.hits > hits and faults.counts["read_error"] == inject.hits - hits
             assert tiers.lower.counters[Tier.DISK].loaded_tokens == loaded  # recomputed
             assert faults.paused_kind is None                       # reads do not pause writes
+        finally:
+            inject.clear()
+            await engine.shutdown()
+    asyncio.run(main())
+
+
+def test_a_save_the_disk_refuses_is_a_clear_error_counted_as_a_fault(
+        model_fp32, expected, tmp_path, monkeypatch):  # noqa: F811
+    from radixserve.engine.errors import DiskUnwritable
+    from radixserve.server.errors import api_error_from
+
+    prompts, replies = expected
+    engine = make_engine(model_fp32, page_size=PAGE, kv_disk_dir=str(tmp_path))
+    faults = engine.persistence.store.faults
+    faults.retry_s = 0.0                # every write probes the disk: no waiting
+    inject = Faults(monkeypatch)
+
+    async def main():
+        await engine.start()
+        try:
+            assert await serve_all(engine, prompts[:1]) == replies[:1]
+            for err, kind, status in ((errno.EROFS, "read_only", 503),
+                                      (errno.ENOSPC, "no_space", 507)):
+                inject.write_errno = err            # the directory turned read-only / full
+                with pytest.raises(DiskUnwritable) as refused:
+                    await engine.save_cache()
+                assert refused.value.kind == kind and faults.counts[kind] >= 1
+                answer = api_error_from(refused.value)   # what POST /cache/save answers
+                assert answer.status == status and kind in answer.message
+                assert str(tmp_path) in answer.message
+                inject.clear()
+                # the server keeps serving, and pages stay conserved (serve_all checks)
+                assert await serve_all(engine, prompts[1:2]) == replies[1:2]
+            report = await engine.save_cache()      # writable again: the save works
+            assert report["nodes"] > 0
         finally:
             inject.clear()
             await engine.shutdown()

@@ -102,13 +102,15 @@ def test_steps_run_while_the_writer_is_held_and_pages_become_files_after(
             tiers.collect_io()
             assert not tiers.pending_writes and not tiers.orphaned
             engine.check_invariants()
-            # Every disk node's pages are files now; slots of nodes that left the disk tier
-            # while their writes were queued (A, loaded back) are free, their files gone.
+            # Every disk node's pages are files now, and so are those of A, loaded back
+            # while its writes were queued: the disk tier is inclusive, it keeps them.
+            assert tiers.kept
             keys = [tiers.disk.key_of(s) for n in tiers.nodes[DISK].values()
                     for s in tiers.local(DISK, n.pages).tolist()]
+            keys += [tiers.disk.key_of(s) for s in tiers.kept]
             assert keys and None not in keys
             assert {f"{k:016x}.page" for k in keys} == disk_files(tmp_path)
-            held = sum(len(n.pages) for n in tiers.nodes[DISK].values())
+            held = sum(len(n.pages) for n in tiers.nodes[DISK].values()) + len(tiers.kept)
             assert tiers.alloc[DISK].num_free == tiers.capacity_pages(DISK) - held
         finally:
             gate.set()

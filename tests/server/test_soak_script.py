@@ -19,7 +19,7 @@ def test_a_short_soak_passes(load_script):
     print(summary)
     assert summary["errors"] == [] and summary["ok"]
     kinds = {key.split(":")[0] for key in summary["statuses"]}
-    assert {"chat", "completion", "stream", "hostile"} <= kinds, summary["statuses"]
+    assert {"chat", "completion", "stream", "batch", "hostile"} <= kinds, summary["statuses"]
     assert not any(key.endswith(":None") or int(key.split(":")[1]) >= 500
                    for key in summary["statuses"] if not key.startswith("hostile"))
     assert summary["samples"] >= 5
