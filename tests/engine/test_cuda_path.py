@@ -72,7 +72,7 @@ def test_cuda_device_without_cuda_is_a_clear_error(monkeypatch):
 
 # ---- KV pool sizing ----------------------------------------------------------------------
 
-SMOL = SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64)   # SmolLM2-135M's shape
+SMOL = SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64, mla=None)  # SmolLM2-135M
 SMOL_BF16_TOKEN_BYTES = 2 * 30 * 3 * 64 * 2     # K and V, every layer, 2 bytes an element
 
 
