@@ -185,10 +185,14 @@ class KVPool:
         Copy-on-write for a prefix match that ends inside a shared tree page.
         """
         # Scales travel with their codes: a copied token decodes to the same values.
+        copy_page_prefix(self.page_tensors(), self.num_pages, self.page_size, src_page,
+                         dst_page, num_tokens)
+
+    def page_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a page lives in (first dim = page): K and V per layer, then scales;
+        layers of another group (`layers=`) hold None and are left out."""
         tensors = self.k + self.v + (self.k_scale or []) + (self.v_scale or [])
-        # Layers of another group (`layers=`) hold None.
-        copy_page_prefix([t for t in tensors if t is not None], self.num_pages,
-                         self.page_size, src_page, dst_page, num_tokens)
+        return [t for t in tensors if t is not None]
 
     def __repr__(self) -> str:
         return (f"KVPool(layers={len(self.layers)}, pages={self.num_pages}, "

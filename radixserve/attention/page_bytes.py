@@ -23,11 +23,9 @@ __all__ = ["bytes_to_pages", "page_payload_bytes", "pages_to_bytes", "pool_tenso
 
 
 def pool_tensors(pool: KVPool) -> list[torch.Tensor]:
-    """Every tensor a page lives in, first dim = page: K and V per layer, then scales
-    (a LatentKVPool names its own: latents, then RoPE keys)."""
-    if hasattr(pool, "page_tensors"):
-        return pool.page_tensors()
-    return pool.k + pool.v + (pool.k_scale or []) + (pool.v_scale or [])
+    """Every tensor a page lives in, first dim = page (each pool names its own: K and V
+    per layer then scales, or latents then RoPE keys)."""
+    return pool.page_tensors()
 
 
 def page_payload_bytes(pool: KVPool) -> int:
