@@ -118,7 +118,7 @@ def events_round(workload: str, events: bool, steps: int, page_size: int) -> dic
         sink.clear()
     nbytes = 0
     if kv is not None:
-        kv.publisher.wait_sent(kv.publisher.will_send(), timeout_s=60)
+        kv.publisher.wait_idle(timeout_s=60)
         nbytes = kv.stats.published_bytes
         kv.close()
     # CPU of every thread of the process (the publisher's included) over the loop, per step:

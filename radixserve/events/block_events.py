@@ -21,8 +21,10 @@ Work per change is proportional to the tokens changed: each node's chain state a
 in it are kept by node id. A split leaves them right (the lower part keeps its id and its
 end; blocks are known by their end position, so those now ending in the upper part are
 skipped); a trim cuts the hash list and drops the chain state; a node leaving drops both.
-So evicting a long leaf page by page (page size 1) hashes nothing again. Runs on the tree's thread; `take_batch` hands the
-events gathered since the last call to the publisher.
+So evicting a long leaf page by page (page size 1) hashes nothing again. It observes
+either the tree itself or, in the engine, the shadow tree that tree_facts.FactReplay
+keeps on the publisher's thread; `take_batch` hands the events gathered since the last
+call to the publisher.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class BlockEvents:
     # ------------------------------------------------------------------ TreeObserver
     def stored(self, node: TreeNode) -> None:
         self._store(node, node.tier)
+
+    def split(self, upper: TreeNode, lower: TreeNode) -> None:
+        """Nothing to do: `lower` keeps its id and its end, and the blocks it knows are
+        known by their end position (see `_hashes_of`)."""
 
     def removed(self, node: TreeNode) -> None:
         hashes = self._hashes_of(node)

@@ -10,10 +10,14 @@ The contract is vLLM's ZmqEventPublisher (vllm/distributed/kv_events.py):
   than the oldest buffered batch gets the end marker alone (vLLM sends what it still has).
   A malformed request is logged and ignored.
 
-The engine's step only appends a batch to a bounded queue (`publish`); a thread encodes
-and sends. When the queue is full (no thread progress: a stuck send, a busy machine) the
-oldest batch is dropped and counted (`dropped_batches`, in /metrics): a slow or absent
-subscriber never blocks the engine (PUB itself drops at its high-water mark).
+The engine's step only appends an item to a bounded queue (`publish`); a thread turns it
+into a batch (`prepare`: the engine queues its tree's raw changes and the thread computes
+the events, events/tree_facts.py), encodes and sends it. When the queue is full (no thread
+progress: a stuck send, a busy machine) the oldest item is dropped and counted
+(`dropped_batches`, in /metrics) and `publish` says so, so that a producer whose items
+depend on each other can put one self-contained item in place of the queue
+(`replace_queued`). A slow or absent subscriber never blocks the engine (PUB itself drops
+at its high-water mark).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -79,13 +84,16 @@ class PublisherStats:
 
 class EventPublisher:
     """Publishes KVEventBatch structs on `endpoint` (and serves replays on
-    `replay_endpoint`) from its own thread; `publish` never blocks."""
+    `replay_endpoint`) from its own thread; `publish` never blocks. With `prepare`, the
+    queued items are whatever it turns into a batch (or None: nothing to send) on the
+    thread."""
 
     IDLE_WAIT_S = 0.05          # the thread's wake-up period for replay requests when idle
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
                  max_queue_batches: int = 4096, buffer_batches: int = 10_000,
-                 hwm: int = 100_000, context: zmq.Context | None = None):
+                 hwm: int = 100_000, context: zmq.Context | None = None,
+                 prepare: Callable[[object], object | None] | None = None):
         self._ctx = context or zmq.Context.instance()
         self._pub, self.endpoint = open_socket(self._ctx, zmq.PUB, endpoint, SNDHWM=hwm)
         self._replay = None
@@ -109,31 +117,60 @@ class EventPublisher:
         self._wake = threading.Event()
         self._sent = threading.Condition()
         self._running = True
-        self._accepted = 0          # batches given to publish, dropped ones included
+        self._accepted = 0          # items given to publish, dropped ones included
+        self._handled = 0           # items sent, found empty, failed or dropped
+        self._prepare = prepare
+        self.resync_wanted = False  # an item failed: the producer should replace_queued
         self._seq = 0
         self._encoder = msgspec.msgpack.Encoder()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ producer side
-    def publish(self, batch) -> None:
-        """Queue one KVEventBatch (never blocks: a full queue drops its oldest batch)."""
+    def publish(self, batch) -> bool:
+        """Queue one KVEventBatch (or item for `prepare`). Never blocks: a full queue drops
+        its oldest item, and then this returns False."""
         with self._lock:
-            if len(self._queue) >= self._max_queue:
+            full = len(self._queue) >= self._max_queue
+            if full:
                 self._queue.popleft()
-                self.stats.dropped_batches += 1
+                self._dropped(1)
             self._queue.append(batch)
             self._accepted += 1
         self._wake.set()
+        return not full
+
+    def replace_queued(self, item) -> None:
+        """Drop every queued item (counted) and queue `item` alone (a producer's
+        self-contained restart after `publish` returned False or `resync_wanted`)."""
+        with self._lock:
+            self._dropped(len(self._queue))
+            self._queue.clear()
+            self._queue.append(item)
+            self._accepted += 1
+            self.resync_wanted = False
+        self._wake.set()
+
+    def _dropped(self, n: int) -> None:
+        self.stats.dropped_batches += n
+        with self._sent:
+            self._handled += n
+            self._sent.notify_all()
 
     def queued(self) -> int:
         return len(self._queue)
 
-    def will_send(self) -> int:
-        """Batches sent once the queue is empty: every one published and not dropped (the
-        sequence number after the last)."""
-        with self._lock:
-            return self._accepted - self.stats.dropped_batches
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until every item published so far was handled (False at the timeout)."""
+        with self._sent:
+            return self._sent.wait_for(lambda: self._handled >= self._accepted, timeout_s)
+
+    def sent_when_idle(self, timeout_s: float = 30) -> int:
+        """The batches sent in all once every item published so far was handled (the
+        sequence number after the last); TimeoutError if the thread is stuck."""
+        if not self.wait_idle(timeout_s):
+            raise TimeoutError("the kv-events thread did not finish its queue in time")
+        return self.stats.published_batches
 
     def wait_sent(self, num_batches: int, timeout_s: float) -> bool:
         """Block until `num_batches` batches in all were sent (False at the timeout)."""
@@ -169,9 +206,16 @@ class EventPublisher:
                 self._wake.wait(self.IDLE_WAIT_S)
                 continue
             try:
-                self._send(batch)
+                if self._prepare is not None:
+                    batch = self._prepare(batch)
+                if batch is not None:
+                    self._send(batch)
             except Exception:           # never let one batch stop the thread
                 log.exception("kv-events: publishing a batch failed")
+                self.resync_wanted = True
+            with self._sent:
+                self._handled += 1
+                self._sent.notify_all()
 
     def _send(self, batch) -> None:
         payload = self._encoder.encode(batch)
