@@ -49,16 +49,16 @@ def build(running: int, page_size: int, prompt_len: int, shared: int,
 
 def timed_step(core: EngineCore, runner: NullRunner, after=None) -> tuple:
     """One step: (its plan, seconds in schedule + complete (+ `after()`, the KV events'
-    flush), the stand-in forward pass left out)."""
-    t0 = time.perf_counter()
+    flush), the stand-in forward pass left out; the same as this thread's CPU seconds)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
     plan = core.schedule()
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.thread_time()
     result = runner.execute(plan.batch)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.thread_time()
     core.complete(plan, result)
     if after is not None:
         after()
-    return plan, (t1 - t0) + (time.perf_counter() - t2)
+    return plan, (t1 - t0) + (time.perf_counter() - t2), (c1 - c0) + (time.thread_time() - c2)
 
 
 def measure(running: int, steps: int, page_size: int) -> dict:
@@ -70,7 +70,7 @@ def measure(running: int, steps: int, page_size: int) -> dict:
         core.complete(plan, runner.execute(plan.batch))
     sched_times, meta_times = [], []
     for _ in range(steps):
-        plan, seconds = timed_step(core, runner)
+        plan, seconds, _ = timed_step(core, runner)
         t3 = time.perf_counter()
         build_metadata(plan.batch.spans, page_size, "cpu")
         sched_times.append(seconds)
@@ -110,27 +110,37 @@ def events_round(workload: str, events: bool, steps: int, page_size: int) -> dic
             core.complete(plan, runner.execute(plan.batch))
             if kv is not None:
                 kv.flush()
-    times, finished = [], 0
+    times, thread_cpu, finished = [], 0.0, 0
     cpu0 = time.process_time()
     for _ in range(steps):
-        times.append(timed_step(core, runner, kv.flush if kv is not None else None)[1])
+        _, seconds, cpu = timed_step(core, runner, kv.flush if kv is not None else None)
+        times.append(seconds)
+        thread_cpu += cpu
         finished += sum(1 for out in sink if out.finished)
         sink.clear()
     nbytes = 0
     if kv is not None:
-        kv.publisher.wait_idle(timeout_s=60)
+        kv.publisher.wait_idle(timeout_s=60)    # the publisher's work is part of the cost
         nbytes = kv.stats.published_bytes
-        kv.close()
-    # CPU of every thread of the process (the publisher's included) over the loop, per step:
-    # less sensitive than wall time to other processes on a shared machine.
+    # CPU of every thread of the process (the publisher's included) over the loop, per step
+    # (the stand-in forward pass included, alike on and off), and the scheduler thread's
+    # own CPU in the timed part of the step: less sensitive than wall time to other
+    # processes on a shared machine.
     cpu_ms = (time.process_time() - cpu0) / steps * 1e3
-    return {"ms": statistics.median(times) * 1e3, "cpu_ms": cpu_ms, "finished": finished,
-            "bytes": nbytes}
+    if kv is not None:
+        kv.close()
+    return {"ms": statistics.median(times) * 1e3, "cpu_ms": cpu_ms,
+            "thread_ms": thread_cpu / steps * 1e3, "finished": finished, "bytes": nbytes}
 
 
 def compare_events(steps: int, rounds: int = 3) -> None:
-    print(f"{'workload':>9} {'page':>5} {'off ms/step':>12} {'on ms/step':>11} {'on/off':>7} "
-          f"{'off cpu ms':>11} {'on cpu ms':>10} {'on/off':>7} {'event bytes/request':>20}")
+    """Per workload and page size: median over the rounds of the wall ms per step, the
+    scheduler thread's CPU ms per step and the process's CPU ms per step, off and on."""
+    print("wall: median step (schedule + complete + flush); sched cpu: the scheduler "
+          "thread's CPU in it; proc cpu: every thread of the process over the loop")
+    print(f"{'workload':>9} {'page':>5} {'wall off':>9} {'on':>7} {'on/off':>7} "
+          f"{'sched cpu off':>14} {'on':>7} {'on/off':>7} {'proc cpu off':>13} {'on':>7} "
+          f"{'on/off':>7} {'event bytes/request':>20}")
     for workload in ("decode", "churn"):
         for page_size in (1, 16):
             off, on, per_request = [], [], []
@@ -140,11 +150,13 @@ def compare_events(steps: int, rounds: int = 3) -> None:
                 on.append(r)
                 if r["finished"]:
                     per_request.append(r["bytes"] / r["finished"])
-            a, b = (statistics.median(x["ms"] for x in runs) for runs in (off, on))
-            c, d = (statistics.median(x["cpu_ms"] for x in runs) for runs in (off, on))
+            cols = []
+            for key in ("ms", "thread_ms", "cpu_ms"):
+                a, b = (statistics.median(x[key] for x in runs) for runs in (off, on))
+                cols.append(f"{a:>9.3f} {b:>7.3f} {b / a:>7.3f}")
             per = f"{statistics.median(per_request):.0f}" if per_request else "-"
-            print(f"{workload:>9} {page_size:>5} {a:>12.3f} {b:>11.3f} {b / a:>7.3f} "
-                  f"{c:>11.3f} {d:>10.3f} {d / c:>7.3f} {per:>20}", flush=True)
+            print(f"{workload:>9} {page_size:>5} {cols[0]} {cols[1]:>30} {cols[2]:>29} "
+                  f"{per:>20}", flush=True)
 
 
 def main() -> None:

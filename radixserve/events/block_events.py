@@ -66,8 +66,8 @@ class BlockEvents:
         self.rank = data_parallel_rank
         self._step = block_size * ITEM_BYTES
         self._carry: dict[int, tuple[bytes, bytes]] = {}     # node id -> (hash, tail bytes)
-        # node id -> (end position of its first block, hashes of the blocks ending in it)
-        self._hashes: dict[int, tuple[int, list[bytes]]] = {}
+        # node id -> (end position of its first block, ids of the blocks ending in it)
+        self._hashes: dict[int, tuple[int, list[int]]] = {}
         self._seeds: dict[str | None, bytes] = {}
         self._events: list = []
         self._sealed = 0            # events before this index are final (see mark)
@@ -138,22 +138,21 @@ class BlockEvents:
         n = len(hashes)
         extra = None if node.namespace is None else [(node.namespace,)] * n
         self._events.append(self.classes.BlockStored(
-            block_hashes=[block_int(h) for h in hashes],
-            parent_block_hash=parent, token_ids=unpack(data[:n * self._step]),
+            block_hashes=hashes, parent_block_hash=parent, token_ids=unpack(data[:n * self._step]),
             block_size=self.block_size, lora_id=None, medium=self.media[tier],
             lora_name=None, extra_keys=extra))
 
-    def _remove(self, hashes: list[bytes], tier: Tier) -> None:
+    def _remove(self, ids: list[int], tier: Tier) -> None:
         medium = self.media[tier]
-        ids = [block_int(h) for h in hashes]
         last = self._events[-1] if len(self._events) > self._sealed else None
         if type(last) is self.classes.BlockRemoved and last.medium == medium:
             last.block_hashes.extend(ids)       # one event for a run of evictions
         else:
-            self._events.append(self.classes.BlockRemoved(block_hashes=ids, medium=medium))
+            self._events.append(self.classes.BlockRemoved(block_hashes=list(ids),
+                                                          medium=medium))
 
-    def _blocks(self, node: TreeNode) -> tuple[int | None, list[bytes], bytes]:
-        """(the parent block's id or None, the hashes of the blocks ending in `node`, the
+    def _blocks(self, node: TreeNode) -> tuple[int | None, list[int], bytes]:
+        """(the parent block's id or None, the ids of the blocks ending in `node`, the
         packed tokens from the first of those blocks' start to the node's end)."""
         h, rest = self._carry_of(node.parent)
         data = rest + node.key if rest else node.key
@@ -162,11 +161,12 @@ class BlockEvents:
         parent = None if first_start == 0 else block_int(h)
         whole = len(data) - len(data) % self._step
         self._carry[node.id] = (hashes[-1] if hashes else h, data[whole:])
-        self._hashes[node.id] = (first_start + self.block_size, hashes)
-        return parent, hashes, data
+        ids = [block_int(x) for x in hashes]
+        self._hashes[node.id] = (first_start + self.block_size, ids)
+        return parent, ids, data
 
-    def _hashes_of(self, node: TreeNode) -> list[bytes]:
-        """The hashes of the blocks ending in `node` (kept from when they were computed;
+    def _hashes_of(self, node: TreeNode) -> list[int]:
+        """The ids of the blocks ending in `node` (kept from when they were computed;
         those ending above its start since a split are skipped)."""
         known = self._hashes.get(node.id)
         if known is None:

@@ -17,10 +17,12 @@ facts (a stuck thread, publisher.py) sends so that consumers start over from a t
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
 
 from radixserve.cache.radix_cache import EMPTY_PAGES
 from radixserve.cache.tier_types import Tier
+from radixserve.cache.token_keys import pack_range
 from radixserve.cache.tree_node import TreeNode
 
 if TYPE_CHECKING:
@@ -78,6 +80,18 @@ class TreeFacts:
         return facts
 
 
+def _packed(key: bytes | None, pending: tuple | None) -> bytes:
+    """A stored node's key as bytes, read on the publisher's thread. The caller's ids are
+    copied by one slice (one C call, so under the GIL): the engine's thread may append to
+    its array('q') meanwhile, which fails while another thread holds a view of it."""
+    if key is not None:
+        return key
+    ids, start, stop = pending
+    if type(ids) is list or type(ids) is array:
+        return pack_range(ids[start:stop], 0, stop - start)
+    return pack_range(ids, start, stop)     # numpy or bytes: never resized in place
+
+
 def snapshot(tree: RadixCache) -> list[tuple]:
     """A clear, then every node of `tree` as stored, parents first."""
     return [(CLEARED,)] + [_stored(node) for node in tree.iter_nodes()]
@@ -104,8 +118,8 @@ class FactReplay:
                 _, nid, pid, key, pending, depth, namespace, tier = fact
                 parent = nodes[pid] if pid is not None else \
                     TreeNode(0, b"", EMPTY_PAGES, None, 0, namespace)
-                node = nodes[nid] = TreeNode(nid, key, EMPTY_PAGES, parent, depth, namespace,
-                                             _pending=pending, tier=tier)
+                node = nodes[nid] = TreeNode(nid, _packed(key, pending), EMPTY_PAGES, parent,
+                                             depth, namespace, tier=tier)
                 blocks.stored(node)
             elif kind == REMOVED:
                 blocks.removed(nodes.pop(fact[1]))
