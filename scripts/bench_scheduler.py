@@ -13,6 +13,13 @@ above and a shared-prefix churn (requests finish and new ones behind the same 12
 prefix are admitted, so pages are inserted, evicted and announced every step); it prints
 the on/off ratio and the event bytes per request. The publisher binds a free local port
 with no subscriber (a PUB drops with nobody listening: the cost measured is the engine's).
+The scheduler thread only records the tree's changes; the publisher's thread computes the
+events (events/tree_facts.py), holding the GIL while it does. A real forward pass runs in
+torch without the GIL, which leaves the publisher that time; the stand-in's takes none,
+so the publisher's work lands in the timed step. `--forward-ms X` makes the stand-in
+forward wait X ms without the GIL, as a real one would (0: the plain stand-in).
+
+    python scripts/bench_scheduler.py --kv-events both --forward-ms 2
 """
 
 from __future__ import annotations
@@ -47,13 +54,16 @@ def build(running: int, page_size: int, prompt_len: int, shared: int,
     return core, sink
 
 
-def timed_step(core: EngineCore, runner: NullRunner, after=None) -> tuple:
+def timed_step(core: EngineCore, runner: NullRunner, after=None,
+               forward_s: float = 0.0) -> tuple:
     """One step: (its plan, seconds in schedule + complete (+ `after()`, the KV events'
     flush), the stand-in forward pass left out; the same as this thread's CPU seconds)."""
     t0, c0 = time.perf_counter(), time.thread_time()
     plan = core.schedule()
     t1, c1 = time.perf_counter(), time.thread_time()
     result = runner.execute(plan.batch)
+    if forward_s:
+        time.sleep(forward_s)       # a forward pass that holds no GIL (not timed)
     t2, c2 = time.perf_counter(), time.thread_time()
     core.complete(plan, result)
     if after is not None:
@@ -90,7 +100,8 @@ def attach_events(core: EngineCore):
     return KVEvents(core.scheduler.memory.tree, KVEventsConfig("tcp://127.0.0.1:*"), "cpu")
 
 
-def events_round(workload: str, events: bool, steps: int, page_size: int) -> dict:
+def events_round(workload: str, events: bool, steps: int, page_size: int,
+                 forward_ms: float = 0.0) -> dict:
     """One timed run at 256 running, with or without events: median ms per step (the
     events' flush, as the engine does after each step, included) and event bytes per
     finished request."""
@@ -113,7 +124,8 @@ def events_round(workload: str, events: bool, steps: int, page_size: int) -> dic
     times, thread_cpu, finished = [], 0.0, 0
     cpu0 = time.process_time()
     for _ in range(steps):
-        _, seconds, cpu = timed_step(core, runner, kv.flush if kv is not None else None)
+        _, seconds, cpu = timed_step(core, runner, kv.flush if kv is not None else None,
+                                     forward_ms / 1e3)
         times.append(seconds)
         thread_cpu += cpu
         finished += sum(1 for out in sink if out.finished)
@@ -133,7 +145,7 @@ def events_round(workload: str, events: bool, steps: int, page_size: int) -> dic
             "thread_ms": thread_cpu / steps * 1e3, "finished": finished, "bytes": nbytes}
 
 
-def compare_events(steps: int, rounds: int = 3) -> None:
+def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None:
     """Per workload and page size: median over the rounds of the wall ms per step, the
     scheduler thread's CPU ms per step and the process's CPU ms per step, off and on."""
     print("wall: median step (schedule + complete + flush); sched cpu: the scheduler "
@@ -145,8 +157,8 @@ def compare_events(steps: int, rounds: int = 3) -> None:
         for page_size in (1, 16):
             off, on, per_request = [], [], []
             for _ in range(rounds):                 # alternated: drift hits both alike
-                off.append(events_round(workload, False, steps, page_size))
-                r = events_round(workload, True, steps, page_size)
+                off.append(events_round(workload, False, steps, page_size, forward_ms))
+                r = events_round(workload, True, steps, page_size, forward_ms)
                 on.append(r)
                 if r["finished"]:
                     per_request.append(r["bytes"] / r["finished"])
@@ -165,10 +177,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few steps only")
     parser.add_argument("--kv-events", choices=["off", "both"], default="off",
                         help="both: step time with KV events on vs off at 256 running")
+    parser.add_argument("--forward-ms", type=float, default=0.0,
+                        help="with --kv-events: the stand-in forward waits this long "
+                             "without the GIL, as a real forward pass does")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --kv-events: alternated off/on rounds per setting")
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
     if args.kv_events == "both":
-        compare_events(steps, rounds=1 if args.quick else 3)
+        print(f"stand-in forward: {args.forward_ms} ms without the GIL")
+        compare_events(steps, 1 if args.quick else args.rounds, args.forward_ms)
         return
     print(f"{'running':>8} {'page':>5} {'scheduler ms/step':>18} {'metadata ms/step':>17} {'target':>8}")
     for page_size in (1, 16):
