@@ -58,7 +58,7 @@ class KVEvents:
     """The tree's observer and the publisher of one engine."""
 
     def __init__(self, tree: RadixCache, config: KVEventsConfig, pool_device: str,
-                 rank: int = 0):
+                 rank: int = 0, queue_batches: int = 4096):
         self.config = config
         self.tree = tree
         blocks = BlockEvents(ENCODINGS[config.encoding], config.block_size,
@@ -66,17 +66,19 @@ class KVEvents:
         self.replay = FactReplay(blocks)        # used on the publisher's thread only
         self.facts = TreeFacts()
         self.publisher = EventPublisher(config.endpoint, config.replay_endpoint, config.topic,
+                                        max_queue_batches=queue_batches,
                                         prepare=self.replay.batch)
         tree.attach_observer(self.facts)
         self.facts.cleared()        # a fresh engine holds nothing: consumers start over
         self.flush()
 
     def flush(self) -> None:
-        """Queue the facts gathered since the last flush (none: nothing), for one batch."""
+        """Queue the facts gathered since the last flush (none: nothing), for one batch;
+        or the snapshot, after a failure on the thread or a full queue."""
         facts = self.facts.take()
-        if not facts:
-            return
-        if self.publisher.resync_wanted or not self.publisher.publish(facts):
+        if self.publisher.resync_wanted:
+            self.publisher.replace_queued(snapshot(self.tree))
+        elif facts and not self.publisher.publish(facts):
             self.publisher.replace_queued(snapshot(self.tree))
 
     @property
