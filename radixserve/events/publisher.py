@@ -7,8 +7,17 @@ The contract is vLLM's ZmqEventPublisher (vllm/distributed/kv_events.py):
 - an optional ROUTER socket answers replay requests: a client sends (empty frame, start
   sequence number as 8 big-endian bytes) and gets every buffered (seq, payload) from there,
   then (END_SEQ, b""). One departure, so a subscriber knows it must resync: a start older
-  than the oldest buffered batch gets the end marker alone (vLLM sends what it still has).
-  A malformed request is logged and ignored.
+  than the oldest buffered batch gets the end marker alone (vLLM sends what it still has),
+  unless the buffer still holds the stream's first batch: then the whole stream is there
+  (the engine's first batch is an AllBlocksCleared: stream.py). A malformed request is
+  logged and ignored.
+
+Sequence numbers never go back, across restarts too: a stream starts at the microseconds
+since the Unix epoch (`first_seq`), above any number an earlier publisher on the same
+endpoint sent (that would take more than a batch a microsecond). vLLM starts at 0, and a
+consumer connected across a restart then waits for numbers it has passed: Dynamo's
+listener (ai-dynamo-runtime 1.6.1) drops every batch below the next one it expects. Here
+it sees a gap instead, asks for a replay and gets the new stream from its start.
 
 The engine's step only appends an item to a bounded queue (`publish`); a thread turns it
 into a batch (`prepare`: the engine queues its tree's raw changes and the thread computes
@@ -25,6 +34,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,7 +105,8 @@ class EventPublisher:
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
                  max_queue_batches: int = 4096, buffer_batches: int = 10_000,
                  hwm: int = 100_000, context: zmq.Context | None = None,
-                 prepare: Callable[[object], object | None] | None = None):
+                 prepare: Callable[[object], object | None] | None = None,
+                 first_seq: int | None = None):
         self._ctx = context or zmq.Context.instance()
         self._pub, self.endpoint = open_socket(self._ctx, zmq.PUB, endpoint, SNDHWM=hwm)
         self._replay = None
@@ -122,7 +133,9 @@ class EventPublisher:
         self._handled = 0           # items the thread sent, found empty or failed on
         self._prepare = prepare
         self.resync_wanted = False  # an item failed: the producer should replace_queued
-        self._seq = 0
+        # the first sequence number (default: now in microseconds since the epoch)
+        self.first_seq = time.time_ns() // 1000 if first_seq is None else first_seq
+        self._seq = self.first_seq
         self._encoder = msgspec.msgpack.Encoder()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
@@ -173,7 +186,8 @@ class EventPublisher:
 
     def sent_when_idle(self, timeout_s: float = 30) -> int:
         """The batches sent in all once every item published so far was handled (the
-        sequence number after the last); TimeoutError if the thread is stuck."""
+        sequence number after the last, less `first_seq`); TimeoutError if the thread is
+        stuck."""
         if not self.wait_idle(timeout_s):
             raise TimeoutError("the kv-events thread did not finish its queue in time")
         return self.stats.published_batches
@@ -240,7 +254,8 @@ class EventPublisher:
         client, _, start_bytes = frames
         start = int.from_bytes(start_bytes, "big", signed=True)
         buffered = list(self._buffer)
-        if start >= 0 and (not buffered or start >= buffered[0][0]):
+        whole = buffered and buffered[0][0] == self.first_seq    # the stream from its start
+        if start >= 0 and (not buffered or whole or start >= buffered[0][0]):
             for seq, payload in buffered:
                 if seq >= start:
                     self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))

@@ -153,7 +153,7 @@ class Consumer:
 
 def fuzz(num_ops: int, ps: int, block: int, encoding: str, seed: int) -> dict:
     rng = random.Random(seed)
-    pub = EventPublisher(LOCAL, LOCAL, buffer_batches=100_000)
+    pub = EventPublisher(LOCAL, LOCAL, buffer_batches=100_000, first_seq=0)
     disk = FakeDisk()
     rep = Replica(ps, block, encoding, pub, disk)
     con = Consumer(pub, encoding, block)
