@@ -104,3 +104,37 @@ def test_a_batch_that_fails_on_the_thread_is_followed_by_a_snapshot():
         assert kinds.count("AllBlocksCleared") == 2     # the start's and the snapshot's
     finally:
         kv.close()
+
+
+def test_a_subscriber_across_a_restart_ends_with_the_new_index(tmp_path):
+    """An engine restarts on the same endpoints: its numbers continue above the old ones,
+    so the subscriber sees a gap, the replay gives the new stream from its start (an
+    AllBlocksCleared), and the index holds exactly the new engine's blocks."""
+    config = KVEventsConfig(f"ipc://{tmp_path}/kv", f"ipc://{tmp_path}/kv-replay",
+                            block_size=BLOCK)
+    indexes = [LlmdIndex(BLOCK), DynamoIndex(BLOCK)]
+    old_prompts, new_prompts = PROMPTS[:6], PROMPTS[6:]
+    sub = None
+    trees = []
+    for prompts in (old_prompts, new_prompts):
+        tree = RadixCache(page_size=1)
+        mem = PagedMemory(256, tree)
+        kv = KVEvents(tree, config, "cpu")
+        sub = sub or EventSubscriber(config.endpoint, config.replay_endpoint)
+        try:
+            for p in prompts:
+                run(tree, mem, p)
+                kv.flush()
+            for r in drain(sub, kv.publisher, kv.publisher.sent_when_idle()):
+                for index in indexes:
+                    index.apply(r.batch)
+        finally:
+            kv.close()
+        trees.append(tree)
+    sub.close()
+    assert sub.restarts == 1 and sub.lost == 0
+    for p in PROMPTS:
+        want = trees[1].peek_prefix(p) // BLOCK     # the old engine's blocks are gone
+        for index in indexes:
+            assert index.matched_blocks(p, None) == want, (type(index).__name__, p)
+    assert any(trees[0].peek_prefix(p) // BLOCK for p in old_prompts)
