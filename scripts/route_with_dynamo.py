@@ -46,12 +46,13 @@ def free_port() -> int:
 class Replica:
     """A radixserve cache publishing its KV events on fixed local ports."""
 
-    def __init__(self, pub_port: int, replay_port: int):
+    def __init__(self, pub_port: int, replay_port: int, encoding: str):
         self.ports = (pub_port, replay_port)
+        self.encoding = encoding
         self.tree = RadixCache(page_size=1)
         self.mem = PagedMemory(8192, self.tree)
         config = KVEventsConfig(f"tcp://*:{pub_port}", f"tcp://*:{replay_port}",
-                                block_size=BLOCK)
+                                block_size=BLOCK, encoding=encoding)
         self.events = KVEvents(self.tree, config, "cuda")    # media as a GPU engine names them
 
     def serve(self, tokens: list[int]) -> None:
@@ -69,13 +70,13 @@ class Replica:
                 "block_size": BLOCK, "max_num_batched_tokens": 8192}
 
 
-async def restarted(ports: tuple[int, int], timeout_s: float) -> Replica:
+async def restarted(ports: tuple[int, int], encoding: str, timeout_s: float) -> Replica:
     """A new replica on the old one's ports (ZeroMQ frees a closed socket's port
     asynchronously: retry while it is still in use)."""
     t0 = time.monotonic()
     while True:
         try:
-            return Replica(*ports)
+            return Replica(*ports, encoding)
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EADDRINUSE or time.monotonic() - t0 > timeout_s:
                 raise
@@ -132,12 +133,12 @@ async def route(svc, families, probes: int, rng, label: str) -> int:
     return right
 
 
-async def main(probes: int, timeout_s: float) -> int:
+async def main(probes: int, timeout_s: float, encoding: str) -> int:
     from dynamo.llm import SelectionService
 
     rng = random.Random(0)
     ports = [(free_port(), free_port()) for _ in range(2)]
-    replicas = [Replica(*p) for p in ports]
+    replicas = [Replica(*p, encoding) for p in ports]
     families = [[rng.randrange(1000, 30_000) for _ in range(160)] for _ in range(2)]
     svc = SelectionService(indexer_threads=1)
     try:
@@ -154,7 +155,7 @@ async def main(probes: int, timeout_s: float) -> int:
         replicas[0].events.close()
         old = families[0]
         families[0] = [rng.randrange(1000, 30_000) for _ in range(160)]
-        replicas[0] = await restarted(ports[0], timeout_s)
+        replicas[0] = await restarted(ports[0], encoding, timeout_s)
         replicas[0].serve(families[0])
         took = await wait_indexed(svc, replicas, families, rng, timeout_s)
         stale = (await indexed_blocks(svc, old)).get(1, 0)
@@ -174,5 +175,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--encoding", choices=["array", "map"], default="array")
     args = parser.parse_args()
-    raise SystemExit(asyncio.run(main(args.probes, args.timeout)))
+    raise SystemExit(asyncio.run(main(args.probes, args.timeout, args.encoding)))
