@@ -101,7 +101,7 @@ def attach_events(core: EngineCore):
 
 
 def events_round(workload: str, events: bool, steps: int, page_size: int,
-                 forward_ms: float = 0.0) -> dict:
+                 forward_ms: float = 0.0, on_start=None) -> dict:
     """One timed run at 256 running, with or without events: median ms per step (the
     events' flush, as the engine does after each step, included) and event bytes per
     finished request."""
@@ -121,6 +121,9 @@ def events_round(workload: str, events: bool, steps: int, page_size: int,
             core.complete(plan, runner.execute(plan.batch))
             if kv is not None:
                 kv.flush()
+    if kv is not None and on_start is not None:
+        kv.publisher.wait_idle(timeout_s=60)    # the warm-up's events are sent
+        on_start()
     times, thread_cpu, finished = [], 0.0, 0
     cpu0 = time.process_time()
     for _ in range(steps):
@@ -145,6 +148,52 @@ def events_round(workload: str, events: bool, steps: int, page_size: int,
             "thread_ms": thread_cpu / steps * 1e3, "finished": finished, "bytes": nbytes}
 
 
+def _timed(owner, name: str, totals: dict) -> None:
+    """Replace owner.name (an instance's method) by one that adds its thread CPU to
+    totals[name]."""
+    fn = getattr(owner, name)
+
+    def timed(*args):
+        t0 = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            totals[name] += time.thread_time() - t0
+
+    setattr(owner, name, timed)
+
+
+def events_own_cpu(workload: str, steps: int, page_size: int) -> dict:
+    """One events-on round with the events' own code timed per call (thread CPU): on the
+    scheduler thread, the tree observer's calls and the flush; on the publisher's, the
+    events' computation (FactReplay) and the encode + send. Each timed call adds ~0.3 us
+    of its own, so the scheduler-thread figure is an upper bound."""
+    from collections import defaultdict
+
+    import radixserve.events.stream as stream
+
+    totals: dict = defaultdict(float)
+    real = stream.KVEvents.__init__
+
+    def init(kv, *args, **kwargs):
+        real(kv, *args, **kwargs)
+        for name in ("stored", "split", "removed", "trimmed", "moved", "cleared"):
+            _timed(kv.facts, name, totals)
+        _timed(kv, "flush", totals)
+        kv.publisher._prepare = kv.replay.batch
+        _timed(kv.publisher, "_prepare", totals)
+        _timed(kv.publisher, "_send", totals)
+
+    stream.KVEvents.__init__ = init
+    try:
+        r = events_round(workload, True, steps, page_size, on_start=totals.clear)
+    finally:
+        stream.KVEvents.__init__ = real
+    sched = sum(v for k, v in totals.items() if k not in ("_prepare", "_send"))
+    return {"sched_us": sched / steps * 1e6, "thread_us": (totals["_prepare"]
+            + totals["_send"]) / steps * 1e6, "thread_ms": r["thread_ms"]}
+
+
 def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None:
     """Per workload and page size: median over the rounds of the wall ms per step, the
     scheduler thread's CPU ms per step and the process's CPU ms per step, off and on."""
@@ -153,6 +202,7 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
     print(f"{'workload':>9} {'page':>5} {'wall off':>9} {'on':>7} {'on/off':>7} "
           f"{'sched cpu off':>14} {'on':>7} {'on/off':>7} {'proc cpu off':>13} {'on':>7} "
           f"{'on/off':>7} {'event bytes/request':>20}")
+    own = []
     for workload in ("decode", "churn"):
         for page_size in (1, 16):
             off, on, per_request = [], [], []
@@ -169,6 +219,14 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
             per = f"{statistics.median(per_request):.0f}" if per_request else "-"
             print(f"{workload:>9} {page_size:>5} {cols[0]} {cols[1]:>30} {cols[2]:>29} "
                   f"{per:>20}", flush=True)
+            own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
+                        statistics.median(x["thread_ms"] for x in off)))
+    print("\nthe events' own CPU per step, timed call by call (one more round per setting):")
+    print(f"{'workload':>9} {'page':>5} {'sched thread us':>16} {'of an off step':>15} "
+          f"{'publisher thread us':>20}")
+    for workload, page_size, r, off_ms in own:
+        print(f"{workload:>9} {page_size:>5} {r['sched_us']:>16.1f} "
+              f"{r['sched_us'] / (off_ms * 1e3):>14.2%} {r['thread_us']:>20.1f}")
 
 
 def main() -> None:
