@@ -105,6 +105,10 @@ class EventSubscriber:
             if self.next_seq is None or seq > self.next_seq:
                 replayed = self.replay(self.next_seq or 0)
                 if replayed is not None:
+                    if self.next_seq is None and not replayed:
+                        self.lost += 1      # the stream's start is no longer buffered
+                        log.warning("kv-events: joined at seq %d, the stream's start is "
+                                    "no longer buffered: resync", seq)
                     out.extend(self._take([r for r in replayed if r.seq < seq]))
             out.extend(self._take([Received(seq, self._decode(payload),
                                             len(payload))]))
