@@ -99,15 +99,28 @@ def snapshot(tree: RadixCache) -> list[tuple]:
 
 class FactReplay:
     """Applies TreeFacts' facts to a shadow tree and BlockEvents; `batch(facts)` returns
-    the KVEventBatch they make (None: no event)."""
+    the KVEventBatch they make (None: no event). After a batch fails, later ones are
+    skipped up to the next clear: the producer sends a snapshot (stream.py)."""
 
     def __init__(self, blocks: BlockEvents):
         self.blocks = blocks
         self.nodes: dict[int, TreeNode] = {}
         self.positions: list[int] = []      # each MARK's event index in its batch
+        self.broken = False     # a batch failed: the shadow is wrong until the next clear
 
     def batch(self, facts: list[tuple]):
-        self.apply(facts)
+        if self.broken:         # skip to the next clear (the producer's snapshot)
+            clears = [i for i, fact in enumerate(facts) if fact[0] == CLEARED]
+            if not clears:
+                return None
+            facts = facts[clears[-1]:]
+            self.blocks.take_batch()        # the failed batch's events: never sent
+            self.broken = False
+        try:
+            self.apply(facts)
+        except Exception:
+            self.broken = True
+            raise
         return self.blocks.take_batch()
 
     def apply(self, facts: list[tuple]) -> None:
