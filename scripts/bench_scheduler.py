@@ -13,6 +13,13 @@ above and a shared-prefix churn (requests finish and new ones behind the same 12
 prefix are admitted, so pages are inserted, evicted and announced every step); it prints
 the on/off ratio and the event bytes per request. The publisher binds a free local port
 with no subscriber (a PUB drops with nobody listening: the cost measured is the engine's).
+The scheduler thread only records the tree's changes; the publisher's thread computes the
+events (events/tree_facts.py), holding the GIL while it does. A real forward pass runs in
+torch without the GIL, which leaves the publisher that time; the stand-in's takes none,
+so the publisher's work lands in the timed step. `--forward-ms X` makes the stand-in
+forward wait X ms without the GIL, as a real one would (0: the plain stand-in).
+
+    python scripts/bench_scheduler.py --kv-events both --forward-ms 2
 """
 
 from __future__ import annotations
@@ -47,18 +54,21 @@ def build(running: int, page_size: int, prompt_len: int, shared: int,
     return core, sink
 
 
-def timed_step(core: EngineCore, runner: NullRunner, after=None) -> tuple:
+def timed_step(core: EngineCore, runner: NullRunner, after=None,
+               forward_s: float = 0.0) -> tuple:
     """One step: (its plan, seconds in schedule + complete (+ `after()`, the KV events'
-    flush), the stand-in forward pass left out)."""
-    t0 = time.perf_counter()
+    flush), the stand-in forward pass left out; the same as this thread's CPU seconds)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
     plan = core.schedule()
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.thread_time()
     result = runner.execute(plan.batch)
-    t2 = time.perf_counter()
+    if forward_s:
+        time.sleep(forward_s)       # a forward pass that holds no GIL (not timed)
+    t2, c2 = time.perf_counter(), time.thread_time()
     core.complete(plan, result)
     if after is not None:
         after()
-    return plan, (t1 - t0) + (time.perf_counter() - t2)
+    return plan, (t1 - t0) + (time.perf_counter() - t2), (c1 - c0) + (time.thread_time() - c2)
 
 
 def measure(running: int, steps: int, page_size: int) -> dict:
@@ -70,7 +80,7 @@ def measure(running: int, steps: int, page_size: int) -> dict:
         core.complete(plan, runner.execute(plan.batch))
     sched_times, meta_times = [], []
     for _ in range(steps):
-        plan, seconds = timed_step(core, runner)
+        plan, seconds, _ = timed_step(core, runner)
         t3 = time.perf_counter()
         build_metadata(plan.batch.spans, page_size, "cpu")
         sched_times.append(seconds)
@@ -90,7 +100,8 @@ def attach_events(core: EngineCore):
     return KVEvents(core.scheduler.memory.tree, KVEventsConfig("tcp://127.0.0.1:*"), "cpu")
 
 
-def events_round(workload: str, events: bool, steps: int, page_size: int) -> dict:
+def events_round(workload: str, events: bool, steps: int, page_size: int,
+                 forward_ms: float = 0.0, on_start=None) -> dict:
     """One timed run at 256 running, with or without events: median ms per step (the
     events' flush, as the engine does after each step, included) and event bytes per
     finished request."""
@@ -110,41 +121,112 @@ def events_round(workload: str, events: bool, steps: int, page_size: int) -> dic
             core.complete(plan, runner.execute(plan.batch))
             if kv is not None:
                 kv.flush()
-    times, finished = [], 0
+    if kv is not None and on_start is not None:
+        kv.publisher.wait_idle(timeout_s=60)    # the warm-up's events are sent
+        on_start()
+    times, thread_cpu, finished = [], 0.0, 0
     cpu0 = time.process_time()
     for _ in range(steps):
-        times.append(timed_step(core, runner, kv.flush if kv is not None else None)[1])
+        _, seconds, cpu = timed_step(core, runner, kv.flush if kv is not None else None,
+                                     forward_ms / 1e3)
+        times.append(seconds)
+        thread_cpu += cpu
         finished += sum(1 for out in sink if out.finished)
         sink.clear()
     nbytes = 0
     if kv is not None:
-        kv.publisher.wait_sent(kv.publisher.will_send(), timeout_s=60)
+        kv.publisher.wait_idle(timeout_s=60)    # the publisher's work is part of the cost
         nbytes = kv.stats.published_bytes
-        kv.close()
-    # CPU of every thread of the process (the publisher's included) over the loop, per step:
-    # less sensitive than wall time to other processes on a shared machine.
+    # CPU of every thread of the process (the publisher's included) over the loop, per step
+    # (the stand-in forward pass included, alike on and off), and the scheduler thread's
+    # own CPU in the timed part of the step: less sensitive than wall time to other
+    # processes on a shared machine.
     cpu_ms = (time.process_time() - cpu0) / steps * 1e3
-    return {"ms": statistics.median(times) * 1e3, "cpu_ms": cpu_ms, "finished": finished,
-            "bytes": nbytes}
+    if kv is not None:
+        kv.close()
+    return {"ms": statistics.median(times) * 1e3, "cpu_ms": cpu_ms,
+            "thread_ms": thread_cpu / steps * 1e3, "finished": finished, "bytes": nbytes}
 
 
-def compare_events(steps: int, rounds: int = 3) -> None:
-    print(f"{'workload':>9} {'page':>5} {'off ms/step':>12} {'on ms/step':>11} {'on/off':>7} "
-          f"{'off cpu ms':>11} {'on cpu ms':>10} {'on/off':>7} {'event bytes/request':>20}")
+def _timed(owner, name: str, totals: dict) -> None:
+    """Replace owner.name (an instance's method) by one that adds its thread CPU to
+    totals[name]."""
+    fn = getattr(owner, name)
+
+    def timed(*args):
+        t0 = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            totals[name] += time.thread_time() - t0
+
+    setattr(owner, name, timed)
+
+
+def events_own_cpu(workload: str, steps: int, page_size: int) -> dict:
+    """One events-on round with the events' own code timed per call (thread CPU): on the
+    scheduler thread, the tree observer's calls and the flush; on the publisher's, the
+    events' computation (FactReplay) and the encode + send. Each timed call adds ~0.3 us
+    of its own, so the scheduler-thread figure is an upper bound."""
+    from collections import defaultdict
+
+    import radixserve.events.stream as stream
+
+    totals: dict = defaultdict(float)
+    real = stream.KVEvents.__init__
+
+    def init(kv, *args, **kwargs):
+        real(kv, *args, **kwargs)
+        for name in ("stored", "split", "removed", "trimmed", "moved", "cleared"):
+            _timed(kv.facts, name, totals)
+        _timed(kv, "flush", totals)
+        kv.publisher._prepare = kv.replay.batch
+        _timed(kv.publisher, "_prepare", totals)
+        _timed(kv.publisher, "_send", totals)
+
+    stream.KVEvents.__init__ = init
+    try:
+        r = events_round(workload, True, steps, page_size, on_start=totals.clear)
+    finally:
+        stream.KVEvents.__init__ = real
+    sched = sum(v for k, v in totals.items() if k not in ("_prepare", "_send"))
+    return {"sched_us": sched / steps * 1e6, "thread_us": (totals["_prepare"]
+            + totals["_send"]) / steps * 1e6, "thread_ms": r["thread_ms"]}
+
+
+def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None:
+    """Per workload and page size: median over the rounds of the wall ms per step, the
+    scheduler thread's CPU ms per step and the process's CPU ms per step, off and on."""
+    print("wall: median step (schedule + complete + flush); sched cpu: the scheduler "
+          "thread's CPU in it; proc cpu: every thread of the process over the loop")
+    print(f"{'workload':>9} {'page':>5} {'wall off':>9} {'on':>7} {'on/off':>7} "
+          f"{'sched cpu off':>14} {'on':>7} {'on/off':>7} {'proc cpu off':>13} {'on':>7} "
+          f"{'on/off':>7} {'event bytes/request':>20}")
+    own = []
     for workload in ("decode", "churn"):
         for page_size in (1, 16):
             off, on, per_request = [], [], []
             for _ in range(rounds):                 # alternated: drift hits both alike
-                off.append(events_round(workload, False, steps, page_size))
-                r = events_round(workload, True, steps, page_size)
+                off.append(events_round(workload, False, steps, page_size, forward_ms))
+                r = events_round(workload, True, steps, page_size, forward_ms)
                 on.append(r)
                 if r["finished"]:
                     per_request.append(r["bytes"] / r["finished"])
-            a, b = (statistics.median(x["ms"] for x in runs) for runs in (off, on))
-            c, d = (statistics.median(x["cpu_ms"] for x in runs) for runs in (off, on))
+            cols = []
+            for key in ("ms", "thread_ms", "cpu_ms"):
+                a, b = (statistics.median(x[key] for x in runs) for runs in (off, on))
+                cols.append(f"{a:>9.3f} {b:>7.3f} {b / a:>7.3f}")
             per = f"{statistics.median(per_request):.0f}" if per_request else "-"
-            print(f"{workload:>9} {page_size:>5} {a:>12.3f} {b:>11.3f} {b / a:>7.3f} "
-                  f"{c:>11.3f} {d:>10.3f} {d / c:>7.3f} {per:>20}", flush=True)
+            print(f"{workload:>9} {page_size:>5} {cols[0]} {cols[1]:>30} {cols[2]:>29} "
+                  f"{per:>20}", flush=True)
+            own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
+                        statistics.median(x["thread_ms"] for x in off)))
+    print("\nthe events' own CPU per step, timed call by call (one more round per setting):")
+    print(f"{'workload':>9} {'page':>5} {'sched thread us':>16} {'of an off step':>15} "
+          f"{'publisher thread us':>20}")
+    for workload, page_size, r, off_ms in own:
+        print(f"{workload:>9} {page_size:>5} {r['sched_us']:>16.1f} "
+              f"{r['sched_us'] / (off_ms * 1e3):>14.2%} {r['thread_us']:>20.1f}")
 
 
 def main() -> None:
@@ -153,10 +235,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few steps only")
     parser.add_argument("--kv-events", choices=["off", "both"], default="off",
                         help="both: step time with KV events on vs off at 256 running")
+    parser.add_argument("--forward-ms", type=float, default=0.0,
+                        help="with --kv-events: the stand-in forward waits this long "
+                             "without the GIL, as a real forward pass does")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --kv-events: alternated off/on rounds per setting")
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
     if args.kv_events == "both":
-        compare_events(steps, rounds=1 if args.quick else 3)
+        print(f"stand-in forward: {args.forward_ms} ms without the GIL")
+        compare_events(steps, 1 if args.quick else args.rounds, args.forward_ms)
         return
     print(f"{'running':>8} {'page':>5} {'scheduler ms/step':>18} {'metadata ms/step':>17} {'target':>8}")
     for page_size in (1, 16):

@@ -957,6 +957,8 @@ class RadixCache:
         child.parent = upper
         self._add_child(upper, child)
         self._num_nodes += 1
+        if self.observer is not None:
+            self.observer.split(upper, child)
         if upper.tier != _POOL:
             self.tiers.added(upper)
         if child.evict_key is not None:

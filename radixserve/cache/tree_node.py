@@ -69,6 +69,11 @@ class TreeNode:
             self._key = pack_range(*self._pending)
             self._pending = None
 
+    def key_parts(self) -> tuple[bytes | None, tuple | None]:
+        """The key as held now, (packed, None) or (None, pending): a TreeNode built with
+        them has the same tokens without packing them here (events/tree_facts.py)."""
+        return self._key, self._pending
+
     @key.setter
     def key(self, value: bytes) -> None:
         self._key = value

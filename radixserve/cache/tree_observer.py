@@ -23,8 +23,12 @@ __all__ = ["TreeObserver"]
 class TreeObserver(Protocol):
     def stored(self, node: TreeNode) -> None:
         """`node` is new in the tree: its tokens are held in `node.tier` (a new pool leaf,
-        or a lower-tier node rebuilt from a saved index). Not called for splits: a split
-        changes no held token."""
+        or a lower-tier node rebuilt from a saved index). A split is `split`."""
+
+    def split(self, upper: TreeNode, lower: TreeNode) -> None:
+        """`lower`'s edge was cut: its first tokens are now the new node `upper`, between
+        it and its old parent. No held token changes (for an observer that mirrors the
+        tree's shape)."""
 
     def removed(self, node: TreeNode) -> None:
         """`node` is about to leave the tree with all its tokens (evicted, dropped from a

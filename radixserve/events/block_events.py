@@ -21,8 +21,10 @@ Work per change is proportional to the tokens changed: each node's chain state a
 in it are kept by node id. A split leaves them right (the lower part keeps its id and its
 end; blocks are known by their end position, so those now ending in the upper part are
 skipped); a trim cuts the hash list and drops the chain state; a node leaving drops both.
-So evicting a long leaf page by page (page size 1) hashes nothing again. Runs on the tree's thread; `take_batch` hands the
-events gathered since the last call to the publisher.
+So evicting a long leaf page by page (page size 1) hashes nothing again. It observes
+either the tree itself or, in the engine, the shadow tree that tree_facts.FactReplay
+keeps on the publisher's thread; `take_batch` hands the events gathered since the last
+call to the publisher.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ class BlockEvents:
         self.rank = data_parallel_rank
         self._step = block_size * ITEM_BYTES
         self._carry: dict[int, tuple[bytes, bytes]] = {}     # node id -> (hash, tail bytes)
-        # node id -> (end position of its first block, hashes of the blocks ending in it)
-        self._hashes: dict[int, tuple[int, list[bytes]]] = {}
+        # node id -> (end position of its first block, ids of the blocks ending in it)
+        self._hashes: dict[int, tuple[int, list[int]]] = {}
         self._seeds: dict[str | None, bytes] = {}
         self._events: list = []
         self._sealed = 0            # events before this index are final (see mark)
@@ -73,6 +75,10 @@ class BlockEvents:
     # ------------------------------------------------------------------ TreeObserver
     def stored(self, node: TreeNode) -> None:
         self._store(node, node.tier)
+
+    def split(self, upper: TreeNode, lower: TreeNode) -> None:
+        """Nothing to do: `lower` keeps its id and its end, and the blocks it knows are
+        known by their end position (see `_hashes_of`)."""
 
     def removed(self, node: TreeNode) -> None:
         hashes = self._hashes_of(node)
@@ -132,22 +138,21 @@ class BlockEvents:
         n = len(hashes)
         extra = None if node.namespace is None else [(node.namespace,)] * n
         self._events.append(self.classes.BlockStored(
-            block_hashes=[block_int(h) for h in hashes],
-            parent_block_hash=parent, token_ids=unpack(data[:n * self._step]),
+            block_hashes=hashes, parent_block_hash=parent, token_ids=unpack(data[:n * self._step]),
             block_size=self.block_size, lora_id=None, medium=self.media[tier],
             lora_name=None, extra_keys=extra))
 
-    def _remove(self, hashes: list[bytes], tier: Tier) -> None:
+    def _remove(self, ids: list[int], tier: Tier) -> None:
         medium = self.media[tier]
-        ids = [block_int(h) for h in hashes]
         last = self._events[-1] if len(self._events) > self._sealed else None
         if type(last) is self.classes.BlockRemoved and last.medium == medium:
             last.block_hashes.extend(ids)       # one event for a run of evictions
         else:
-            self._events.append(self.classes.BlockRemoved(block_hashes=ids, medium=medium))
+            self._events.append(self.classes.BlockRemoved(block_hashes=list(ids),
+                                                          medium=medium))
 
-    def _blocks(self, node: TreeNode) -> tuple[int | None, list[bytes], bytes]:
-        """(the parent block's id or None, the hashes of the blocks ending in `node`, the
+    def _blocks(self, node: TreeNode) -> tuple[int | None, list[int], bytes]:
+        """(the parent block's id or None, the ids of the blocks ending in `node`, the
         packed tokens from the first of those blocks' start to the node's end)."""
         h, rest = self._carry_of(node.parent)
         data = rest + node.key if rest else node.key
@@ -156,11 +161,12 @@ class BlockEvents:
         parent = None if first_start == 0 else block_int(h)
         whole = len(data) - len(data) % self._step
         self._carry[node.id] = (hashes[-1] if hashes else h, data[whole:])
-        self._hashes[node.id] = (first_start + self.block_size, hashes)
-        return parent, hashes, data
+        ids = [block_int(x) for x in hashes]
+        self._hashes[node.id] = (first_start + self.block_size, ids)
+        return parent, ids, data
 
-    def _hashes_of(self, node: TreeNode) -> list[bytes]:
-        """The hashes of the blocks ending in `node` (kept from when they were computed;
+    def _hashes_of(self, node: TreeNode) -> list[int]:
+        """The ids of the blocks ending in `node` (kept from when they were computed;
         those ending above its start since a split are skipped)."""
         known = self._hashes.get(node.id)
         if known is None:

@@ -7,20 +7,36 @@ The contract is vLLM's ZmqEventPublisher (vllm/distributed/kv_events.py):
 - an optional ROUTER socket answers replay requests: a client sends (empty frame, start
   sequence number as 8 big-endian bytes) and gets every buffered (seq, payload) from there,
   then (END_SEQ, b""). One departure, so a subscriber knows it must resync: a start older
-  than the oldest buffered batch gets the end marker alone (vLLM sends what it still has).
-  A malformed request is logged and ignored.
+  than the oldest buffered batch gets the end marker alone (vLLM sends what it still has),
+  unless the buffer still holds the stream's first batch: then the whole stream is there
+  (the engine's first batch is an AllBlocksCleared: stream.py). A malformed request is
+  logged and ignored.
 
-The engine's step only appends a batch to a bounded queue (`publish`); a thread encodes
-and sends. When the queue is full (no thread progress: a stuck send, a busy machine) the
-oldest batch is dropped and counted (`dropped_batches`, in /metrics): a slow or absent
-subscriber never blocks the engine (PUB itself drops at its high-water mark).
+Sequence numbers never go back, across restarts too: a stream starts at the microseconds
+since the Unix epoch (`first_seq`), above any number an earlier publisher on the same
+endpoint sent (that would take more than a batch a microsecond). vLLM starts at 0, and a
+consumer connected across a restart then waits for numbers it has passed: Dynamo's
+listener (ai-dynamo-runtime 1.6.1) drops every batch below the next one it expects. Here
+it sees a gap instead, asks for a replay and gets the new stream from its start.
+
+The engine's step only appends an item to a bounded queue (`publish`); a thread turns it
+into a batch (`prepare`: the engine queues its tree's raw changes and the thread computes
+the events, events/tree_facts.py), encodes and sends it. When the queue is full (no thread
+progress: a stuck send, a busy machine) the oldest item is dropped and counted
+(`dropped_batches`, in /metrics) and `publish` says so, so that a producer whose items
+depend on each other can put one self-contained item in place of the queue
+(`replace_queued`). A slow or absent subscriber never blocks the engine (PUB itself drops
+at its high-water mark).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -32,6 +48,7 @@ __all__ = ["EventPublisher", "PublisherStats", "offset_endpoint_port"]
 
 log = logging.getLogger(__name__)
 _END = END_SEQ.to_bytes(8, "big", signed=True)
+_STOP = object()                # queued by close: the thread ends after what came before
 
 
 def offset_endpoint_port(endpoint: str | None, offset: int) -> str | None:
@@ -79,13 +96,17 @@ class PublisherStats:
 
 class EventPublisher:
     """Publishes KVEventBatch structs on `endpoint` (and serves replays on
-    `replay_endpoint`) from its own thread; `publish` never blocks."""
+    `replay_endpoint`) from its own thread; `publish` never blocks. With `prepare`, the
+    queued items are whatever it turns into a batch (or None: nothing to send) on the
+    thread."""
 
     IDLE_WAIT_S = 0.05          # the thread's wake-up period for replay requests when idle
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
                  max_queue_batches: int = 4096, buffer_batches: int = 10_000,
-                 hwm: int = 100_000, context: zmq.Context | None = None):
+                 hwm: int = 100_000, context: zmq.Context | None = None,
+                 prepare: Callable[[object], object | None] | None = None,
+                 first_seq: int | None = None):
         self._ctx = context or zmq.Context.instance()
         self._pub, self.endpoint = open_socket(self._ctx, zmq.PUB, endpoint, SNDHWM=hwm)
         self._replay = None
@@ -102,38 +123,74 @@ class EventPublisher:
         self.topic = topic
         self._topic = topic.encode()
         self.stats = PublisherStats()
-        self._queue: deque = deque()
+        # SimpleQueue: put and the thread's wake-up are one C call each (a Condition
+        # costs the producer ~10 us a batch in Python code).
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._max_queue = max_queue_batches
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._sent = threading.Condition()
-        self._running = True
-        self._accepted = 0          # batches given to publish, dropped ones included
-        self._seq = 0
+        self._accepted = 0          # items given to publish, dropped ones included
+        self._handled = 0           # items the thread sent, found empty or failed on
+        self._prepare = prepare
+        self.resync_wanted = False  # an item failed: the producer should replace_queued
+        # the first sequence number (default: now in microseconds since the epoch)
+        self.first_seq = time.time_ns() // 1000 if first_seq is None else first_seq
+        self._seq = self.first_seq
         self._encoder = msgspec.msgpack.Encoder()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ producer side
-    def publish(self, batch) -> None:
-        """Queue one KVEventBatch (never blocks: a full queue drops its oldest batch)."""
-        with self._lock:
-            if len(self._queue) >= self._max_queue:
-                self._queue.popleft()
-                self.stats.dropped_batches += 1
-            self._queue.append(batch)
-            self._accepted += 1
-        self._wake.set()
+    # publish, replace_queued and close are called from one thread (the engine's).
+    def publish(self, batch) -> bool:
+        """Queue one KVEventBatch (or item for `prepare`). Never blocks: a full queue drops
+        its oldest item, and then this returns False."""
+        full = self._queue.qsize() >= self._max_queue
+        if full:
+            self._drop(1)
+        self._queue.put(batch)
+        self._accepted += 1
+        return not full
+
+    def replace_queued(self, item) -> None:
+        """Drop every queued item (counted) and queue `item` alone (a producer's
+        self-contained restart after `publish` returned False or `resync_wanted`)."""
+        self.resync_wanted = False
+        self._drop(self._queue.qsize())
+        self._queue.put(item)
+        self._accepted += 1
+
+    def _drop(self, n: int) -> None:
+        """Take up to `n` of the oldest queued items out, counted as dropped."""
+        dropped = 0
+        for _ in range(n):
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:         # the thread took them meanwhile
+                break
+            dropped += 1
+        with self._sent:
+            self.stats.dropped_batches += dropped
+            self._sent.notify_all()
 
     def queued(self) -> int:
-        return len(self._queue)
+        return self._queue.qsize()
 
-    def will_send(self) -> int:
-        """Batches sent once the queue is empty: every one published and not dropped (the
-        sequence number after the last)."""
-        with self._lock:
-            return self._accepted - self.stats.dropped_batches
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until every item published so far was handled or dropped (False at the
+        timeout)."""
+        with self._sent:
+            return self._sent.wait_for(
+                lambda: self._handled + self.stats.dropped_batches >= self._accepted,
+                timeout_s)
+
+    def sent_when_idle(self, timeout_s: float = 30) -> int:
+        """The batches sent in all once every item published so far was handled (the
+        sequence number after the last, less `first_seq`); TimeoutError if the thread is
+        stuck."""
+        if not self.wait_idle(timeout_s):
+            raise TimeoutError("the kv-events thread did not finish its queue in time")
+        return self.stats.published_batches
 
     def wait_sent(self, num_batches: int, timeout_s: float) -> bool:
         """Block until `num_batches` batches in all were sent (False at the timeout)."""
@@ -143,8 +200,7 @@ class EventPublisher:
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (up to `timeout_s`), then stop the thread and the sockets."""
-        self._running = False
-        self._wake.set()
+        self._queue.put(_STOP)
         self._thread.join(timeout_s)
         for sock in (self._pub, self._replay):
             if sock is not None:
@@ -159,19 +215,23 @@ class EventPublisher:
                         self._serve_replay()
                 except zmq.ZMQError as exc:
                     log.warning("kv-events replay socket: %s", exc)
-            with self._lock:
-                batch = self._queue.popleft() if self._queue else None
-                if batch is None:
-                    self._wake.clear()
-            if batch is None:
-                if not self._running:
-                    return
-                self._wake.wait(self.IDLE_WAIT_S)
-                continue
             try:
-                self._send(batch)
+                batch = self._queue.get(timeout=self.IDLE_WAIT_S)
+            except queue.Empty:
+                continue
+            if batch is _STOP:
+                return
+            try:
+                if self._prepare is not None:
+                    batch = self._prepare(batch)
+                if batch is not None:
+                    self._send(batch)
             except Exception:           # never let one batch stop the thread
                 log.exception("kv-events: publishing a batch failed")
+                self.resync_wanted = True
+            with self._sent:
+                self._handled += 1
+                self._sent.notify_all()
 
     def _send(self, batch) -> None:
         payload = self._encoder.encode(batch)
@@ -179,10 +239,9 @@ class EventPublisher:
         self._seq += 1
         self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
         self._buffer.append((seq, payload))
-        with self._sent:
+        with self._sent:            # _run notifies the waiters once the item is done
             self.stats.published_batches += 1
             self.stats.published_bytes += len(payload)
-            self._sent.notify_all()
 
     def _serve_replay(self) -> None:
         frames = self._replay.recv_multipart()
@@ -195,7 +254,8 @@ class EventPublisher:
         client, _, start_bytes = frames
         start = int.from_bytes(start_bytes, "big", signed=True)
         buffered = list(self._buffer)
-        if start >= 0 and (not buffered or start >= buffered[0][0]):
+        whole = buffered and buffered[0][0] == self.first_seq    # the stream from its start
+        if start >= 0 and (not buffered or whole or start >= buffered[0][0]):
             for seq, payload in buffered:
                 if seq >= start:
                     self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))

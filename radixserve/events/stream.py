@@ -1,9 +1,13 @@
 """KVEvents: one engine's KV events, from its radix tree to the wire.
 
-Ties the tree observer (block_events.py) to the publisher (publisher.py): the observer
-gathers the step's events on the engine's thread, `flush` hands them over as one batch
-(the engine calls it after each step and after admin changes such as a flush or a
-restore), and the publisher's thread does the rest.
+Ties the tree to the publisher (publisher.py): on the engine's thread the tree's observer
+only records its changes as raw facts (tree_facts.py); `flush` hands the step's facts to
+the publisher's queue (the engine calls it after each step and after admin changes such
+as a flush or a restore), and the publisher's thread turns them into one batch of events
+(tree_facts.FactReplay, block_events.py), encodes and sends it. If the queue ever
+overflows (a stuck thread), or a batch fails, dropped facts would leave the events wrong
+for good, so the queue is replaced by a snapshot of the whole tree: consumers get
+AllBlocksCleared and then every block held.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from radixserve.cache.radix_cache import RadixCache
 from radixserve.events.block_events import BlockEvents, media_for
 from radixserve.events.publisher import EventPublisher, PublisherStats, offset_endpoint_port
 from radixserve.events.schema import ENCODINGS
+from radixserve.events.tree_facts import FactReplay, TreeFacts, snapshot
 
 __all__ = ["KVEvents", "KVEventsConfig"]
 
@@ -53,20 +58,28 @@ class KVEvents:
     """The tree's observer and the publisher of one engine."""
 
     def __init__(self, tree: RadixCache, config: KVEventsConfig, pool_device: str,
-                 rank: int = 0):
+                 rank: int = 0, queue_batches: int = 4096):
         self.config = config
-        self.blocks = BlockEvents(ENCODINGS[config.encoding], config.block_size,
-                                  tree.page_size, media_for(pool_device), rank)
-        self.publisher = EventPublisher(config.endpoint, config.replay_endpoint, config.topic)
-        tree.attach_observer(self.blocks)
-        self.blocks.cleared()       # a fresh engine holds nothing: consumers start over
+        self.tree = tree
+        blocks = BlockEvents(ENCODINGS[config.encoding], config.block_size,
+                             tree.page_size, media_for(pool_device), rank)
+        self.replay = FactReplay(blocks)        # used on the publisher's thread only
+        self.facts = TreeFacts()
+        self.publisher = EventPublisher(config.endpoint, config.replay_endpoint, config.topic,
+                                        max_queue_batches=queue_batches,
+                                        prepare=self.replay.batch)
+        tree.attach_observer(self.facts)
+        self.facts.cleared()        # a fresh engine holds nothing: consumers start over
         self.flush()
 
     def flush(self) -> None:
-        """Queue the events gathered since the last flush as one batch (none: nothing)."""
-        batch = self.blocks.take_batch()
-        if batch is not None:
-            self.publisher.publish(batch)
+        """Queue the facts gathered since the last flush (none: nothing), for one batch;
+        or the snapshot, after a failure on the thread or a full queue."""
+        facts = self.facts.take()
+        if self.publisher.resync_wanted:
+            self.publisher.replace_queued(snapshot(self.tree))
+        elif facts and not self.publisher.publish(facts):
+            self.publisher.replace_queued(snapshot(self.tree))
 
     @property
     def stats(self) -> PublisherStats:

@@ -6,7 +6,11 @@ past the next expected one (a subscriber that joined late or was away) it asks t
 for everything from the first missing number and takes the replayed batches up to the end
 marker. A replay that cannot fill the gap (the publisher no longer buffers it) sets
 `lost`: the consumer's index may be stale and must be rebuilt (`radixserve kv-events`
-says so; the cluster's event view forgets the replica).
+says so; the cluster's event view forgets the replica). A gap the replay fills with a
+stream that starts with AllBlocksCleared is a publisher that restarted (its numbers
+continue above the old ones, publisher.py): nothing is lost, the clear resets the index
+(`restarts` counts them). A new subscriber takes the stream from its first buffered
+batch.
 """
 
 from __future__ import annotations
@@ -52,8 +56,9 @@ class EventSubscriber:
         self.replay_timeout_ms = replay_timeout_ms
         # `decode`: payload -> batch (default: this package's structs for `encoding`)
         self._decode = decode or ENCODINGS[encoding].decoder().decode
-        self.next_seq = 0           # the first sequence number not taken yet
+        self.next_seq: int | None = None    # the first number not taken yet (None: any)
         self.lost = 0               # batches a replay could not give back
+        self.restarts = 0           # jumps to a new stream that starts with a clear
 
     def close(self) -> None:
         self.sub.close(linger=0)
@@ -83,7 +88,7 @@ class EventSubscriber:
 
     def catch_up(self) -> list[Received]:
         """Replay from `next_seq` (a subscriber that starts late or comes back)."""
-        got = self.replay(self.next_seq) or []
+        got = self.replay(self.next_seq or 0) or []
         return self._take(got)
 
     def receive(self, timeout_ms: int) -> list[Received]:
@@ -95,26 +100,36 @@ class EventSubscriber:
         while self.sub.poll(0):
             _topic, seq_b, payload = self.sub.recv_multipart()
             seq = int.from_bytes(seq_b, "big")
-            if seq < self.next_seq:
-                continue
-            if seq > self.next_seq:
-                replayed = self.replay(self.next_seq)
+            if self.next_seq is not None and seq < self.next_seq:
+                continue                # taken already (through a replay)
+            if self.next_seq is None or seq > self.next_seq:
+                replayed = self.replay(self.next_seq or 0)
                 if replayed is not None:
+                    if self.next_seq is None and not replayed:
+                        self.lost += 1      # the stream's start is no longer buffered
+                        log.warning("kv-events: joined at seq %d, the stream's start is "
+                                    "no longer buffered: resync", seq)
                     out.extend(self._take([r for r in replayed if r.seq < seq]))
-                if seq > self.next_seq:
-                    self.lost += seq - self.next_seq
-                    log.warning("kv-events: %d batches lost before seq %d: resync",
-                                seq - self.next_seq, seq)
-                    self.next_seq = seq
             out.extend(self._take([Received(seq, self._decode(payload),
                                             len(payload))]))
         return out
 
     def _take(self, got: list[Received]) -> list[Received]:
-        """The batches that continue the sequence without a hole; advances `next_seq`."""
+        """The batches that continue the sequence, in order; advances `next_seq`. A jump
+        is a restart when the batch starts with AllBlocksCleared, else `lost`."""
         out = []
         for r in got:
-            if r.seq == self.next_seq:
-                out.append(r)
-                self.next_seq += 1
+            expected = self.next_seq
+            if expected is not None and r.seq < expected:
+                continue
+            if expected is not None and r.seq > expected:
+                events = getattr(r.batch, "events", None)
+                if events and type(events[0]).__name__ == "AllBlocksCleared":
+                    self.restarts += 1
+                else:
+                    self.lost += r.seq - expected
+                    log.warning("kv-events: %d batches lost before seq %d: resync",
+                                r.seq - expected, r.seq)
+            out.append(r)
+            self.next_seq = r.seq + 1
         return out

@@ -16,7 +16,7 @@ def drain(sub: EventSubscriber, pub: EventPublisher, sent: int) -> list:
     sent before its subscription arrived)."""
     assert pub.wait_sent(sent, timeout_s=30), "publisher thread did not send in time"
     got = sub.receive(0) + sub.catch_up()
-    assert sub.next_seq == sent, (sub.next_seq, sent)
+    assert sub.next_seq == pub.first_seq + sent, (sub.next_seq, pub.first_seq, sent)
     return got
 
 

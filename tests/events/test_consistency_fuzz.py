@@ -9,9 +9,11 @@ flushes of everything and of a namespace, restarts that rebuild the disk tier fr
 index, and a subscriber that goes away and catches up through the replay socket. Batches
 go over real ZeroMQ sockets on 127.0.0.1. Each request's engine match (pool + host + disk,
 as the lease's acquire found it) is recorded with its place in the stream (batches
-published before it, events gathered since: `BlockEvents.mark`); the consumer, applying
+published before it, events gathered since: `TreeFacts.mark`); the consumer, applying
 the stream event by event, checks its prediction at exactly that place, for llm-d's keys
-and Dynamo's. Pages are conserved after every scenario.
+and Dynamo's. Pages are conserved after every scenario. The events are made as the
+engine makes them (events/stream.py): the tree's observer records raw facts, replayed
+into a shadow tree and BlockEvents at each flush (here on the fuzz's own thread).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from radixserve.cache.tiers import DISK, DemoteOrder, LowerTiers
 from radixserve.events.block_events import BlockEvents, media_for
 from radixserve.events.publisher import EventPublisher
 from radixserve.events.schema import ENCODINGS
+from radixserve.events.tree_facts import FactReplay, TreeFacts
 from radixserve.events.subscriber import EventSubscriber
 from tests.events.conftest import LOCAL
 from tests.events.consumers import DynamoIndex, LlmdIndex
@@ -59,15 +62,22 @@ class Replica:
         self.tree = RadixCache(ps)
         self.tiers = LowerTiers(self.tree, pool, host, disk_pages, disk, page_bytes=8)
         self.mem = PagedMemory(pool, self.tree)
-        self.events = BlockEvents(ENCODINGS[encoding], block, ps, media_for("cpu"))
-        self.tree.attach_observer(self.events)
-        self.events.cleared()           # a fresh engine announces an empty cache first
+        self.facts = TreeFacts()
+        self.replay = FactReplay(BlockEvents(ENCODINGS[encoding], block, ps, media_for("cpu")))
+        self.tree.attach_observer(self.facts)
+        self.facts.cleared()            # a fresh engine announces an empty cache first
         self.disk = disk
         self.publisher = publisher
         self.leases: list[PrefixLease] = []
+        self.waiting: list[tuple] = []  # (mark, tokens, namespace, engine blocks)
 
-    def flush_events(self) -> None:
-        batch = self.events.take_batch()
+    def flush_events(self, pending: deque) -> None:
+        """Publish the events since the last flush; each waiting prediction goes to
+        `pending` with its place in the stream."""
+        batch = self.replay.batch(self.facts.take())
+        for mark, *rest in self.waiting:
+            pending.append((self.published, self.replay.positions[mark], *rest))
+        self.waiting.clear()
         if batch is not None:
             self.publisher.publish(batch)
             self.published += 1
@@ -143,7 +153,7 @@ class Consumer:
 
 def fuzz(num_ops: int, ps: int, block: int, encoding: str, seed: int) -> dict:
     rng = random.Random(seed)
-    pub = EventPublisher(LOCAL, LOCAL, buffer_batches=100_000)
+    pub = EventPublisher(LOCAL, LOCAL, buffer_batches=100_000, first_seq=0)
     disk = FakeDisk()
     rep = Replica(ps, block, encoding, pub, disk)
     con = Consumer(pub, encoding, block)
@@ -163,7 +173,7 @@ def fuzz(num_ops: int, ps: int, block: int, encoding: str, seed: int) -> dict:
                 lease = PrefixLease(rep.mem, ns)
                 cap = len(tokens) - 1
                 m = lease.acquire(tokens, max_tokens=cap)    # a split: no event
-                con.pending.append((rep.published, rep.events.mark(), tokens[:cap], ns,
+                rep.waiting.append((rep.facts.mark(), tokens[:cap], ns,
                                     (m.matched_tokens + m.lower_tokens()) // block))
                 try:
                     if m.lower and rng.random() < 0.7:
@@ -188,7 +198,7 @@ def fuzz(num_ops: int, ps: int, block: int, encoding: str, seed: int) -> dict:
             elif r < 0.95:
                 kind = "step"
                 rep.run_moves()
-                rep.flush_events()
+                rep.flush_events(con.pending)
             elif r < 0.97 and not rep.leases:
                 kind = rng.choice(["flush", "flush_namespace"]) if r < 0.966 else "restart"
                 rep.run_moves()
@@ -198,7 +208,7 @@ def fuzz(num_ops: int, ps: int, block: int, encoding: str, seed: int) -> dict:
                     rep.mem.flush_namespace(rng.choice(NAMESPACES))
                 else:
                     rep.check()
-                    rep.flush_events()  # the old engine's last batch
+                    rep.flush_events(con.pending)  # the old engine's last batch
                     rep = restart(rep, ps, block, encoding, pub, disk)
             elif r < 0.972 and con.sub is not None:
                 kind = "away"           # the subscriber leaves for a while
@@ -209,10 +219,10 @@ def fuzz(num_ops: int, ps: int, block: int, encoding: str, seed: int) -> dict:
             counts[kind] += 1
             if op % 500 == 499 and (con.sub is not None or op >= away_until):
                 rep.check()
-                rep.flush_events()
+                rep.flush_events(con.pending)
                 con.drain(rep.published)
         rep.run_moves()
-        rep.flush_events()
+        rep.flush_events(con.pending)
         con.drain(rep.published)
         rep.check()
     finally:

@@ -42,7 +42,7 @@ async def serve(engine: Engine, prompts, namespace=None) -> None:
 
 def check_predictions(engine: Engine, indexes, sub: EventSubscriber, probes) -> int:
     pub = engine.kv_events.publisher
-    for r in drain(sub, pub, pub.will_send()):
+    for r in drain(sub, pub, pub.sent_when_idle()):
         for index in indexes:
             index.apply(r.batch)
     hits = 0
@@ -105,7 +105,7 @@ def test_restart_announces_the_reloaded_cache(model_fp32, tmp_path):
         try:
             index = LlmdIndex(BLOCK)
             pub = engine.kv_events.publisher
-            got = drain(sub, pub, pub.will_send())
+            got = drain(sub, pub, pub.sent_when_idle())
             kinds = [type(e).__name__ for r in got for e in r.batch.events]
             assert kinds[0] == "AllBlocksCleared" and "BlockStored" in kinds
             media = {e.medium for r in got for e in r.batch.events if hasattr(e, "medium")}

@@ -38,10 +38,10 @@ def test_event_view_matches_digest_and_tree():
         for i, p in enumerate(prompts):                 # one batch at a time: the live lag
             run(tree, mem, p, "tenant" if i % 3 == 0 else None)
             events.flush()
-            assert feed.wait_applied(events.publisher.will_send(), timeout_s=30)
+            assert feed.wait_applied(events.publisher.sent_when_idle(), timeout_s=30)
         mem.free(tree.evict(200))
         events.flush()
-        assert feed.wait_applied(events.publisher.will_send(), timeout_s=30)
+        assert feed.wait_applied(events.publisher.sent_when_idle(), timeout_s=30)
         digest = DigestMaker(tree, BLOCK).digest()
         replica = state.replicas["replica-0"]
         for i, p in enumerate(prompts):
@@ -54,7 +54,7 @@ def test_event_view_matches_digest_and_tree():
         print(f"event view lag: median {statistics.median(feed.lag_seconds) * 1e3:.2f} ms, "
               f"max {max(feed.lag_seconds) * 1e3:.2f} ms over {len(feed.lag_seconds)} "
               f"batches; a digest walk: {digest.walk_seconds * 1e3:.2f} ms")
-        assert len(feed.lag_seconds) == events.publisher.will_send() - 1
+        assert len(feed.lag_seconds) == events.publisher.sent_when_idle() - 1
     finally:
         feed.close()
         events.close()

@@ -27,7 +27,7 @@ def test_record_then_replay_the_recording(publisher, tmp_path, capsys):
     assert main(["kv-events", publisher.endpoint, "--replay", publisher.replay_endpoint,
                  "--encoding", "map", "--out", str(out), "--count", "3"]) == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [line["seq"] for line in lines] == [0, 1, 2]
+    assert [line["seq"] - publisher.first_seq for line in lines] == [0, 1, 2]
     assert lines[0]["events"][0]["type"] == "BlockStored"
     assert lines[0]["events"][0]["token_ids"] == shared + [1, 2, 3, 4]
     assert lines[2]["events"] == []                        # the third request was a hit

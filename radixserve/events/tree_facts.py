@@ -1,0 +1,161 @@
+"""TreeFacts and FactReplay: the tree's changes recorded in O(1) on the scheduler's thread,
+turned into KV events later, on the publisher's thread.
+
+Computing events (hashing each block, listing its token ids, building the structs) costs
+far more than the tree change behind it, and whatever runs on the scheduler's thread lengthens
+the step. So the tree's observer here (`TreeFacts`) only appends one small tuple per change:
+ids, a tier, and for a new node a reference to its token ids (a key as the node holds it:
+packed bytes, or the caller's id list and a range, which callers never change in place;
+tree_node.py). `FactReplay`, on the publisher's thread, applies the same changes in the
+same order to a shadow of the tree's shape (a TreeNode per node, no pages) and feeds
+BlockEvents from it, so the events are exactly those BlockEvents computes on the tree
+itself. The shadow needs the tree's splits (`TreeObserver.split`), which change no token.
+
+`snapshot` lists the whole tree as facts after a clear: what a publisher that had to drop
+facts (a stuck thread, publisher.py) sends so that consumers start over from a true index.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING
+
+from radixserve.cache.radix_cache import EMPTY_PAGES
+from radixserve.cache.tier_types import Tier
+from radixserve.cache.token_keys import pack_range
+from radixserve.cache.tree_node import TreeNode
+
+if TYPE_CHECKING:
+    from radixserve.cache.radix_cache import RadixCache
+    from radixserve.events.block_events import BlockEvents
+
+__all__ = ["FactReplay", "TreeFacts", "snapshot"]
+
+# The first item of each fact tuple.
+STORED, SPLIT, TRIMMED, REMOVED, MOVED, CLEARED, MARK = range(7)
+
+
+def _stored(node: TreeNode) -> tuple:
+    parent = node.parent
+    key, pending = node.key_parts()
+    return (STORED, node.id, parent.id if parent.depth else None, key, pending,
+            node.depth, node.namespace, node.tier)
+
+
+class TreeFacts:
+    """A TreeObserver that appends each change as a tuple to `facts` (see FactReplay)."""
+
+    def __init__(self):
+        self.facts: list[tuple] = []
+        self.marks = 0
+
+    def stored(self, node: TreeNode) -> None:
+        self.facts.append(_stored(node))
+
+    def split(self, upper: TreeNode, lower: TreeNode) -> None:
+        self.facts.append((SPLIT, upper.id, lower.id, upper.num_tokens))
+
+    def trimmed(self, node: TreeNode, keep_tokens: int) -> None:
+        self.facts.append((TRIMMED, node.id, keep_tokens))
+
+    def removed(self, node: TreeNode) -> None:
+        self.facts.append((REMOVED, node.id))
+
+    def moved(self, node: TreeNode, src: Tier) -> None:
+        self.facts.append((MOVED, node.id, src, node.tier))
+
+    def cleared(self) -> None:
+        self.facts.append((CLEARED,))
+
+    def mark(self) -> int:
+        """A place in the stream (BlockEvents.mark, taken when the facts are replayed):
+        returns its number; FactReplay.positions[number] is its event index in its batch."""
+        self.facts.append((MARK,))
+        self.marks += 1
+        return self.marks - 1
+
+    def take(self) -> list[tuple]:
+        """The facts since the last call."""
+        facts, self.facts = self.facts, []
+        return facts
+
+
+def _packed(key: bytes | None, pending: tuple | None) -> bytes:
+    """A stored node's key as bytes, read on the publisher's thread. The caller's ids are
+    copied by one slice (one C call, so under the GIL): the engine's thread may append to
+    its array('q') meanwhile, which fails while another thread holds a view of it."""
+    if key is not None:
+        return key
+    ids, start, stop = pending
+    if type(ids) is list or type(ids) is array:
+        return pack_range(ids[start:stop], 0, stop - start)
+    return pack_range(ids, start, stop)     # numpy or bytes: never resized in place
+
+
+def snapshot(tree: RadixCache) -> list[tuple]:
+    """A clear, then every node of `tree` as stored, parents first."""
+    return [(CLEARED,)] + [_stored(node) for node in tree.iter_nodes()]
+
+
+class FactReplay:
+    """Applies TreeFacts' facts to a shadow tree and BlockEvents; `batch(facts)` returns
+    the KVEventBatch they make (None: no event). After a batch fails, later ones are
+    skipped up to the next clear: the producer sends a snapshot (stream.py)."""
+
+    def __init__(self, blocks: BlockEvents):
+        self.blocks = blocks
+        self.nodes: dict[int, TreeNode] = {}
+        self.positions: list[int] = []      # each MARK's event index in its batch
+        self.broken = False     # a batch failed: the shadow is wrong until the next clear
+
+    def batch(self, facts: list[tuple]):
+        if self.broken:         # skip to the next clear (the producer's snapshot)
+            clears = [i for i, fact in enumerate(facts) if fact[0] == CLEARED]
+            if not clears:
+                return None
+            facts = facts[clears[-1]:]
+            self.blocks.take_batch()        # the failed batch's events: never sent
+            self.broken = False
+        try:
+            self.apply(facts)
+        except Exception:
+            self.broken = True
+            raise
+        return self.blocks.take_batch()
+
+    def apply(self, facts: list[tuple]) -> None:
+        nodes, blocks = self.nodes, self.blocks
+        for fact in facts:
+            kind = fact[0]
+            if kind == STORED:
+                _, nid, pid, key, pending, depth, namespace, tier = fact
+                parent = nodes[pid] if pid is not None else \
+                    TreeNode(0, b"", EMPTY_PAGES, None, 0, namespace)
+                node = nodes[nid] = TreeNode(nid, _packed(key, pending), EMPTY_PAGES, parent,
+                                             depth, namespace, tier=tier)
+                blocks.stored(node)
+            elif kind == REMOVED:
+                blocks.removed(nodes.pop(fact[1]))
+            elif kind == TRIMMED:
+                node, keep = nodes[fact[1]], fact[2]
+                blocks.trimmed(node, keep)
+                node.depth -= node.num_tokens - keep
+                node.truncate(keep)
+            elif kind == SPLIT:
+                _, uid, lid, m = fact
+                lower = nodes[lid]
+                start = lower.depth - lower.num_tokens
+                key, pending = lower.cut(m)
+                nodes[uid] = lower.parent = TreeNode(
+                    uid, key, EMPTY_PAGES, lower.parent, start + m, lower.namespace,
+                    _pending=pending, tier=lower.tier)
+            elif kind == MOVED:
+                _, nid, src, dst = fact
+                node = nodes[nid]
+                node.tier = dst
+                blocks.moved(node, src)
+            elif kind == CLEARED:
+                nodes.clear()
+                blocks.cleared()
+            else:
+                self.positions.append(blocks.mark())
