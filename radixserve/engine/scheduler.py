@@ -59,6 +59,7 @@ class StepPlan:
     samples: list[bool] = field(default_factory=list)
     aborted: list[SeqState] = field(default_factory=list)  # retired before the step
     deferred: list[SeqState] = field(default_factory=list)  # held back: prefix in flight
+    admission_stop: str = ""    # why admission stopped with some waiting: budget/running cap/memory
 
 
 class Scheduler:
@@ -134,10 +135,11 @@ class Scheduler:
         # No admissions in a step that had to preempt (as vLLM): memory is short, and a
         # victim re-admitted at once would only recompute what it just gave back.
         preempted = self.stats.preemptions != preemptions_before
-        deferred = [] if preempted else self._admit(budget, work)
+        deferred, stop = ([], "preempted") if preempted else self._admit(budget, work)
         # Multi-token spans first, single-token ones after (the layout attention expects).
         work.sort(key=lambda item: item[1] == 1)
-        plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred)
+        plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred,
+                        admission_stop=stop)
         for seq, n in work:
             self._add_span(plan, seq, n)
         plan.batch.moves = self.memory.take_moves()     # tiers: before copies and compute
@@ -155,19 +157,28 @@ class Scheduler:
                 if victim is seq:
                     return False
 
-    def _admit(self, budget: int, work: list[tuple[SeqState, int]]) -> list[SeqState]:
+    def _admit(self, budget: int, work: list[tuple[SeqState, int]]
+               ) -> tuple[list[SeqState], str]:
         """Admit waiting sequences in policy order until budget, running cap or memory
-        stops it; return those held back because a running one computes their prefix."""
+        stops it; return those held back because a running one computes their prefix, and
+        what stopped admission ("" when nothing did)."""
         deferred: list[SeqState] = []
-        if not self.waiting or budget <= 0:
-            return deferred
+        if not self.waiting:
+            return deferred, ""
+        if budget <= 0:
+            return deferred, "budget"
         candidates = self._ordered_waiting()
         reserve_pages = self.memory.pages_for(
             sum(min(DECODE_RESERVE_TOKENS, s.params.max_tokens - s.num_generated)
                 for s in self.running))
         admitted: set[int] = set()
+        stop = ""
         for seq, cached in candidates:
-            if budget <= 0 or len(self.running) >= self.config.max_running:
+            if budget <= 0:
+                stop = "budget"
+                break
+            if len(self.running) >= self.config.max_running:
+                stop = "running cap"
                 break
             if self._shares_prefix_in_flight(seq, cached):
                 deferred.append(seq)
@@ -177,12 +188,14 @@ class Scheduler:
             except ReadPending:     # its prefix's disk pages are being read: it waits
                 continue
             if hit is None:
+                stop = "memory"
                 break
             chunk = min(seq.remaining, budget)
             try:
                 self.memory.reserve(seq, chunk)
             except OutOfPages:
                 self.memory.release(seq, keep=False)
+                stop = "memory"
                 break
             self.stats.prefix_query_tokens += len(seq.token_ids)
             self.stats.prefix_hit_tokens += hit
@@ -200,7 +213,7 @@ class Scheduler:
             work.append((seq, chunk))
         if admitted:
             self.waiting = [s for s in self.waiting if id(s) not in admitted]
-        return deferred
+        return deferred, stop
 
     def _admit_within(self, seq: SeqState, reserve_pages: int) -> int | None:
         """Lease `seq`'s cached prefix if its prompt then fits beside `reserve_pages`;

@@ -137,6 +137,7 @@ def test_admission_keeps_a_decode_reserve_for_running_sequences(over_by, admitte
     bench.submit(random_prompt(rng, b_pages * 16 - DECODE_RESERVE_TOKENS), request_id="b")
     step = bench.step()
     assert ("b" in ids(step.admitted)) is admitted
+    assert step.plan.admission_stop == ("" if admitted else "memory")
     assert ids(step.plan.seqs).count("a") == 1      # a decodes either way
     bench.run()
 
