@@ -83,7 +83,7 @@ class Clock:
         cap = scheduler.config.max_wait_steps
         stop = plan.admission_stop or "other"
         for seq in scheduler.waiting:
-            overdue = scheduler.step - seq.request.arrival_step >= cap
+            overdue = scheduler.step - seq.waiting_since >= cap
             phase = f"overdue: {stop}" if overdue else "queued"
             if phase not in PHASES:
                 phase = "overdue: other"
@@ -158,7 +158,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2", help="workloads to run, one table each")
     ap.add_argument("--warmup-s", type=float, default=1.0,
                     help="simulated seconds of arrivals left out of the TTFT figures")
-    ap.add_argument("--bound", type=int, default=16, help="--lpm-max-wait-steps to test")
+    ap.add_argument("--bound", default="16", help="--lpm-max-wait-steps to test (comma list)")
     args = ap.parse_args()
     for seed in (int(x) for x in args.seeds.split(",")):
         report(args, seed)
@@ -169,8 +169,9 @@ def report(args: argparse.Namespace, seed: int) -> None:
     rate = args.rate or args.load * capacity_rps
     requests = workload(args.requests, rate, seed)
     results = {"fcfs": run("fcfs", 10**9, requests, seed, args.warmup_s),
-               "lpm, no bound": run("lpm", 10**9, requests, seed, args.warmup_s),
-               f"lpm, bound {args.bound}": run("lpm", args.bound, requests, seed, args.warmup_s)}
+               "lpm, no bound": run("lpm", 10**9, requests, seed, args.warmup_s)}
+    for bound in (int(b) for b in args.bound.split(",")):
+        results[f"lpm, bound {bound}"] = run("lpm", bound, requests, seed, args.warmup_s)
     saved = results["fcfs"]["computed"] - results["lpm, no bound"]["computed"]
     print(f"seed {seed}: {args.requests} requests at {rate:.1f}/s (simulated) = "
           f"{rate / capacity_rps:.2f} x fcfs's capacity ({capacity_rps:.1f}/s), "

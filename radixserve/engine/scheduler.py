@@ -30,15 +30,22 @@ AGING_TOKENS_PER_STEP = 32      # lpm: a waiting step is worth this many cached 
 SHARED_PREFIX_PROBE = 32        # tokens compared to spot a prefix another request computes
 LPM_MAX_WAIT_STEPS = 16         # lpm: a sequence waiting this many steps is overdue
 OVERDUE_BUDGET_SHARE = 0.25     # lpm: share of a step's token budget overdue ones go first in
+PREEMPT_AFTER_BOUNDS = 2        # lpm: overdue this many bounds, younger running ones make room
 
 
 def _progress_order(seq: SeqState) -> tuple:
     return (-seq.num_generated, seq.request.arrival_time)
 
 
+def _wait_order(seq: SeqState) -> tuple:
+    """Who has waited longest first (the wait bound's order): by the step the wait began
+    (arrival, or a preemption that made room for an overdue request), then arrival."""
+    return (seq.waiting_since, seq.request.arrival_time, seq.index)
+
+
 def _aged_score(seq: SeqState, cached: int, step: int) -> int:
     """lpm's score: minus the prefill work left, plus the credit for steps waited."""
-    waited = step - seq.request.arrival_step
+    waited = step - seq.waiting_since
     return cached - len(seq.token_ids) + AGING_TOKENS_PER_STEP * waited
 
 
@@ -71,11 +78,14 @@ class Scheduler:
         self.running: list[SeqState] = []
         self.requests: dict[str, Request] = {}
         self.step = 0
+        self._overdue_prefill: SeqState | None = None   # admitted overdue, prompt left
 
     # ---- intake -------------------------------------------------------------------
 
     def add(self, request: Request) -> None:
         request.arrival_step = self.step
+        for seq in request.sequences:
+            seq.waiting_since = self.step
         self.requests[request.request_id] = request
         self.waiting.extend(request.sequences)
 
@@ -111,6 +121,10 @@ class Scheduler:
         budget = self.config.token_budget
         work: list[tuple[SeqState, int]] = []
 
+        # The wait bound: the overdue sequence served now (admitted with prompt left, or
+        # the oldest waiting) gets a share of the budget other prefill chunks leave alone.
+        head = self._overdue_head()
+        held = 0 if head is None else min(head.remaining, self._overdue_share())
         # Most progressed first, so preemption victims come from the tail. Sorting costs
         # little but is only needed when this step's decodes could run out of pages.
         if self.memory.available_pages() < 2 * len(self.running) + budget:
@@ -121,11 +135,13 @@ class Scheduler:
             seq = self.running[i]
             if seq.remaining == 1:
                 want = 1
-            elif budget <= 0:
+            elif seq is head:
+                want, held = min(seq.remaining, budget), 0
+            elif budget - held <= 0:
                 i += 1
                 continue
             else:
-                want = min(seq.remaining, budget)
+                want = min(seq.remaining, budget - held)
             if not self._reserve_or_preempt(seq, want):
                 continue            # seq itself was preempted; the list shifted
             budget -= want
@@ -135,7 +151,7 @@ class Scheduler:
         # No admissions in a step that had to preempt (as vLLM): memory is short, and a
         # victim re-admitted at once would only recompute what it just gave back.
         preempted = self.stats.preemptions != preemptions_before
-        deferred, stop = ([], "preempted") if preempted else self._admit(budget, work)
+        deferred, stop = ([], "preempted") if preempted else self._admit(budget, work, head)
         # Multi-token spans first, single-token ones after (the layout attention expects).
         work.sort(key=lambda item: item[1] == 1)
         plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred,
@@ -157,38 +173,44 @@ class Scheduler:
                 if victim is seq:
                     return False
 
-    def _admit(self, budget: int, work: list[tuple[SeqState, int]]
-               ) -> tuple[list[SeqState], str]:
+    def _admit(self, budget: int, work: list[tuple[SeqState, int]],
+               head: SeqState | None = None) -> tuple[list[SeqState], str]:
         """Admit waiting sequences in policy order until budget, running cap or memory
         stops it; return those held back because a running one computes their prefix, and
-        what stopped admission ("" when nothing did)."""
+        what stopped admission ("" when nothing did). `head`, the oldest overdue sequence
+        (first in lpm's order), is neither deferred nor kept out by memory or the running
+        cap: younger running sequences are preempted to make room for it."""
         deferred: list[SeqState] = []
         if not self.waiting:
             return deferred, ""
         if budget <= 0:
             return deferred, "budget"
         candidates = self._ordered_waiting()
-        reserve_pages = self.memory.pages_for(
-            sum(min(DECODE_RESERVE_TOKENS, s.params.max_tokens - s.num_generated)
-                for s in self.running))
+        reserve_pages = self._decode_reserve_pages()
         admitted: set[int] = set()
         stop = ""
         for seq, cached in candidates:
             if budget <= 0:
                 stop = "budget"
                 break
-            if len(self.running) >= self.config.max_running:
+            if seq is not head and len(self.running) >= self.config.max_running:
                 stop = "running cap"
                 break
-            if self._shares_prefix_in_flight(seq, cached):
+            if seq is not head and self._shares_prefix_in_flight(seq, cached):
                 deferred.append(seq)
                 continue
             try:
-                hit = self._admit_within(seq, reserve_pages)
+                if seq is head:
+                    hit, budget = self._admit_overdue(seq, budget, work)
+                    reserve_pages = self._decode_reserve_pages()
+                    self._overdue_prefill = seq     # keeps its share until its prompt is done
+                else:
+                    hit = self._admit_within(seq, reserve_pages)
             except ReadPending:     # its prefix's disk pages are being read: it waits
                 continue
             if hit is None:
-                stop = "memory"
+                full = seq is head and len(self.running) >= self.config.max_running
+                stop = "running cap" if full else "memory"
                 break
             chunk = min(seq.remaining, budget)
             try:
@@ -214,6 +236,67 @@ class Scheduler:
         if admitted:
             self.waiting = [s for s in self.waiting if id(s) not in admitted]
         return deferred, stop
+
+    def _decode_reserve_pages(self) -> int:
+        """Pages admission leaves for the running sequences' next decodes."""
+        return self.memory.pages_for(
+            sum(min(DECODE_RESERVE_TOKENS, s.params.max_tokens - s.num_generated)
+                for s in self.running))
+
+    def _admit_overdue(self, seq: SeqState, budget: int, work: list[tuple[SeqState, int]]
+                       ) -> tuple[int | None, int]:
+        """Lease the oldest overdue sequence's prefix, preempting running sequences that
+        arrived after it (youngest first; their computed KV stays cached) while the running
+        cap or memory keeps it out. Returns (cached tokens or None, the budget left):
+        None only when no younger sequence is left to preempt. A victim's span in this step
+        is dropped and its tokens go back to `budget`. Raises ReadPending as admit does."""
+        while True:
+            if len(self.running) < self.config.max_running:
+                hit = self._admit_within(seq, self._decode_reserve_pages())
+                if hit is not None:
+                    return hit, budget
+            waited = self.step - seq.waiting_since
+            if waited < PREEMPT_AFTER_BOUNDS * self.config.max_wait_steps:
+                return None, budget     # memory is reserved for it: nothing else goes in
+            victim = self._youngest_running_after(seq)
+            if victim is None:
+                return None, budget
+            for k, (other, n) in enumerate(work):
+                if other is victim:
+                    budget += n
+                    del work[k]
+                    break
+            self._preempt(victim)
+            # Its wait starts again: a victim overdue at once would preempt in turn, and
+            # the cascade would turn lpm into arrival order (and evict the shared prefixes).
+            victim.waiting_since = self.step
+
+    def _youngest_running_after(self, seq: SeqState) -> SeqState | None:
+        """The running sequence that arrived last, if it arrived after `seq`."""
+        key = _wait_order(seq)
+        younger = [s for s in self.running if _wait_order(s) > key]
+        return max(younger, key=_wait_order) if younger else None
+
+    def _overdue_head(self) -> SeqState | None:
+        """The overdue sequence the wait bound serves this step: the one admitted overdue
+        while its prompt is not all computed, else the oldest overdue one waiting."""
+        head = self._overdue_prefill
+        if head is not None and head.status is SeqStatus.RUNNING and head.in_prefill:
+            return head
+        self._overdue_prefill = None
+        return self._oldest_overdue()
+
+    def _oldest_overdue(self) -> SeqState | None:
+        """lpm: the waiting sequence that arrived first among those waiting
+        `max_wait_steps` steps or more (None under fcfs or when none is overdue)."""
+        if self.config.policy != "lpm" or not self.waiting:
+            return None
+        deadline = self.step - self.config.max_wait_steps
+        overdue = [s for s in self.waiting if s.waiting_since <= deadline]
+        return min(overdue, key=_wait_order) if overdue else None
+
+    def _overdue_share(self) -> int:
+        return int(OVERDUE_BUDGET_SHARE * self.config.token_budget)
 
     def _admit_within(self, seq: SeqState, reserve_pages: int) -> int | None:
         """Lease `seq`'s cached prefix if its prompt then fits beside `reserve_pages`;
@@ -276,7 +359,7 @@ class Scheduler:
         for s, cached in looked:
             arrival = s.request.arrival_time
             if id(s) in ahead:      # overdue within the share: oldest first
-                key: tuple = (0, arrival, s.index)
+                key: tuple = (0, *_wait_order(s))
             else:
                 aged, first = groups.get(s.params.cache_key,
                                          (_aged_score(s, cached, step), arrival))
@@ -290,8 +373,8 @@ class Scheduler:
         while their prefill work fits in OVERDUE_BUDGET_SHARE of the token budget."""
         cap = self.config.max_wait_steps
         overdue = sorted((item for item in looked
-                          if self.step - item[0].request.arrival_step >= cap),
-                         key=lambda item: (item[0].request.arrival_time, item[0].index))
+                          if self.step - item[0].waiting_since >= cap),
+                         key=lambda item: _wait_order(item[0]))
         room = OVERDUE_BUDGET_SHARE * self.config.token_budget
         ahead: set[int] = set()
         for s, cached in overdue:
