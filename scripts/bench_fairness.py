@@ -94,8 +94,9 @@ class Clock:
                 self.phases[seq.request.request_id]["computing"] += seconds
 
 
-def run(policy: str, max_wait_steps: int, requests, seed: int, warmup_s: float = 0.0) -> dict:
-    core = null_core(num_pages=POOL_PAGES, max_running=MAX_RUNNING, token_budget=TOKEN_BUDGET,
+def run(policy: str, max_wait_steps: int, requests, seed: int, warmup_s: float = 0.0,
+        token_budget: int = TOKEN_BUDGET) -> dict:
+    core = null_core(num_pages=POOL_PAGES, max_running=MAX_RUNNING, token_budget=token_budget,
                      policy=policy)
     scheduler = core.scheduler
     scheduler.config.max_wait_steps = max_wait_steps
@@ -142,10 +143,10 @@ def mean_phases(phases: dict[str, dict[str, float]], ids: list[str]) -> dict[str
     return {p: sum(phases[r][p] for r in ids) / max(1, len(ids)) for p in PHASES}
 
 
-def capacity(requests, seed: int) -> float:
+def capacity(requests, seed: int, token_budget: int) -> float:
     """fcfs's requests per simulated second with every request queued at time 0."""
     queued = [(0.0, prompt, cold) for _, prompt, cold in requests]
-    return run("fcfs", 10**9, queued, seed)["throughput"]
+    return run("fcfs", 10**9, queued, seed, token_budget=token_budget)["throughput"]
 
 
 def main() -> None:
@@ -159,23 +160,27 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=1.0,
                     help="simulated seconds of arrivals left out of the TTFT figures")
     ap.add_argument("--bound", default="16", help="--lpm-max-wait-steps to test (comma list)")
+    ap.add_argument("--token-budget", type=int, default=TOKEN_BUDGET,
+                    help="tokens per step (--chunked-prefill-size): bounds a step's length")
     args = ap.parse_args()
     for seed in (int(x) for x in args.seeds.split(",")):
         report(args, seed)
 
 
 def report(args: argparse.Namespace, seed: int) -> None:
-    capacity_rps = capacity(workload(min(args.requests, 3000), 1.0, seed), seed)
+    budget = args.token_budget
+    capacity_rps = capacity(workload(min(args.requests, 3000), 1.0, seed), seed, budget)
     rate = args.rate or args.load * capacity_rps
     requests = workload(args.requests, rate, seed)
-    results = {"fcfs": run("fcfs", 10**9, requests, seed, args.warmup_s),
-               "lpm, no bound": run("lpm", 10**9, requests, seed, args.warmup_s)}
+    results = {"fcfs": run("fcfs", 10**9, requests, seed, args.warmup_s, budget),
+               "lpm, no bound": run("lpm", 10**9, requests, seed, args.warmup_s, budget)}
     for bound in (int(b) for b in args.bound.split(",")):
-        results[f"lpm, bound {bound}"] = run("lpm", bound, requests, seed, args.warmup_s)
+        results[f"lpm, bound {bound}"] = run("lpm", bound, requests, seed, args.warmup_s, budget)
     saved = results["fcfs"]["computed"] - results["lpm, no bound"]["computed"]
     print(f"seed {seed}: {args.requests} requests at {rate:.1f}/s (simulated) = "
           f"{rate / capacity_rps:.2f} x fcfs's capacity ({capacity_rps:.1f}/s), "
-          f"{COLD_SHARE:.0%} cold, TTFT of arrivals after {args.warmup_s:g} s, simulated ms")
+          f"{COLD_SHARE:.0%} cold, {budget} tokens a step, TTFT of arrivals after "
+          f"{args.warmup_s:g} s, simulated ms")
     print(f"{'policy':<16} {'hit':>6} {'prefill':>10} {'all p50':>8} {'hot p50':>8} "
           f"{'cold p50':>9} {'cold p99':>9} {'/cold p50':>10} {'/all p50':>9} {'saving kept':>12}")
     for name, r in results.items():

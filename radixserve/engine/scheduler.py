@@ -9,6 +9,11 @@ then new admissions, all within a token budget. Admission is by memory: free + e
 pages must cover the new tokens plus a decode reserve for everything running. When a
 decode cannot get a page, the sequence with the least progress is preempted: its computed
 KV goes into the tree, so its recompute later hits.
+
+lpm's wait bound (`max_wait_steps`, docs/conversations.md): the oldest overdue sequence goes
+first, never deferred, with a reserved share of the budget until its prompt is computed;
+memory and slots are kept for it, and after PREEMPT_AFTER_BOUNDS bounds younger running
+sequences are preempted to make room.
 """
 
 from __future__ import annotations
@@ -23,24 +28,18 @@ from radixserve.engine.batch import SampleResult, StepBatch, StepUpdate
 from radixserve.engine.outputs import EngineStats
 from radixserve.engine.request import Request, SeqState, SeqStatus
 from radixserve.engine.seq_memory import SequenceMemory
+from radixserve.engine.wait_bound import (LPM_MAX_WAIT_STEPS, PREEMPT_AFTER_BOUNDS,
+                                          oldest_overdue, overdue_first, overdue_share,
+                                          wait_order, youngest_after)
 
 DECODE_RESERVE_TOKENS = 16      # per running sequence, held back from admission
 LPM_QUEUE_LIMIT = 128           # beyond this many waiting, lpm falls back to arrival order
 AGING_TOKENS_PER_STEP = 32      # lpm: a waiting step is worth this many cached tokens
 SHARED_PREFIX_PROBE = 32        # tokens compared to spot a prefix another request computes
-LPM_MAX_WAIT_STEPS = 16         # lpm: a sequence waiting this many steps is overdue
-OVERDUE_BUDGET_SHARE = 0.25     # lpm: share of a step's token budget overdue ones go first in
-PREEMPT_AFTER_BOUNDS = 2        # lpm: overdue this many bounds, younger running ones make room
 
 
 def _progress_order(seq: SeqState) -> tuple:
     return (-seq.num_generated, seq.request.arrival_time)
-
-
-def _wait_order(seq: SeqState) -> tuple:
-    """Who has waited longest first (the wait bound's order): by the step the wait began
-    (arrival, or a preemption that made room for an overdue request), then arrival."""
-    return (seq.waiting_since, seq.request.arrival_time, seq.index)
 
 
 def _aged_score(seq: SeqState, cached: int, step: int) -> int:
@@ -124,7 +123,8 @@ class Scheduler:
         # The wait bound: the overdue sequence served now (admitted with prompt left, or
         # the oldest waiting) gets a share of the budget other prefill chunks leave alone.
         head = self._overdue_head()
-        held = 0 if head is None else min(head.remaining, self._overdue_share())
+        held = 0 if head is None else min(head.remaining,
+                                          overdue_share(self.config.token_budget))
         # Most progressed first, so preemption victims come from the tail. Sorting costs
         # little but is only needed when this step's decodes could run out of pages.
         if self.memory.available_pages() < 2 * len(self.running) + budget:
@@ -258,7 +258,7 @@ class Scheduler:
             waited = self.step - seq.waiting_since
             if waited < PREEMPT_AFTER_BOUNDS * self.config.max_wait_steps:
                 return None, budget     # memory is reserved for it: nothing else goes in
-            victim = self._youngest_running_after(seq)
+            victim = youngest_after(self.running, seq)
             if victim is None:
                 return None, budget
             for k, (other, n) in enumerate(work):
@@ -271,12 +271,6 @@ class Scheduler:
             # the cascade would turn lpm into arrival order (and evict the shared prefixes).
             victim.waiting_since = self.step
 
-    def _youngest_running_after(self, seq: SeqState) -> SeqState | None:
-        """The running sequence that arrived last, if it arrived after `seq`."""
-        key = _wait_order(seq)
-        younger = [s for s in self.running if _wait_order(s) > key]
-        return max(younger, key=_wait_order) if younger else None
-
     def _overdue_head(self) -> SeqState | None:
         """The overdue sequence the wait bound serves this step: the one admitted overdue
         while its prompt is not all computed, else the oldest overdue one waiting."""
@@ -287,16 +281,10 @@ class Scheduler:
         return self._oldest_overdue()
 
     def _oldest_overdue(self) -> SeqState | None:
-        """lpm: the waiting sequence that arrived first among those waiting
-        `max_wait_steps` steps or more (None under fcfs or when none is overdue)."""
+        """lpm: the overdue waiting sequence that has waited longest (None under fcfs)."""
         if self.config.policy != "lpm" or not self.waiting:
             return None
-        deadline = self.step - self.config.max_wait_steps
-        overdue = [s for s in self.waiting if s.waiting_since <= deadline]
-        return min(overdue, key=_wait_order) if overdue else None
-
-    def _overdue_share(self) -> int:
-        return int(OVERDUE_BUDGET_SHARE * self.config.token_budget)
+        return oldest_overdue(self.waiting, self.step, self.config.max_wait_steps)
 
     def _admit_within(self, seq: SeqState, reserve_pages: int) -> int | None:
         """Lease `seq`'s cached prefix if its prompt then fits beside `reserve_pages`;
@@ -354,12 +342,13 @@ class Scheduler:
                 aged = _aged_score(s, cached, step)
                 best, first = groups.get(key, (aged, s.request.arrival_time))
                 groups[key] = (max(best, aged), min(first, s.request.arrival_time))
-        ahead = self._overdue_first(looked)
+        ahead = overdue_first(looked, step, self.config.max_wait_steps,
+                              self.config.token_budget)
         scored = []
         for s, cached in looked:
             arrival = s.request.arrival_time
             if id(s) in ahead:      # overdue within the share: oldest first
-                key: tuple = (0, *_wait_order(s))
+                key: tuple = (0, *wait_order(s))
             else:
                 aged, first = groups.get(s.params.cache_key,
                                          (_aged_score(s, cached, step), arrival))
@@ -367,22 +356,6 @@ class Scheduler:
             scored.append((key, s, cached))
         scored.sort(key=lambda item: item[0])
         return [(s, cached) for _, s, cached in scored]
-
-    def _overdue_first(self, looked: list[tuple[SeqState, int]]) -> set[int]:
-        """Ids of the overdue sequences ordered before all others this step: the oldest,
-        while their prefill work fits in OVERDUE_BUDGET_SHARE of the token budget."""
-        cap = self.config.max_wait_steps
-        overdue = sorted((item for item in looked
-                          if self.step - item[0].waiting_since >= cap),
-                         key=lambda item: _wait_order(item[0]))
-        room = OVERDUE_BUDGET_SHARE * self.config.token_budget
-        ahead: set[int] = set()
-        for s, cached in overdue:
-            if ahead and room <= 0:
-                break
-            ahead.add(id(s))
-            room -= len(s.token_ids) - cached
-        return ahead
 
     def _shares_prefix_in_flight(self, seq: SeqState, cached: int | None) -> bool:
         """True when a running sequence is computing the very prefix `seq` would compute.

@@ -12,8 +12,8 @@ import random
 import pytest
 
 from radixserve.engine.scheduler import (AGING_TOKENS_PER_STEP, DECODE_RESERVE_TOKENS,
-                                         LPM_QUEUE_LIMIT, OVERDUE_BUDGET_SHARE,
-                                         PREEMPT_AFTER_BOUNDS)
+                                         LPM_QUEUE_LIMIT)
+from radixserve.engine.wait_bound import OVERDUE_BUDGET_SHARE, PREEMPT_AFTER_BOUNDS
 from sched_harness import Bench, random_prompt
 
 MARK = 1    # a token random_prompt never draws (it draws from 3 up)

@@ -15,8 +15,8 @@ import random
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from radixserve.engine.scheduler import (AGING_TOKENS_PER_STEP, DECODE_RESERVE_TOKENS,
-                                         PREEMPT_AFTER_BOUNDS)
+from radixserve.engine.scheduler import AGING_TOKENS_PER_STEP, DECODE_RESERVE_TOKENS
+from radixserve.engine.wait_bound import PREEMPT_AFTER_BOUNDS
 from sched_harness import Bench, StepRecord, random_prompt
 
 MAX_PROMPT = 96
