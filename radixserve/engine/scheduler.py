@@ -178,8 +178,9 @@ class Scheduler:
         """Admit waiting sequences in policy order until budget, running cap or memory
         stops it; return those held back because a running one computes their prefix, and
         what stopped admission ("" when nothing did). `head`, the oldest overdue sequence
-        (first in lpm's order), is neither deferred nor kept out by memory or the running
-        cap: younger running sequences are preempted to make room for it."""
+        (first in lpm's order), is never deferred; while memory or the running cap keeps it
+        out nothing else is admitted, and after PREEMPT_AFTER_BOUNDS bounds younger running
+        sequences are preempted to make room for it (_admit_overdue)."""
         deferred: list[SeqState] = []
         if not self.waiting:
             return deferred, ""
@@ -203,7 +204,6 @@ class Scheduler:
                 if seq is head:
                     hit, budget = self._admit_overdue(seq, budget, work)
                     reserve_pages = self._decode_reserve_pages()
-                    self._overdue_prefill = seq     # keeps its share until its prompt is done
                 else:
                     hit = self._admit_within(seq, reserve_pages)
             except ReadPending:     # its prefix's disk pages are being read: it waits
@@ -230,6 +230,8 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             admitted.add(id(seq))
+            if seq is head:
+                self._overdue_prefill = seq     # keeps its share until its prompt is done
             reserve_pages += self.memory.pages_for(DECODE_RESERVE_TOKENS)
             budget -= chunk
             work.append((seq, chunk))
