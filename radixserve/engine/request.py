@@ -83,6 +83,7 @@ class SeqState:
     preemptions: int = 0
     matcher: "Matcher | None" = None        # constrained decoding (engine/grammar.py)
     miss: "MissReport | None" = None       # why the prompt was not all cached (first admission)
+    waiting_since: int = 0                 # scheduler step its wait began (lpm's wait bound)
 
     @property
     def params(self) -> SamplingParams:

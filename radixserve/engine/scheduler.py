@@ -9,6 +9,11 @@ then new admissions, all within a token budget. Admission is by memory: free + e
 pages must cover the new tokens plus a decode reserve for everything running. When a
 decode cannot get a page, the sequence with the least progress is preempted: its computed
 KV goes into the tree, so its recompute later hits.
+
+lpm's wait bound (`max_wait_steps`, docs/conversations.md): the oldest overdue sequence goes
+first, never deferred, with a reserved share of the budget until its prompt is computed;
+memory and slots are kept for it, and after PREEMPT_AFTER_BOUNDS bounds younger running
+sequences are preempted to make room.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from radixserve.engine.batch import SampleResult, StepBatch, StepUpdate
 from radixserve.engine.outputs import EngineStats
 from radixserve.engine.request import Request, SeqState, SeqStatus
 from radixserve.engine.seq_memory import SequenceMemory
+from radixserve.engine.wait_bound import (LPM_MAX_WAIT_STEPS, PREEMPT_AFTER_BOUNDS,
+                                          oldest_overdue, overdue_first, overdue_share,
+                                          wait_order, youngest_after)
 
 DECODE_RESERVE_TOKENS = 16      # per running sequence, held back from admission
 LPM_QUEUE_LIMIT = 128           # beyond this many waiting, lpm falls back to arrival order
 AGING_TOKENS_PER_STEP = 32      # lpm: a waiting step is worth this many cached tokens
 SHARED_PREFIX_PROBE = 32        # tokens compared to spot a prefix another request computes
-LPM_MAX_WAIT_STEPS = 16         # lpm: a sequence waiting this many steps is overdue
-OVERDUE_BUDGET_SHARE = 0.25     # lpm: share of a step's token budget overdue ones go first in
 
 
 def _progress_order(seq: SeqState) -> tuple:
@@ -38,7 +44,7 @@ def _progress_order(seq: SeqState) -> tuple:
 
 def _aged_score(seq: SeqState, cached: int, step: int) -> int:
     """lpm's score: minus the prefill work left, plus the credit for steps waited."""
-    waited = step - seq.request.arrival_step
+    waited = step - seq.waiting_since
     return cached - len(seq.token_ids) + AGING_TOKENS_PER_STEP * waited
 
 
@@ -59,6 +65,7 @@ class StepPlan:
     samples: list[bool] = field(default_factory=list)
     aborted: list[SeqState] = field(default_factory=list)  # retired before the step
     deferred: list[SeqState] = field(default_factory=list)  # held back: prefix in flight
+    admission_stop: str = ""    # why admission stopped with some waiting: budget/running cap/memory
 
 
 class Scheduler:
@@ -70,11 +77,14 @@ class Scheduler:
         self.running: list[SeqState] = []
         self.requests: dict[str, Request] = {}
         self.step = 0
+        self._overdue_prefill: SeqState | None = None   # admitted overdue, prompt left
 
     # ---- intake -------------------------------------------------------------------
 
     def add(self, request: Request) -> None:
         request.arrival_step = self.step
+        for seq in request.sequences:
+            seq.waiting_since = self.step
         self.requests[request.request_id] = request
         self.waiting.extend(request.sequences)
 
@@ -110,6 +120,11 @@ class Scheduler:
         budget = self.config.token_budget
         work: list[tuple[SeqState, int]] = []
 
+        # The wait bound: the overdue sequence served now (admitted with prompt left, or
+        # the oldest waiting) gets a share of the budget other prefill chunks leave alone.
+        head = self._overdue_head()
+        held = 0 if head is None else min(head.remaining,
+                                          overdue_share(self.config.token_budget))
         # Most progressed first, so preemption victims come from the tail. Sorting costs
         # little but is only needed when this step's decodes could run out of pages.
         if self.memory.available_pages() < 2 * len(self.running) + budget:
@@ -120,11 +135,13 @@ class Scheduler:
             seq = self.running[i]
             if seq.remaining == 1:
                 want = 1
-            elif budget <= 0:
+            elif seq is head:
+                want, held = min(seq.remaining, budget), 0
+            elif budget - held <= 0:
                 i += 1
                 continue
             else:
-                want = min(seq.remaining, budget)
+                want = min(seq.remaining, budget - held)
             if not self._reserve_or_preempt(seq, want):
                 continue            # seq itself was preempted; the list shifted
             budget -= want
@@ -134,10 +151,11 @@ class Scheduler:
         # No admissions in a step that had to preempt (as vLLM): memory is short, and a
         # victim re-admitted at once would only recompute what it just gave back.
         preempted = self.stats.preemptions != preemptions_before
-        deferred = [] if preempted else self._admit(budget, work)
+        deferred, stop = ([], "preempted") if preempted else self._admit(budget, work, head)
         # Multi-token spans first, single-token ones after (the layout attention expects).
         work.sort(key=lambda item: item[1] == 1)
-        plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred)
+        plan = StepPlan(batch=StepBatch(), aborted=aborted, deferred=deferred,
+                        admission_stop=stop)
         for seq, n in work:
             self._add_span(plan, seq, n)
         plan.batch.moves = self.memory.take_moves()     # tiers: before copies and compute
@@ -155,34 +173,51 @@ class Scheduler:
                 if victim is seq:
                     return False
 
-    def _admit(self, budget: int, work: list[tuple[SeqState, int]]) -> list[SeqState]:
+    def _admit(self, budget: int, work: list[tuple[SeqState, int]],
+               head: SeqState | None = None) -> tuple[list[SeqState], str]:
         """Admit waiting sequences in policy order until budget, running cap or memory
-        stops it; return those held back because a running one computes their prefix."""
+        stops it; return those held back because a running one computes their prefix, and
+        what stopped admission ("" when nothing did). `head`, the oldest overdue sequence
+        (first in lpm's order), is never deferred; while memory or the running cap keeps it
+        out nothing else is admitted, and after PREEMPT_AFTER_BOUNDS bounds younger running
+        sequences are preempted to make room for it (_admit_overdue)."""
         deferred: list[SeqState] = []
-        if not self.waiting or budget <= 0:
-            return deferred
+        if not self.waiting:
+            return deferred, ""
+        if budget <= 0:
+            return deferred, "budget"
         candidates = self._ordered_waiting()
-        reserve_pages = self.memory.pages_for(
-            sum(min(DECODE_RESERVE_TOKENS, s.params.max_tokens - s.num_generated)
-                for s in self.running))
+        reserve_pages = self._decode_reserve_pages()
         admitted: set[int] = set()
+        stop = ""
         for seq, cached in candidates:
-            if budget <= 0 or len(self.running) >= self.config.max_running:
+            if budget <= 0:
+                stop = "budget"
                 break
-            if self._shares_prefix_in_flight(seq, cached):
+            if seq is not head and len(self.running) >= self.config.max_running:
+                stop = "running cap"
+                break
+            if seq is not head and self._shares_prefix_in_flight(seq, cached):
                 deferred.append(seq)
                 continue
             try:
-                hit = self._admit_within(seq, reserve_pages)
+                if seq is head:
+                    hit, budget = self._admit_overdue(seq, budget, work)
+                    reserve_pages = self._decode_reserve_pages()
+                else:
+                    hit = self._admit_within(seq, reserve_pages)
             except ReadPending:     # its prefix's disk pages are being read: it waits
                 continue
             if hit is None:
+                full = seq is head and len(self.running) >= self.config.max_running
+                stop = "running cap" if full else "memory"
                 break
             chunk = min(seq.remaining, budget)
             try:
                 self.memory.reserve(seq, chunk)
             except OutOfPages:
                 self.memory.release(seq, keep=False)
+                stop = "memory"
                 break
             self.stats.prefix_query_tokens += len(seq.token_ids)
             self.stats.prefix_hit_tokens += hit
@@ -195,12 +230,63 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             admitted.add(id(seq))
+            if seq is head:
+                self._overdue_prefill = seq     # keeps its share until its prompt is done
             reserve_pages += self.memory.pages_for(DECODE_RESERVE_TOKENS)
             budget -= chunk
             work.append((seq, chunk))
         if admitted:
             self.waiting = [s for s in self.waiting if id(s) not in admitted]
-        return deferred
+        return deferred, stop
+
+    def _decode_reserve_pages(self) -> int:
+        """Pages admission leaves for the running sequences' next decodes."""
+        return self.memory.pages_for(
+            sum(min(DECODE_RESERVE_TOKENS, s.params.max_tokens - s.num_generated)
+                for s in self.running))
+
+    def _admit_overdue(self, seq: SeqState, budget: int, work: list[tuple[SeqState, int]]
+                       ) -> tuple[int | None, int]:
+        """Lease the oldest overdue sequence's prefix, preempting running sequences that
+        arrived after it (youngest first; their computed KV stays cached) while the running
+        cap or memory keeps it out. Returns (cached tokens or None, the budget left):
+        None only when no younger sequence is left to preempt. A victim's span in this step
+        is dropped and its tokens go back to `budget`. Raises ReadPending as admit does."""
+        while True:
+            if len(self.running) < self.config.max_running:
+                hit = self._admit_within(seq, self._decode_reserve_pages())
+                if hit is not None:
+                    return hit, budget
+            waited = self.step - seq.waiting_since
+            if waited < PREEMPT_AFTER_BOUNDS * self.config.max_wait_steps:
+                return None, budget     # memory is reserved for it: nothing else goes in
+            victim = youngest_after(self.running, seq)
+            if victim is None:
+                return None, budget
+            for k, (other, n) in enumerate(work):
+                if other is victim:
+                    budget += n
+                    del work[k]
+                    break
+            self._preempt(victim)
+            # Its wait starts again: a victim overdue at once would preempt in turn, and
+            # the cascade would turn lpm into arrival order (and evict the shared prefixes).
+            victim.waiting_since = self.step
+
+    def _overdue_head(self) -> SeqState | None:
+        """The overdue sequence the wait bound serves this step: the one admitted overdue
+        while its prompt is not all computed, else the oldest overdue one waiting."""
+        head = self._overdue_prefill
+        if head is not None and head.status is SeqStatus.RUNNING and head.in_prefill:
+            return head
+        self._overdue_prefill = None
+        return self._oldest_overdue()
+
+    def _oldest_overdue(self) -> SeqState | None:
+        """lpm: the overdue waiting sequence that has waited longest (None under fcfs)."""
+        if self.config.policy != "lpm" or not self.waiting:
+            return None
+        return oldest_overdue(self.waiting, self.step, self.config.max_wait_steps)
 
     def _admit_within(self, seq: SeqState, reserve_pages: int) -> int | None:
         """Lease `seq`'s cached prefix if its prompt then fits beside `reserve_pages`;
@@ -258,12 +344,13 @@ class Scheduler:
                 aged = _aged_score(s, cached, step)
                 best, first = groups.get(key, (aged, s.request.arrival_time))
                 groups[key] = (max(best, aged), min(first, s.request.arrival_time))
-        ahead = self._overdue_first(looked)
+        ahead = overdue_first(looked, step, self.config.max_wait_steps,
+                              self.config.token_budget)
         scored = []
         for s, cached in looked:
             arrival = s.request.arrival_time
             if id(s) in ahead:      # overdue within the share: oldest first
-                key: tuple = (0, arrival, s.index)
+                key: tuple = (0, *wait_order(s))
             else:
                 aged, first = groups.get(s.params.cache_key,
                                          (_aged_score(s, cached, step), arrival))
@@ -271,22 +358,6 @@ class Scheduler:
             scored.append((key, s, cached))
         scored.sort(key=lambda item: item[0])
         return [(s, cached) for _, s, cached in scored]
-
-    def _overdue_first(self, looked: list[tuple[SeqState, int]]) -> set[int]:
-        """Ids of the overdue sequences ordered before all others this step: the oldest,
-        while their prefill work fits in OVERDUE_BUDGET_SHARE of the token budget."""
-        cap = self.config.max_wait_steps
-        overdue = sorted((item for item in looked
-                          if self.step - item[0].request.arrival_step >= cap),
-                         key=lambda item: (item[0].request.arrival_time, item[0].index))
-        room = OVERDUE_BUDGET_SHARE * self.config.token_budget
-        ahead: set[int] = set()
-        for s, cached in overdue:
-            if ahead and room <= 0:
-                break
-            ahead.add(id(s))
-            room -= len(s.token_ids) - cached
-        return ahead
 
     def _shares_prefix_in_flight(self, seq: SeqState, cached: int | None) -> bool:
         """True when a running sequence is computing the very prefix `seq` would compute.

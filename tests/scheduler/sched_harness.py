@@ -29,6 +29,7 @@ class StepRecord:
     generated_before: dict[SeqState, int]
     remaining_before: dict[SeqState, int]
     waiting_after: list[SeqState]
+    waiting_before: list[SeqState]
 
     def new_lens(self, seq: SeqState) -> list[int]:
         return [n for s, n in zip(self.plan.seqs, self.plan.new_lens) if s is seq]
@@ -90,7 +91,8 @@ class Bench:
 
     def step(self) -> StepRecord:
         sched = self.scheduler
-        waiting_before = set(sched.waiting)
+        waiting_before = list(sched.waiting)
+        was_waiting = set(waiting_before)
         running_before = list(sched.running)
         generated_before = {s: s.num_generated for s in running_before}
         remaining_before = {s: s.remaining for s in running_before}
@@ -99,10 +101,11 @@ class Bench:
             self.core.complete(plan, self.runner.execute(plan.batch))
         record = StepRecord(
             step=sched.step, plan=plan,
-            admitted=[s for s in plan.seqs if s in waiting_before],
+            admitted=[s for s in plan.seqs if s in was_waiting],
             preempted=[s for s in running_before if s.status is SeqStatus.WAITING],
             running_before=running_before, generated_before=generated_before,
-            remaining_before=remaining_before, waiting_after=list(sched.waiting))
+            remaining_before=remaining_before, waiting_after=list(sched.waiting),
+            waiting_before=waiting_before)
         self.history.append(record)
         self.check()
         return record

@@ -12,7 +12,8 @@ import random
 import pytest
 
 from radixserve.engine.scheduler import (AGING_TOKENS_PER_STEP, DECODE_RESERVE_TOKENS,
-                                         LPM_QUEUE_LIMIT, OVERDUE_BUDGET_SHARE)
+                                         LPM_QUEUE_LIMIT)
+from radixserve.engine.wait_bound import OVERDUE_BUDGET_SHARE, PREEMPT_AFTER_BOUNDS
 from sched_harness import Bench, random_prompt
 
 MARK = 1    # a token random_prompt never draws (it draws from 3 up)
@@ -137,6 +138,7 @@ def test_admission_keeps_a_decode_reserve_for_running_sequences(over_by, admitte
     bench.submit(random_prompt(rng, b_pages * 16 - DECODE_RESERVE_TOKENS), request_id="b")
     step = bench.step()
     assert ("b" in ids(step.admitted)) is admitted
+    assert step.plan.admission_stop == ("" if admitted else "memory")
     assert ids(step.plan.seqs).count("a") == 1      # a decodes either way
     bench.run()
 
@@ -343,4 +345,75 @@ def test_lpm_admits_a_prompt_cache_key_group_together(key, order):
     bench.submit(random_prompt(rng, 40), request_id="r2", max_tokens=1, cache_key=key)
     bench.submit(short_prefix + random_prompt(rng, 4), request_id="r3", max_tokens=1)
     assert ids(bench.step().plan.seqs) == order       # admitted in this order, in one step
+    bench.run()
+
+
+@pytest.mark.parametrize("held_by", ["running cap", "memory"])
+@pytest.mark.parametrize("cap", [8, None])
+def test_a_stream_of_hits_cannot_delay_a_cold_request_past_its_bound(held_by, cap):
+    """Hits (1,024 cached tokens, 40 to generate) arrive with a cold 512-token prompt, then
+    one a step, and are admitted ahead of it until the running cap, or memory, is full.
+    With the bound, the cold one goes first from `cap` steps after its arrival (nothing
+    else is admitted: what frees up is kept for it), and PREEMPT_AFTER_BOUNDS x `cap` steps
+    after its arrival the youngest hits are preempted to make room (their KV stays cached;
+    they finish later with all their tokens). Without the bound (aging only), the cold one
+    waits for running hits to finish."""
+    rng = random.Random(21)
+    # (the bench, hits arriving with the cold one)
+    sizes, burst = {"running cap": (dict(max_running=3), 3),
+                    "memory": (dict(max_running=64, num_pages=1024 + 512 + 16 * 8 + 200), 16),
+                    }[held_by]
+    bench = Bench(**sizes)
+    bench.scheduler.config.max_wait_steps = cap or 10**9
+    shared = random_prompt(rng, 1024)
+    cache_prefix(bench, shared)
+    arrival = bench.scheduler.step
+    cold = bench.submit(random_prompt(rng, 512), request_id="cold", max_tokens=1)
+    admitted_at, hot, stops = None, [], set()
+    for i in range(PREEMPT_AFTER_BOUNDS * 8 + 8):
+        for j in range(burst if i == 0 else 1):
+            hot.append(bench.submit(shared + random_prompt(rng, 4), request_id=f"hot{i}.{j}",
+                                    max_tokens=40))
+        record = bench.step()
+        stops.add(record.plan.admission_stop)
+        if cap and record.step - arrival >= cap:      # overdue: admission waits behind it
+            assert ids(record.admitted) in ([], ["cold"])
+        if "cold" in ids(record.admitted):
+            admitted_at = record.step
+            victims = record.preempted
+            break
+    if cap is None:
+        assert admitted_at is None and held_by in stops   # still waiting
+    else:
+        assert admitted_at == arrival + PREEMPT_AFTER_BOUNDS * cap
+        assert held_by in stops                 # the hits did fill the slots / the memory
+        assert victims and all(v.request.arrival_time > cold.arrival_time for v in victims)
+    bench.run()
+    assert bench.final("cold").usage.completion_tokens == 1
+    for request in hot:                         # the preempted hits lost no token
+        assert bench.final(request.request_id).usage.completion_tokens == 40
+
+
+def test_an_overdue_request_gets_its_budget_share_beside_a_long_prefill():
+    """A 1,000-token prompt takes the whole 64-token budget every step. A 40-token prompt
+    arriving behind it is admitted when it becomes overdue, with the share of the budget
+    the long prefill then leaves (16 tokens), and keeps that share until its prompt is
+    done: its first token comes in the third step from its bound, not after the long prompt."""
+    rng = random.Random(22)
+    cap, budget = 4, 64
+    share = int(OVERDUE_BUDGET_SHARE * budget)
+    bench = Bench(token_budget=budget)
+    bench.scheduler.config.max_wait_steps = cap
+    long, = bench.submit(random_prompt(rng, 1000), request_id="long", max_tokens=1).sequences
+    bench.step()
+    arrival = bench.scheduler.step
+    cold, = bench.submit(random_prompt(rng, 40), request_id="cold", max_tokens=1).sequences
+    records = [bench.step() for _ in range(cap + 2)]
+    assert all(r.new_lens(cold) == [] and r.plan.admission_stop == "budget"
+               for r in records[:cap - 1])
+    assert [r.new_lens(cold) for r in records[cap - 1:]] == [[share], [share], [8]]
+    assert [r.new_lens(long)[0] for r in records[cap - 1:]] == [
+        budget - share, budget - share, budget - 8]
+    assert records[cap - 1].step == arrival + cap
+    assert bench.finished("cold") and not bench.finished("long")
     bench.run()
