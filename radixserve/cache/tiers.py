@@ -159,6 +159,10 @@ class DiskPlaces(Protocol):
         """Whether some page of this (pool/host) node has no file on disk, written or
         queued (False for a node that cannot be journaled: nothing to do)."""
 
+    def spare(self, kept: Sequence[int], n: int) -> list[int]:
+        """Up to `n` kept copies (disk slots, oldest first) that can go without leaving
+        another disk page without the prefix it needs after a crash."""
+
 
 class ReadPending(Exception):
     """The match continues on disk and its pages are being read off the tree's thread:
@@ -389,9 +393,9 @@ class LowerTiers:
         a = self.alloc[tier]
         if tier == DISK:
             self.collect_io()       # written pages may go; orphaned slots come back
-            if a.num_free < n and self.kept:    # redundant copies go first
-                self._drop_kept(list(self.kept)[:n - a.num_free])
         while a.num_free < n:
+            if tier == DISK and self._drop_spare_kept(n - a.num_free):
+                continue            # redundant copies go first
             progress = False
             for victim in self._victims(tier):
                 if victim.tier == tier and self._push_down(victim):
@@ -401,6 +405,16 @@ class LowerTiers:
             if not progress:
                 return False
         return True
+
+    def _drop_spare_kept(self, n: int) -> bool:
+        """Drop up to `n` kept copies, oldest first (a copy another disk page needs as its
+        prefix only after that page: `places.spare`); False when none could go."""
+        if not self.kept:
+            return False
+        spare = (self.places.spare(list(self.kept), n) if self.places is not None
+                 else list(self.kept)[:n])
+        self._drop_kept(spare)
+        return bool(spare)
 
     def _victims(self, tier: Tier) -> list[TreeNode]:
         """Nodes of `tier` that may leave it, first to go first: unlocked, not waiting for
@@ -437,7 +451,7 @@ class LowerTiers:
     def _drop(self, node: TreeNode) -> None:
         """Remove a childless lower node from the tree; its ids are freed."""
         self.counters[node.tier].dropped_tokens += node.num_tokens
-        self.release(node)
+        self._free_node(node)
         self.tree.drop_lower(node)
 
     def _place(self, node: TreeNode, tier: Tier, ids: np.ndarray) -> None:
@@ -637,14 +651,21 @@ class LowerTiers:
 
     # ------------------------------------------------------------------ release
     def release(self, node: TreeNode) -> None:
-        """A lower node leaves its tier (into the pool, dropped or flushed): free its ids."""
-        tier = node.tier
-        del self.nodes[tier][node.id]
-        if tier == DISK and self._keeping:      # loaded: its files stay as copies
+        """TierHooks: a lower node moves into the pool (loaded, or recomputed by an
+        insert). A disk node's files stay as kept copies when it was loaded, and always
+        with a journaled disk tier (`places`): its disk descendants need them as their
+        prefix to be restored after a crash."""
+        if node.tier == DISK and (self._keeping or self.places is not None):
+            del self.nodes[DISK][node.id]
             self.kept.update(dict.fromkeys(self.local(DISK, node.pages).tolist(),
                                            node.namespace))
             return
-        self._release_ids(tier, node.pages)
+        self._free_node(node)
+
+    def _free_node(self, node: TreeNode) -> None:
+        """A lower node leaves its tier (dropped or flushed): free its ids."""
+        del self.nodes[node.tier][node.id]
+        self._release_ids(node.tier, node.pages)
 
     def _release_ids(self, tier: Tier, ids: np.ndarray) -> None:
         if tier == DISK and (self.pending_writes or self.reading):
@@ -680,7 +701,7 @@ class LowerTiers:
         self._drop_kept([s for s, ns in self.kept.items() if ns in flushed or ns not in live])
         for node in nodes:
             if node.tier != POOL:
-                self.release(node)
+                self._free_node(node)
 
     def added(self, node: TreeNode) -> None:
         """A split made a new lower node (the upper part of an edge)."""
