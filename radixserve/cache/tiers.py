@@ -57,13 +57,14 @@ reads of a load):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .page_allocator import PageAllocator
+from .tier_queue import TierQueue
 from .tier_types import Move, Tier
 
 if TYPE_CHECKING:
@@ -159,6 +160,10 @@ class DiskPlaces(Protocol):
         """Whether some page of this (pool/host) node has no file on disk, written or
         queued (False for a node that cannot be journaled: nothing to do)."""
 
+    def touched(self, slots: list[int], last_access: int) -> None:
+        """These disk slots' pages moved into the pool (their files stay) at the tree's
+        clock `last_access`: the journal records their recency."""
+
     def spare(self, kept: Sequence[int], n: int) -> list[int]:
         """Up to `n` kept copies (disk slots, oldest first) that can go without leaving
         another disk page without the prefix it needs after a crash."""
@@ -226,6 +231,8 @@ class LowerTiers:
         self.offset = {HOST: pool_pages, DISK: pool_pages + host_pages}
         self.alloc = {HOST: PageAllocator(host_pages), DISK: PageAllocator(disk_pages)}
         self.nodes: dict[int, dict[int, TreeNode]] = {HOST: {}, DISK: {}}   # by node id
+        # The same nodes in eviction order (policy key, then id), re-keyed as they change.
+        self.queues = {HOST: TierQueue(tree.policy), DISK: TierQueue(tree.policy)}
         self.pending_writes: set[int] = set()   # disk ids whose write is not durable yet
         self.orphaned: set[int] = set()         # pending disk ids whose node left the tree
         self.writer: WriteResults | None = None     # None: writes run inside the orders
@@ -397,11 +404,15 @@ class LowerTiers:
             if tier == DISK and self._drop_spare_kept(n - a.num_free):
                 continue            # redundant copies go first
             progress = False
-            for victim in self._victims(tier):
-                if victim.tier == tier and self._push_down(victim):
-                    progress = True
-                    if a.num_free >= n:
-                        return True
+            victims = self._victims(tier)
+            try:
+                for victim in victims:
+                    if victim.tier == tier and self._push_down(victim):
+                        progress = True
+                        if a.num_free >= n:
+                            return True
+            finally:
+                victims.close()         # the nodes it read and that stay are queued again
             if not progress:
                 return False
         return True
@@ -416,16 +427,20 @@ class LowerTiers:
         self._drop_kept(spare)
         return bool(spare)
 
-    def _victims(self, tier: Tier) -> list[TreeNode]:
+    def _victims(self, tier: Tier) -> Iterator[TreeNode]:
         """Nodes of `tier` that may leave it, first to go first: unlocked, not waiting for
         their disk write, and with no child in this tier (the pool and host parts of the
-        tree stay prefix-closed)."""
-        policy = self.tree.policy
-        ready = [n for n in self.nodes[tier].values()
-                 if n.lock_ref == 0 and not self._pending(n)
-                 and all(c.tier > tier for c in n.children.values())]
-        ready.sort(key=lambda n: (policy.key(n), n.id))
-        return ready
+        tree stay prefix-closed). Read from the tier's queue for one pass of making room:
+        a node whose last child in the tier leaves during the pass waits for the next
+        one, as when each pass sorted the tier's nodes that could go at its start."""
+        opened: set[int] = set()        # parents of this pass's victims
+        for node in self.queues[tier].in_order(lambda n: n.id in self.nodes[tier]):
+            if node.id in opened or node.lock_ref or self._pending(node) or \
+                    any(c.tier <= tier for c in node.children.values()):
+                continue
+            if node.parent is not None and node.parent.tier == tier:
+                opened.add(node.parent.id)
+            yield node
 
     def _push_down(self, node: TreeNode) -> bool:
         tier = node.tier
@@ -438,7 +453,7 @@ class LowerTiers:
             self._drop(node)
             return True
         src = node.pages
-        del self.nodes[tier][node.id]
+        self._unlist(node)
         self._release_ids(tier, src)
         self._place(node, DISK, dst)
         self.tree.tier_changed(node, tier)
@@ -457,7 +472,7 @@ class LowerTiers:
     def _place(self, node: TreeNode, tier: Tier, ids: np.ndarray) -> None:
         node.pages = ids
         node.tier = tier
-        self.nodes[tier][node.id] = node
+        self._list(node)
         if tier == DISK:
             self.pending_writes.update(ids.tolist())
             if self.places is not None:
@@ -656,15 +671,17 @@ class LowerTiers:
         with a journaled disk tier (`places`): its disk descendants need them as their
         prefix to be restored after a crash."""
         if node.tier == DISK and (self._keeping or self.places is not None):
-            del self.nodes[DISK][node.id]
-            self.kept.update(dict.fromkeys(self.local(DISK, node.pages).tolist(),
-                                           node.namespace))
+            self._unlist(node)
+            slots = self.local(DISK, node.pages).tolist()
+            self.kept.update(dict.fromkeys(slots, node.namespace))
+            if self.places is not None:
+                self.places.touched(slots, node.last_access)
             return
         self._free_node(node)
 
     def _free_node(self, node: TreeNode) -> None:
         """A lower node leaves its tier (dropped or flushed): free its ids."""
-        del self.nodes[node.tier][node.id]
+        self._unlist(node)
         self._release_ids(node.tier, node.pages)
 
     def _release_ids(self, tier: Tier, ids: np.ndarray) -> None:
@@ -705,7 +722,19 @@ class LowerTiers:
 
     def added(self, node: TreeNode) -> None:
         """A split made a new lower node (the upper part of an edge)."""
+        self._list(node)
+
+    def rekey(self, node: TreeNode) -> None:
+        """TierHooks: what a lower node's policy key reads changed (touched, split)."""
+        self.queues[node.tier].rekey(node)
+
+    def _list(self, node: TreeNode) -> None:
         self.nodes[node.tier][node.id] = node
+        self.queues[node.tier].add(node)
+
+    def _unlist(self, node: TreeNode) -> None:
+        del self.nodes[node.tier][node.id]
+        self.queues[node.tier].discard(node)
 
     def _count_in(self, tier: Tier, tokens: int) -> None:
         flow = self.counters[tier]
@@ -727,6 +756,10 @@ class LowerTiers:
             name = tier.label
             assert found[tier].keys() == self.nodes[tier].keys(), \
                 f"{name}: registry {sorted(self.nodes[tier])} != tree {sorted(found[tier])}"
+            policy = self.tree.policy
+            queued = self.queues[tier].entries()
+            assert queued == {i: policy.key(n) for i, n in found[tier].items()}, \
+                f"{name}: the eviction queue is not the tier's nodes under their keys now"
             a = self.alloc[tier]
             held = [self.local(tier, n.pages) for n in found[tier].values()]
             if tier == DISK:
