@@ -56,6 +56,9 @@ class DiskPlaces:
                                                node.last_access))
             parent = hashes[i]
 
+    def touched(self, slots: list[int], last_access: int) -> None:
+        self.disk.touched(slots, last_access)
+
     def spare(self, kept: Sequence[int], n: int) -> list[int]:
         """Up to `n` of the `kept` slots (oldest first) that can be dropped, in an order
         that never drops a page another remaining disk page continues: a copy needed as a

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from .disk_store import DiskPageStore
-from .journal import PageAdded, PagePlace
+from .journal import PageAdded, PagePlace, PagesTouched
 
 __all__ = ["TierPages"]
 
@@ -55,6 +55,13 @@ class TierPages:
             self.store.journal_append(PageAdded(key, serial, place.path_hash,
                                                 place.parent_hash, place.namespace,
                                                 place.token_ids, place.last_access))
+
+    def touched(self, slots: list[int], last_access: int) -> None:
+        """These slots' pages moved into the pool at the tree's clock `last_access`
+        (their files stay): journaled, so a restart ranks them by it."""
+        keys = [k for k in map(self._key.get, slots) if k is not None]
+        if keys:
+            self.store.journal_append(PagesTouched(keys, last_access))
 
     def describe(self, slot: int, place: PagePlace | None) -> None:
         """Where the page about to be written into `slot` sits in the tree (tree thread,
