@@ -151,8 +151,11 @@ def batch_job(url: str, rng: random.Random, tally: Tally, lines: int = 4) -> Non
     statuses: list[int | None] = [None] * lines
 
     def send(i: int) -> None:
-        statuses[i] = http.post(url + "/v1/chat/completions", json=bodies[i],
-                                timeout=300).status
+        try:
+            statuses[i] = http.post(url + "/v1/chat/completions", json=bodies[i],
+                                    timeout=300).status
+        except OSError as e:        # a hang (no answer in 300 s) or a dropped connection:
+            tally.fail(f"batch job: {type(e).__name__}: {e}")   # not lost in the thread
 
     started = time.monotonic()
     senders = [threading.Thread(target=send, args=(i,)) for i in range(lines)]
