@@ -231,8 +231,10 @@ class LowerTiers:
         self.offset = {HOST: pool_pages, DISK: pool_pages + host_pages}
         self.alloc = {HOST: PageAllocator(host_pages), DISK: PageAllocator(disk_pages)}
         self.nodes: dict[int, dict[int, TreeNode]] = {HOST: {}, DISK: {}}   # by node id
-        # The same nodes in eviction order (policy key, then id), re-keyed as they change.
-        self.queues = {HOST: TierQueue(tree.policy), DISK: TierQueue(tree.policy)}
+        # The same nodes in eviction order (policy key, then id), re-keyed as they change;
+        # None: the policy's key is not stable (eviction.py), the tiers sort instead.
+        self.queues = {HOST: TierQueue(tree.policy), DISK: TierQueue(tree.policy)} \
+            if getattr(tree.policy, "key_is_stable", True) else None
         self.pending_writes: set[int] = set()   # disk ids whose write is not durable yet
         self.orphaned: set[int] = set()         # pending disk ids whose node left the tree
         self.writer: WriteResults | None = None     # None: writes run inside the orders
@@ -351,16 +353,18 @@ class LowerTiers:
         src = leaf.pages
         self._place(leaf, tier, dst)
         self.tree.leave_pool(leaf)
+        if tier == DISK:
+            self._copy_ancestors(leaf)      # queued first: written before the leaf's pages
         self._moves.append(DemoteOrder(POOL, src, tier, self.local(tier, dst)))
         self._count_in(tier, leaf.num_tokens)
-        if tier == DISK:
-            self._copy_ancestors(leaf)
         return True
 
     def _copy_ancestors(self, node: TreeNode) -> None:
         """A disk page can only be restored after a crash if every page before it is on
         disk too: the pool/host ancestors of a node just sent to disk that have no disk
-        copy yet get one (kept copies: they stay where they are)."""
+        copy yet get one (kept copies: they stay where they are). Called before the node's
+        own order is queued, so the writer (in order) writes a prefix before what
+        continues it, and a crash between the two never leaves a page without its prefix."""
         if self.places is None:
             return
         todo = []
@@ -432,7 +436,16 @@ class LowerTiers:
         their disk write, and with no child in this tier (the pool and host parts of the
         tree stay prefix-closed). Read from the tier's queue for one pass of making room:
         a node whose last child in the tier leaves during the pass waits for the next
-        one, as when each pass sorted the tier's nodes that could go at its start."""
+        one, as when each pass sorted the tier's nodes that could go at its start (which
+        it still does for a policy whose key is not stable: `queues` None)."""
+        if self.queues is None:
+            policy = self.tree.policy
+            ready = [n for n in self.nodes[tier].values()
+                     if n.lock_ref == 0 and not self._pending(n)
+                     and all(c.tier > tier for c in n.children.values())]
+            ready.sort(key=lambda n: (policy.key(n), n.id))
+            yield from ready
+            return
         opened: set[int] = set()        # parents of this pass's victims
         for node in self.queues[tier].in_order(lambda n: n.id in self.nodes[tier]):
             if node.id in opened or node.lock_ref or self._pending(node) or \
@@ -457,6 +470,7 @@ class LowerTiers:
         self._release_ids(tier, src)
         self._place(node, DISK, dst)
         self.tree.tier_changed(node, tier)
+        self._copy_ancestors(node)          # queued first: written before its pages
         self._moves.append(DemoteOrder(tier, self.local(tier, src), DISK,
                                        self.local(DISK, dst)))
         self._count_out(tier, node.num_tokens)
@@ -726,15 +740,18 @@ class LowerTiers:
 
     def rekey(self, node: TreeNode) -> None:
         """TierHooks: what a lower node's policy key reads changed (touched, split)."""
-        self.queues[node.tier].rekey(node)
+        if self.queues is not None:
+            self.queues[node.tier].rekey(node)
 
     def _list(self, node: TreeNode) -> None:
         self.nodes[node.tier][node.id] = node
-        self.queues[node.tier].add(node)
+        if self.queues is not None:
+            self.queues[node.tier].add(node)
 
     def _unlist(self, node: TreeNode) -> None:
         del self.nodes[node.tier][node.id]
-        self.queues[node.tier].discard(node)
+        if self.queues is not None:
+            self.queues[node.tier].discard(node)
 
     def _count_in(self, tier: Tier, tokens: int) -> None:
         flow = self.counters[tier]
@@ -756,10 +773,11 @@ class LowerTiers:
             name = tier.label
             assert found[tier].keys() == self.nodes[tier].keys(), \
                 f"{name}: registry {sorted(self.nodes[tier])} != tree {sorted(found[tier])}"
-            policy = self.tree.policy
-            queued = self.queues[tier].entries()
-            assert queued == {i: policy.key(n) for i, n in found[tier].items()}, \
-                f"{name}: the eviction queue is not the tier's nodes under their keys now"
+            if self.queues is not None:
+                policy = self.tree.policy
+                queued = self.queues[tier].entries()
+                assert queued == {i: policy.key(n) for i, n in found[tier].items()}, \
+                    f"{name}: the eviction queue is not the tier's nodes under their keys now"
             a = self.alloc[tier]
             held = [self.local(tier, n.pages) for n in found[tier].values()]
             if tier == DISK:
