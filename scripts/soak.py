@@ -212,7 +212,9 @@ def wait_idle(url: str, timeout_s: float = 300.0) -> None:
                 and stats["pool"]["pages_private"] == 0:
             return
         time.sleep(0.1)
-    raise RuntimeError("the server did not go idle")
+    raise RuntimeError(f"the server did not go idle in {timeout_s:g} s: requests "
+                       f"{stats['requests']}, pool {stats['pool']}, tiers "
+                       f"{stats.get('tiers')}")
 
 
 def idle_counts(url: str, pid: int, at_most: tuple[int, int] | None = None,
