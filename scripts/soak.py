@@ -151,8 +151,11 @@ def batch_job(url: str, rng: random.Random, tally: Tally, lines: int = 4) -> Non
     statuses: list[int | None] = [None] * lines
 
     def send(i: int) -> None:
-        statuses[i] = http.post(url + "/v1/chat/completions", json=bodies[i],
-                                timeout=300).status
+        try:
+            statuses[i] = http.post(url + "/v1/chat/completions", json=bodies[i],
+                                    timeout=300).status
+        except OSError as e:        # a hang (no answer in 300 s) or a dropped connection:
+            tally.fail(f"batch job: {type(e).__name__}: {e}")   # not lost in the thread
 
     started = time.monotonic()
     senders = [threading.Thread(target=send, args=(i,)) for i in range(lines)]
@@ -209,7 +212,9 @@ def wait_idle(url: str, timeout_s: float = 300.0) -> None:
                 and stats["pool"]["pages_private"] == 0:
             return
         time.sleep(0.1)
-    raise RuntimeError("the server did not go idle")
+    raise RuntimeError(f"the server did not go idle in {timeout_s:g} s: requests "
+                       f"{stats['requests']}, pool {stats['pool']}, tiers "
+                       f"{stats.get('tiers')}")
 
 
 def idle_counts(url: str, pid: int, at_most: tuple[int, int] | None = None,

@@ -102,6 +102,7 @@ class AdaptivePolicy(EvictionPolicy):
     """Per-class reuse odds, learned online, stretch or shrink LRU's lifetime."""
 
     name = "adaptive"
+    key_is_stable = False  # key() learns (trials, its clock) each time it is asked
     tokens_per_key = 1.0   # the replay's block mode sets it: a tree key there is not a token
 
     def __init__(self, window: int = 1024, explore: int = 8, admission: bool = True,

@@ -44,6 +44,11 @@ class EvictionPolicy(ABC):
     # Does `key` read the edge's length (num_tokens, depth, key)? If not, trimming a
     # leaf's tail on eviction cannot move it in the queue, and the cache skips the re-key.
     key_reads_size: bool = True
+    # Is `key` a plain function of the node's fields, changing only when the tree touches,
+    # splits or trims the node? Then the lower tiers keep their nodes in a queue
+    # (cache/tier_queue.py); if not (it learns as it is asked, or reads the clock of an
+    # offline replay), they sort their nodes with fresh keys each time they make room.
+    key_is_stable: bool = True
 
     @abstractmethod
     def key(self, node: TreeNode) -> Any:

@@ -543,6 +543,8 @@ class RadixCache:
             node.last_access = clock
             if hit:
                 node.hit_count += 1
+            if node.tier is not _POOL:      # a host/disk node: its tier's queue re-sorts it
+                self.tiers.rekey(node)
             node = node.parent
 
     def _holds_prefix(self, node: TreeNode, pages: np.ndarray, namespace: str | None) -> bool:
@@ -961,6 +963,7 @@ class RadixCache:
             self.observer.split(upper, child)
         if upper.tier != _POOL:
             self.tiers.added(upper)
+            self.tiers.rekey(child)         # shorter now
         if child.evict_key is not None:
             self._rekey(child)
         return upper
@@ -993,6 +996,9 @@ class PoolOnly:
         raise AssertionError(f"{node} outside the pool of a tree without lower tiers")
 
     def release(self, node: TreeNode) -> None:
+        raise AssertionError(f"{node} outside the pool of a tree without lower tiers")
+
+    def rekey(self, node: TreeNode) -> None:
         raise AssertionError(f"{node} outside the pool of a tree without lower tiers")
 
     def forget(self, nodes: Sequence[TreeNode]) -> None:

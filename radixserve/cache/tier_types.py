@@ -107,6 +107,10 @@ class TierHooks(Protocol):
     def release(self, node: TreeNode) -> None:
         """A node outside the pool leaves its tier (into the pool, dropped or flushed)."""
 
+    def rekey(self, node: TreeNode) -> None:
+        """What a node outside the pool's policy key reads changed (a match or insert
+        touched it, a split shortened it): its tier's eviction order follows."""
+
     def forget(self, nodes: Sequence[TreeNode]) -> None:
         """Flushed nodes: those outside the pool give their slots back."""
 

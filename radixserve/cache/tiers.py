@@ -57,13 +57,14 @@ reads of a load):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .page_allocator import PageAllocator
+from .tier_queue import TierQueue
 from .tier_types import Move, Tier
 
 if TYPE_CHECKING:
@@ -159,6 +160,14 @@ class DiskPlaces(Protocol):
         """Whether some page of this (pool/host) node has no file on disk, written or
         queued (False for a node that cannot be journaled: nothing to do)."""
 
+    def touched(self, slots: list[int], last_access: int) -> None:
+        """These disk slots' pages moved into the pool (their files stay) at the tree's
+        clock `last_access`: the journal records their recency."""
+
+    def spare(self, kept: Sequence[int], n: int) -> list[int]:
+        """Up to `n` kept copies (disk slots, oldest first) that can go without leaving
+        another disk page without the prefix it needs after a crash."""
+
 
 class ReadPending(Exception):
     """The match continues on disk and its pages are being read off the tree's thread:
@@ -222,6 +231,10 @@ class LowerTiers:
         self.offset = {HOST: pool_pages, DISK: pool_pages + host_pages}
         self.alloc = {HOST: PageAllocator(host_pages), DISK: PageAllocator(disk_pages)}
         self.nodes: dict[int, dict[int, TreeNode]] = {HOST: {}, DISK: {}}   # by node id
+        # The same nodes in eviction order (policy key, then id), re-keyed as they change;
+        # None: the policy's key is not stable (eviction.py), the tiers sort instead.
+        self.queues = {HOST: TierQueue(tree.policy), DISK: TierQueue(tree.policy)} \
+            if getattr(tree.policy, "key_is_stable", True) else None
         self.pending_writes: set[int] = set()   # disk ids whose write is not durable yet
         self.orphaned: set[int] = set()         # pending disk ids whose node left the tree
         self.writer: WriteResults | None = None     # None: writes run inside the orders
@@ -340,16 +353,18 @@ class LowerTiers:
         src = leaf.pages
         self._place(leaf, tier, dst)
         self.tree.leave_pool(leaf)
+        if tier == DISK:
+            self._copy_ancestors(leaf)      # queued first: written before the leaf's pages
         self._moves.append(DemoteOrder(POOL, src, tier, self.local(tier, dst)))
         self._count_in(tier, leaf.num_tokens)
-        if tier == DISK:
-            self._copy_ancestors(leaf)
         return True
 
     def _copy_ancestors(self, node: TreeNode) -> None:
         """A disk page can only be restored after a crash if every page before it is on
         disk too: the pool/host ancestors of a node just sent to disk that have no disk
-        copy yet get one (kept copies: they stay where they are)."""
+        copy yet get one (kept copies: they stay where they are). Called before the node's
+        own order is queued, so the writer (in order) writes a prefix before what
+        continues it, and a crash between the two never leaves a page without its prefix."""
         if self.places is None:
             return
         todo = []
@@ -389,29 +404,56 @@ class LowerTiers:
         a = self.alloc[tier]
         if tier == DISK:
             self.collect_io()       # written pages may go; orphaned slots come back
-            if a.num_free < n and self.kept:    # redundant copies go first
-                self._drop_kept(list(self.kept)[:n - a.num_free])
         while a.num_free < n:
+            if tier == DISK and self._drop_spare_kept(n - a.num_free):
+                continue            # redundant copies go first
             progress = False
-            for victim in self._victims(tier):
-                if victim.tier == tier and self._push_down(victim):
-                    progress = True
-                    if a.num_free >= n:
-                        return True
+            victims = self._victims(tier)
+            try:
+                for victim in victims:
+                    if victim.tier == tier and self._push_down(victim):
+                        progress = True
+                        if a.num_free >= n:
+                            return True
+            finally:
+                victims.close()         # the nodes it read and that stay are queued again
             if not progress:
                 return False
         return True
 
-    def _victims(self, tier: Tier) -> list[TreeNode]:
+    def _drop_spare_kept(self, n: int) -> bool:
+        """Drop up to `n` kept copies, oldest first (a copy another disk page needs as its
+        prefix only after that page: `places.spare`); False when none could go."""
+        if not self.kept:
+            return False
+        spare = (self.places.spare(list(self.kept), n) if self.places is not None
+                 else list(self.kept)[:n])
+        self._drop_kept(spare)
+        return bool(spare)
+
+    def _victims(self, tier: Tier) -> Iterator[TreeNode]:
         """Nodes of `tier` that may leave it, first to go first: unlocked, not waiting for
         their disk write, and with no child in this tier (the pool and host parts of the
-        tree stay prefix-closed)."""
-        policy = self.tree.policy
-        ready = [n for n in self.nodes[tier].values()
-                 if n.lock_ref == 0 and not self._pending(n)
-                 and all(c.tier > tier for c in n.children.values())]
-        ready.sort(key=lambda n: (policy.key(n), n.id))
-        return ready
+        tree stay prefix-closed). Read from the tier's queue for one pass of making room:
+        a node whose last child in the tier leaves during the pass waits for the next
+        one, as when each pass sorted the tier's nodes that could go at its start (which
+        it still does for a policy whose key is not stable: `queues` None)."""
+        if self.queues is None:
+            policy = self.tree.policy
+            ready = [n for n in self.nodes[tier].values()
+                     if n.lock_ref == 0 and not self._pending(n)
+                     and all(c.tier > tier for c in n.children.values())]
+            ready.sort(key=lambda n: (policy.key(n), n.id))
+            yield from ready
+            return
+        opened: set[int] = set()        # parents of this pass's victims
+        for node in self.queues[tier].in_order(lambda n: n.id in self.nodes[tier]):
+            if node.id in opened or node.lock_ref or self._pending(node) or \
+                    any(c.tier <= tier for c in node.children.values()):
+                continue
+            if node.parent is not None and node.parent.tier == tier:
+                opened.add(node.parent.id)
+            yield node
 
     def _push_down(self, node: TreeNode) -> bool:
         tier = node.tier
@@ -424,10 +466,11 @@ class LowerTiers:
             self._drop(node)
             return True
         src = node.pages
-        del self.nodes[tier][node.id]
+        self._unlist(node)
         self._release_ids(tier, src)
         self._place(node, DISK, dst)
         self.tree.tier_changed(node, tier)
+        self._copy_ancestors(node)          # queued first: written before its pages
         self._moves.append(DemoteOrder(tier, self.local(tier, src), DISK,
                                        self.local(DISK, dst)))
         self._count_out(tier, node.num_tokens)
@@ -437,13 +480,13 @@ class LowerTiers:
     def _drop(self, node: TreeNode) -> None:
         """Remove a childless lower node from the tree; its ids are freed."""
         self.counters[node.tier].dropped_tokens += node.num_tokens
-        self.release(node)
+        self._free_node(node)
         self.tree.drop_lower(node)
 
     def _place(self, node: TreeNode, tier: Tier, ids: np.ndarray) -> None:
         node.pages = ids
         node.tier = tier
-        self.nodes[tier][node.id] = node
+        self._list(node)
         if tier == DISK:
             self.pending_writes.update(ids.tolist())
             if self.places is not None:
@@ -637,14 +680,23 @@ class LowerTiers:
 
     # ------------------------------------------------------------------ release
     def release(self, node: TreeNode) -> None:
-        """A lower node leaves its tier (into the pool, dropped or flushed): free its ids."""
-        tier = node.tier
-        del self.nodes[tier][node.id]
-        if tier == DISK and self._keeping:      # loaded: its files stay as copies
-            self.kept.update(dict.fromkeys(self.local(DISK, node.pages).tolist(),
-                                           node.namespace))
+        """TierHooks: a lower node moves into the pool (loaded, or recomputed by an
+        insert). A disk node's files stay as kept copies when it was loaded, and always
+        with a journaled disk tier (`places`): its disk descendants need them as their
+        prefix to be restored after a crash."""
+        if node.tier == DISK and (self._keeping or self.places is not None):
+            self._unlist(node)
+            slots = self.local(DISK, node.pages).tolist()
+            self.kept.update(dict.fromkeys(slots, node.namespace))
+            if self.places is not None:
+                self.places.touched(slots, node.last_access)
             return
-        self._release_ids(tier, node.pages)
+        self._free_node(node)
+
+    def _free_node(self, node: TreeNode) -> None:
+        """A lower node leaves its tier (dropped or flushed): free its ids."""
+        self._unlist(node)
+        self._release_ids(node.tier, node.pages)
 
     def _release_ids(self, tier: Tier, ids: np.ndarray) -> None:
         if tier == DISK and (self.pending_writes or self.reading):
@@ -680,11 +732,26 @@ class LowerTiers:
         self._drop_kept([s for s, ns in self.kept.items() if ns in flushed or ns not in live])
         for node in nodes:
             if node.tier != POOL:
-                self.release(node)
+                self._free_node(node)
 
     def added(self, node: TreeNode) -> None:
         """A split made a new lower node (the upper part of an edge)."""
+        self._list(node)
+
+    def rekey(self, node: TreeNode) -> None:
+        """TierHooks: what a lower node's policy key reads changed (touched, split)."""
+        if self.queues is not None:
+            self.queues[node.tier].rekey(node)
+
+    def _list(self, node: TreeNode) -> None:
         self.nodes[node.tier][node.id] = node
+        if self.queues is not None:
+            self.queues[node.tier].add(node)
+
+    def _unlist(self, node: TreeNode) -> None:
+        del self.nodes[node.tier][node.id]
+        if self.queues is not None:
+            self.queues[node.tier].discard(node)
 
     def _count_in(self, tier: Tier, tokens: int) -> None:
         flow = self.counters[tier]
@@ -706,6 +773,11 @@ class LowerTiers:
             name = tier.label
             assert found[tier].keys() == self.nodes[tier].keys(), \
                 f"{name}: registry {sorted(self.nodes[tier])} != tree {sorted(found[tier])}"
+            if self.queues is not None:
+                policy = self.tree.policy
+                queued = self.queues[tier].entries()
+                assert queued == {i: policy.key(n) for i, n in found[tier].items()}, \
+                    f"{name}: the eviction queue is not the tier's nodes under their keys now"
             a = self.alloc[tier]
             held = [self.local(tier, n.pages) for n in found[tier].values()]
             if tier == DISK:

@@ -6,9 +6,15 @@ this computes the page's path hash, its predecessor's, and its tokens
 (cache/path_hash.py), and hands them to the disk tier (storage/tier_pages.py:
 `describe`), which appends them to the journal once the file is complete. One walk up the
 tree per demoted node: O(depth) hashing, on the thread that owns the tree.
+
+It also orders the kept copies (the inclusive tier's files of pages now in the pool) the
+disk tier drops to make room (`spare`): a copy that another disk page continues is the
+prefix that page needs to be restored after a crash, so it goes only after that page.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from radixserve.cache.path_hash import node_page_hashes
 from radixserve.cache.token_keys import ITEM_BYTES, unpack
@@ -49,3 +55,24 @@ class DiskPlaces:
                                                unpack(key[i * step:(i + 1) * step]),
                                                node.last_access))
             parent = hashes[i]
+
+    def touched(self, slots: list[int], last_access: int) -> None:
+        self.disk.touched(slots, last_access)
+
+    def spare(self, kept: Sequence[int], n: int) -> list[int]:
+        """Up to `n` of the `kept` slots (oldest first) that can be dropped, in an order
+        that never drops a page another remaining disk page continues: a copy needed as a
+        prefix is skipped, and once its last continuation is chosen it follows (a kept
+        run goes tail first)."""
+        keeping = set(kept)
+        out: list[int] = []
+        gone: set[int] = set()
+        for slot in kept:
+            while slot is not None and len(out) < n and slot not in gone \
+                    and not self.disk.needed(slot, gone):
+                out.append(slot)
+                gone.add(slot)
+                slot = next((p for p in self.disk.parent_slots(slot) if p in keeping), None)
+            if len(out) >= n:
+                break
+        return out

@@ -122,6 +122,7 @@ class BeladyPolicy(EvictionPolicy):
     """
 
     name = "belady"
+    key_is_stable = False               # it reads the replay's clock (`set_now`)
     evicts_pages_one_at_a_time = True   # the replay gives it a PageAtATimeMemory
 
     def __init__(self, index: NextUseIndex, next_use: Callable[[int, int], int]):

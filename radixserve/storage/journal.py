@@ -11,7 +11,10 @@ splits never matter and a record's parent is found whichever file holds it:
 - `PageAdded`: a page file is complete (written, fsynced, renamed): its key and write
   serial, its path hash, the previous page's (None: the first page of its namespace), its
   namespace and tokens;
-- `PagesDropped`: these page files are gone (the disk tier evicted or dropped them).
+- `PagesDropped`: these page files are gone (the disk tier evicted or dropped them);
+- `PagesTouched`: these pages moved from disk into the pool (loaded, or recomputed over)
+  at the tree's clock `last_access`; their files stay (the tier is inclusive), and a
+  restart ranks them by that recency, not by the one they were written with.
 
 Every append goes to the file at once (a `kill -9` loses nothing the kernel has), and the
 file is fsynced in batches every `sync_ms` by a thread (0: at each append), after the pages
@@ -38,7 +41,7 @@ from .atomic_files import fsync_dir, fsync_file
 from .crash_points import CrashPoints
 from .disk_faults import DiskFaults
 
-__all__ = ["PageAdded", "PagesDropped", "PagePlace", "Record", "DiskJournal", "JournalRead",
+__all__ = ["PageAdded", "PagesDropped", "PagesTouched", "PagePlace", "Record", "DiskJournal", "JournalRead",
            "read_journal", "journal_files", "JOURNAL_DIR"]
 
 log = logging.getLogger(__name__)
@@ -64,7 +67,12 @@ class PagesDropped(msgspec.Struct, tag="drop", array_like=True):
     keys: list[int]
 
 
-Record = PageAdded | PagesDropped
+class PagesTouched(msgspec.Struct, tag="touch", array_like=True):
+    keys: list[int]
+    last_access: int
+
+
+Record = PageAdded | PagesDropped | PagesTouched
 
 
 class PagePlace(msgspec.Struct, frozen=True):

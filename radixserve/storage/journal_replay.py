@@ -3,7 +3,7 @@
 Both are turned into one map of pages by path hash: the index's nodes (their
 `page_hashes`, parents first) and then each record in order (`PageAdded` puts a page at its
 hash, replacing an older file for the same path; `PagesDropped` removes the pages of those
-files). The pages are then regrouped into index nodes: a page hangs from the page whose
+files; `PagesTouched` raises their recency). The pages are then regrouped into index nodes: a page hangs from the page whose
 hash is its `parent_hash`, a page with no parent starts its namespace, a run of pages with
 one child each is one node. A page whose parent is not on disk cannot be restored (its
 prefix is unknown): it is left out, and its file removed like any page no index names.
@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
-from .journal import PageAdded, PagesDropped, Record
+from .journal import PageAdded, PagesDropped, PagesTouched, Record
 from .store_index import IndexNode, StoreIndex
 
 __all__ = ["replay"]
@@ -49,6 +49,12 @@ def replay(index: StoreIndex, records: Iterable[Record], page_size: int) -> Stor
                 h = by_key.pop(key, None)
                 if h is not None:
                     del pages[h]
+        elif isinstance(record, PagesTouched):
+            for key in record.keys:
+                h = by_key.get(key)
+                if h is not None:
+                    page = pages[h]
+                    page.last_access = max(page.last_access, record.last_access)
     nodes = _regroup(pages)
     named = {k for n in nodes for k in n.page_keys}
     serials = {p.key: p.serial for p in pages.values()

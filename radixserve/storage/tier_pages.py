@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from .disk_store import DiskPageStore
-from .journal import PageAdded, PagePlace
+from .journal import PageAdded, PagePlace, PagesTouched
 
 __all__ = ["TierPages"]
 
@@ -38,6 +38,7 @@ class TierPages:
         self._held: list[int] | None = None     # keys dropped while a save holds drops
         self._places: dict[int, PagePlace] = {} # slot -> where its page sits in the tree
         self._by_hash: dict[bytes, set[int]] = {}   # path hash -> slots described with it
+        self._by_parent: dict[bytes, set[int]] = {}  # parent hash -> slots continuing it
 
     def write_page(self, slot: int, payload: bytes) -> None:
         """Store the slot's page under a new key (DiskStoreFull etc.: the slot reads as
@@ -55,6 +56,13 @@ class TierPages:
                                                 place.parent_hash, place.namespace,
                                                 place.token_ids, place.last_access))
 
+    def touched(self, slots: list[int], last_access: int) -> None:
+        """These slots' pages moved into the pool at the tree's clock `last_access`
+        (their files stay): journaled, so a restart ranks them by it."""
+        keys = [k for k in map(self._key.get, slots) if k is not None]
+        if keys:
+            self.store.journal_append(PagesTouched(keys, last_access))
+
     def describe(self, slot: int, place: PagePlace | None) -> None:
         """Where the page about to be written into `slot` sits in the tree (tree thread,
         before its write is queued); None: not known, the page is not journaled."""
@@ -63,15 +71,36 @@ class TierPages:
             if place is not None:
                 self._places[slot] = place
                 self._by_hash.setdefault(place.path_hash, set()).add(slot)
+                if place.parent_hash is not None:
+                    self._by_parent.setdefault(place.parent_hash, set()).add(slot)
 
     def _forget_place(self, slot: int) -> None:
         old = self._places.pop(slot, None)
         if old is not None:
-            same = self._by_hash.get(old.path_hash)
-            if same is not None:
-                same.discard(slot)
-                if not same:
-                    del self._by_hash[old.path_hash]
+            _discard(self._by_hash, old.path_hash, slot)
+            if old.parent_hash is not None:
+                _discard(self._by_parent, old.parent_hash, slot)
+
+    def needed(self, slot: int, gone: set[int]) -> bool:
+        """Whether dropping `slot` would leave another disk page (written or queued, not
+        in `gone`) without its prefix on disk, so unrestorable after a crash: some page
+        continues its path and no other written file holds the same page."""
+        with self._lock:
+            place = self._places.get(slot)
+            if place is None:
+                return False
+            if all(s in gone for s in self._by_parent.get(place.path_hash, ())):
+                return False
+            return not any(s != slot and s not in gone and s in self._key
+                           for s in self._by_hash.get(place.path_hash, ()))
+
+    def parent_slots(self, slot: int) -> list[int]:
+        """The slots holding (or about to hold) the page before this slot's page."""
+        with self._lock:
+            place = self._places.get(slot)
+            if place is None or place.parent_hash is None:
+                return []
+            return list(self._by_hash.get(place.parent_hash, ()))
 
     def has_hash(self, path_hash: bytes) -> bool:
         """Whether some slot holds (or is about to hold) the page of this path."""
@@ -128,3 +157,11 @@ class TierPages:
 
     def close(self) -> None:
         """Nothing of its own: the store is closed by its owner (the persistence)."""
+
+
+def _discard(by: dict[bytes, set[int]], key: bytes, slot: int) -> None:
+    same = by.get(key)
+    if same is not None:
+        same.discard(slot)
+        if not same:
+            del by[key]

@@ -116,3 +116,37 @@ def test_a_restored_disk_node_is_matched_and_loaded():
     lease.release()
     tree.check_invariants()
     mem.check_conservation()
+
+
+def test_the_tier_queue_reads_victims_in_the_order_a_sort_of_the_tier_gives():
+    """LowerTiers keeps each tier's nodes in a heap (cache/tier_queue.py) instead of
+    sorting the tier each time it makes room: its victims must be those a sort of the
+    tier's nodes that may leave gives, in that order, after touches and splits."""
+    tree, mem, tiers, store = tiered(num_pages=8, host=0, disk=64)
+    prompts = [[p * 100 + t for t in range(6)] for p in range(6)]
+    for p in prompts:                               # branches sharing nothing
+        cache(mem, p)
+        cache(mem, p + [p[0] + 50, p[0] + 51])      # a child below each: not a victim
+    mem.free(tree.evict(tree.evictable_tokens))    # the rest of the pool goes down too
+    run(tiers, store)
+    for p in prompts[::2]:                          # touch some leaves, split some edges
+        tree.match_prefix(p + [p[0] + 50, p[0] + 51, 7])
+    for p in prompts[1::2]:
+        tree.match_prefix(p[:4] + [7])
+    run(tiers, store)
+
+    def by_sort():
+        may_go = [n for n in tiers.nodes[DISK].values() if n.lock_ref == 0
+                  and not tiers._pending(n) and all(c.tier > DISK for c in n.children.values())]
+        return sorted(may_go, key=lambda n: (tree.policy.key(n), n.id))
+
+    assert len(tiers.nodes[DISK]) >= 6 and len(by_sort()) >= 4, len(by_sort())
+    assert list(tiers._victims(DISK)) == by_sort()
+    tiers.check()                                   # every node queued again, keys current
+    victims = tiers._victims(DISK)
+    first = next(victims)
+    tiers._push_down(first)                         # dropped: its parent waits a pass
+    rest = list(victims)
+    assert first.parent is None or first.parent not in rest
+    tree.check_invariants()
+    assert list(tiers._victims(DISK)) == by_sort()

@@ -11,6 +11,7 @@ from engine_helpers import collect, make_engine, wait_idle
 from test_engine_tiers import GREEDY, pool_for, uncached  # noqa: F401  (a fixture)
 
 from radixserve.cache.tiers import DISK
+from radixserve.storage.journal import PagesTouched, journal_files, read_journal
 
 PAGE = 16
 
@@ -63,6 +64,12 @@ def test_pages_demoted_after_the_last_save_survive_a_crash_and_loads_keep_copies
             kept = [tiers.disk.key_of(s) for s in tiers.kept]
             assert kept and None not in kept              # loaded, and still on disk
             assert set(kept) <= set(second.persistence.store.page_keys())
+            store = second.persistence.store              # the load's recency, journaled
+            store.journal.sync()
+            touched = {k for _, path in journal_files(store.journal.directory)
+                       for r in read_journal(path).records if isinstance(r, PagesTouched)
+                       for k in r.keys}
+            assert set(kept) & touched, (kept, touched)   # the loaded ones (not ancestor copies)
             report = await second.persistence.save()      # the save takes them over
             assert report.pages_kept >= len(kept) and not tiers.kept
             second.check_invariants()

@@ -1,10 +1,9 @@
 """`radixserve serve --kv-disk-dir` as a subprocess: the cache survives a restart (SIGTERM
 saves it, the next start restores it: the system prompt hits on the first request), a
 flipped byte in a page file is recomputed (the reply equals the uncached one in fp32, the
-corrupt-page counter is 1), a directory written with another page size is left untouched
-(one line says why), and a `kill -9` at seeded random moments of a save always leaves a
-directory the next start restores consistently (the last complete save at least) and serves
-correctly from.
+corrupt-page counter is 1), and a directory written with another page size is left untouched
+(one line says why). `kill -9` at each named crash point (mid save included: its page
+writes and its compaction) is in test_kv_disk_crash.py, on a tiny model.
 
 Every wait is on an event: a line the server prints, a reply, page files appearing.
 """
@@ -13,13 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -144,62 +140,3 @@ def test_another_page_size_leaves_the_directory_untouched(tmp_path):
     finally:
         other.kill()
     assert snapshot(kv) == before
-
-
-def kill_mid_save(server: Server, kv: Path, new_pages: int) -> None:
-    """POST /cache/save and SIGKILL the server once `new_pages` more page files exist (or
-    once the save answered, when it wrote fewer)."""
-    pages_dir = kv / "pages"
-    before = {p.name for p in pages_dir.glob("*.page")}
-    answered = threading.Event()
-
-    def save():
-        try:
-            http.post(server.url + "/cache/save", json={}, timeout=300)
-        except OSError:
-            pass                                   # killed mid-request
-        answered.set()
-
-    thread = threading.Thread(target=save)
-    thread.start()
-    while not answered.is_set():
-        now = {p.name for p in pages_dir.glob("*.page")}
-        if len(now - before) >= new_pages:
-            break
-        time.sleep(0.002)                          # poll interval, not a guessed duration
-    server.proc.send_signal(signal.SIGKILL)
-    server.proc.wait()
-    thread.join(300)
-
-
-@pytest.mark.timeout(1800)          # four server starts on a loaded 2-core machine
-def test_kill_9_mid_save_then_serve_correctly(tmp_path):
-    kv = tmp_path / "kv"
-    rng = random.Random(12)
-    questions = ["Is the pool open in winter?", "Can I bring a dog?"]
-    expected: dict[str, str] = {}
-    for attempt in range(3):
-        server = Server(kv)
-        try:
-            for q in questions:
-                reply, _ = server.ask(q)
-                expected.setdefault(q, reply)      # the first server's: nothing restored
-                assert reply == expected[q]        # correct after every earlier kill
-            if attempt:                            # a complete save came before the kill
-                assert server.restored > 0
-            saved = http.post(server.url + "/cache/save", json={}, timeout=300).json()
-            assert saved["saved"] and saved["complete"] and saved["nodes"] > 0
-            server.ask(questions[0], system=SYSTEM + f" Shift {attempt}.")  # pages to save
-            assert server.stats()["kv_disk"]["corrupt_pages"] == 0
-            kill_mid_save(server, kv, rng.randint(1, 30))
-        finally:
-            server.kill()
-    last = Server(kv)
-    try:
-        assert last.restored > 0
-        for q in questions:
-            assert last.ask(q)[0] == expected[q]
-        assert last.stats()["kv_disk"]["corrupt_pages"] == 0
-        last.stop()
-    finally:
-        last.kill()

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from radixserve.storage import DiskPageStore
-from radixserve.storage.journal import (PageAdded, PagesDropped, journal_files,
-                                        read_journal)
+from radixserve.storage.journal import (PageAdded, PagesDropped, PagesTouched,
+                                        journal_files, read_journal)
 from radixserve.storage.journal_replay import replay
 from radixserve.storage.store_index import INDEX_VERSION, StoreIndex
 
@@ -47,6 +47,20 @@ def test_replay_hangs_pages_from_the_index_and_drops_by_file():
     out = replay(index, records[:3], 4)                 # with the branch
     assert [(n.parent_id, n.page_keys) for n in out.nodes] == \
         [(None, [1, 2]), (1, [3, 4]), (1, [5])]
+
+
+def test_a_page_moved_into_the_pool_keeps_its_recency_across_a_restart():
+    """A `PagesTouched` record (a load) raises the page's recency, so the restored node
+    is ranked by its last use, not by when it was written; a touch of a page no longer on
+    disk is ignored."""
+    base = node(1, None, [1, 2])
+    base.page_hashes = [b"h1", b"h2"]
+    index = StoreIndex(INDEX_VERSION, fingerprint(), [base], {1: 11, 2: 12})
+    records = [added(3, b"h3", b"h1", 3),               # a branch at h1: two nodes below
+               PagesTouched([2], 50), PagesTouched([3, 9], 70), PagesTouched([2], 40)]
+    out = replay(index, records, 4)
+    assert [(n.page_keys, n.last_access) for n in out.nodes] == \
+        [([1], 0), ([2], 50), ([3], 70)]
 
 
 def test_a_torn_tail_is_cut_with_one_warning_and_the_rest_replayed(tmp_path, caplog):
