@@ -56,6 +56,8 @@ QUESTIONS = ["When is breakfast?", "Is there parking?", "Can I bring a dog?", "W
 FAST_HOSTILE = ("nested arrays (10,000 levels)", "5 MB prompt", "invalid UTF-8", "n 1000",
                 "max_tokens 10^9", "10,000 stop strings", "text/plain body", "no content type")
 WARMUP_FRACTION = 0.25
+# the kinds of action --every-kind waits for (flush, pin and unpin are side actions)
+EVERY_KIND = ("chat", "completion", "stream", "batch", "hostile")
 
 
 @dataclass
@@ -79,6 +81,11 @@ class Tally:
     def fail(self, what: str) -> None:
         with self.lock:
             self.errors.append(what)
+
+    def kinds(self) -> set[str]:
+        """The kinds of action that have answered at least once."""
+        with self.lock:
+            return {key.split(":")[0] for key in self.statuses}
 
 
 def start_server(args: argparse.Namespace, disk_dir: str) -> tuple[subprocess.Popen, str]:
@@ -261,7 +268,15 @@ def run(args: argparse.Namespace) -> dict:
             end = t0 + args.duration_s
             go.set()
             baseline = None
-            while (now := time.monotonic()) < end:
+            # --every-kind: past the duration, go on until each kind of action has
+            # answered (a busy machine runs fewer actions in the same seconds); a kind
+            # still missing an hour later is a hang.
+            needed = set(EVERY_KIND) if args.every_kind else set()
+            while (now := time.monotonic()) < end or not needed <= tally.kinds():
+                if now > end + 3600:
+                    tally.fail(f"no answer of kinds {sorted(needed - tally.kinds())} in "
+                               f"an hour past the duration")
+                    break
                 if baseline is None and now >= warm_until:
                     go.clear()
                     baseline = idle_counts(url, proc.pid)     # workers finish their action
@@ -316,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--every-kind", action="store_true",
+                    help="run past the duration until every kind of action has answered")
     args = ap.parse_args(argv)
     summary = run(args)
     print(f"soak: {summary['requests']} requests in {args.duration_s:g} s, p50 "
