@@ -172,7 +172,8 @@ async def prepare_chat(req: P.ChatCompletionRequest, prompts: PromptBuilder,
     toolset = parse_tools(req.tools) if req.tools else None
     choice = parse_tool_choice(req.tool_choice, toolset)
     check_history(req.messages)
-    if choice.forces_call:
+    if choice.forces_call or (choice.mode == "auto" and response_format_spec(
+            req.response_format) is None):
         spec, field = call_grammar(toolset, choice, req.parallel_tool_calls), "tools"
     else:
         spec, field = response_format_spec(req.response_format), "response_format"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -157,18 +158,49 @@ def test_arguments_stream_as_generated_and_equal_the_whole_parse():
     assert _replay(list(unknown)) == (unknown, {})
 
 
-def test_fifty_tool_required_grammar_compiles_and_accepts_two_calls():
+@pytest.fixture(scope="module")
+def compiler():
     from radixserve.engine.grammar_cache import GrammarCompiler
     from radixserve.model.tokenizer_loader import load_tokenizer
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
-    tools = [{"type": "function", "function": {"name": f"t{i:02d}", "parameters": {
-        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
-        for i in range(50)]
-    grammar = GrammarCompiler(tokenizer).compile_blocking(
-        call_grammar(parse_tools(tools), ToolChoice("required"), parallel=True))
-    matcher = grammar.matcher()
-    text = ('<tool_call>\n{"name": "t07", "arguments": {"q": "a"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "t49", "arguments": {"q": "b"}}\n</tool_call>')
-    assert all(matcher.accept(t) for t in tokenizer.hf.encode(text, add_special_tokens=False))
-    assert matcher.ll.is_accepting()
-    matcher.release()
+    compiler = GrammarCompiler(load_tokenizer("smollm2-135m-instruct"))
+    yield compiler
+    compiler.close()
+
+
+FIFTY = [{"type": "function", "function": {"name": f"t{i:02d}", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+    for i in range(50)]
+TWO_OF_FIFTY = ('<tool_call>\n{"name": "t07", "arguments": {"q": "a"}}\n</tool_call>\n'
+                '<tool_call>\n{"name": "t49", "arguments": {"q": "b"}}\n</tool_call>')
+
+
+def _accepts(compiler, spec, text: str) -> bool:
+    """The grammar takes `text` whole and may end there; its matcher let go after."""
+    matcher = compiler.compile_blocking(spec).matcher()
+    try:
+        ids = compiler.tokenizer.hf.encode(text, add_special_tokens=False)
+        return all(matcher.accept(t) for t in ids) and matcher.ll.is_accepting()
+    finally:
+        matcher.release()
+
+
+def test_fifty_tool_required_grammar_compiles_and_accepts_two_calls(compiler):
+    spec = call_grammar(parse_tools(FIFTY), ToolChoice("required"), parallel=True)
+    assert _accepts(compiler, spec, TWO_OF_FIFTY)
+    assert not _accepts(compiler, spec, "Sure, no call.")
+
+
+def test_auto_grammar_allows_text_or_well_formed_calls(compiler):
+    """tool_choice auto is constrained: free text, text then calls, or calls; never a
+    malformed call or one of an unknown tool."""
+    tools = parse_tools(FIFTY)
+    auto = call_grammar(tools, ToolChoice("auto"), parallel=True)
+    assert _accepts(compiler, auto, "There is no need for a tool here. a < b > c.")
+    assert _accepts(compiler, auto, TWO_OF_FIFTY)
+    assert _accepts(compiler, auto, "Let me look.\n" + TWO_OF_FIFTY)
+    for bad in ('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>',
+                '<tool_call>\n{"name": "t07", "arguments": {"x": 1}}\n</tool_call>',
+                '<tool_call>\n{"name": "t07"}\n</tool_call>'):
+        assert not _accepts(compiler, auto, bad)
+    single = call_grammar(tools, ToolChoice("auto"), parallel=False)
+    assert not _accepts(compiler, single, TWO_OF_FIFTY)
