@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from radixserve.engine.grammar import Grammar, GrammarError, GrammarSpec
-from radixserve.engine.grammar_cache import GrammarCompiler, GrammarTimeout
+from radixserve.engine.grammar_cache import GrammarCompiler, GrammarTimeout, compiler_for
 from radixserve.server import protocol as P
 from radixserve.server.errors import bad_request
 from radixserve.server.tools import JSON_STYLE, ToolChoice, ToolSet
@@ -31,19 +30,8 @@ class ToolOutput:
 
 
 def grammar_compiler(engine: Any) -> GrammarCompiler:
-    """The server's compiler: on disk in --grammar-cache-dir, else beside the weights cache."""
-    config = engine.config
-    cache_dir = None
-    if not getattr(config, "no_grammar_cache", False):
-        configured = getattr(config, "grammar_cache_dir", None)
-        if configured:
-            cache_dir = Path(configured).expanduser()
-        else:
-            from radixserve.model.weights_cache import default_cache_dir
-            base = getattr(config, "weights_cache_dir", None)
-            cache_dir = (Path(base).expanduser() if base else default_cache_dir()) / "grammars"
-    return GrammarCompiler(engine.tokenizer, cache_dir,
-                           timeout_s=getattr(config, "grammar_compile_timeout_s", 10.0))
+    """The server's compiler (engine/grammar_cache.py's `compiler_for` its config)."""
+    return compiler_for(engine.tokenizer, engine.config)
 
 
 def response_format_spec(rf: P.ResponseFormat | None) -> GrammarSpec | None:

@@ -283,9 +283,18 @@ def test_grammar_cache_and_metrics(server):
     again = GrammarCompiler(server.engine.tokenizer, grammars.cache_dir)
     again.compile_blocking(spec)
     assert again.stats.disk_hits == 1 and again.stats.misses == 0
+    again.close()
+    # ...and with a prewarm, builds nothing on a request's path: a memory hit
+    restarted = GrammarCompiler(server.engine.tokenizer, grammars.cache_dir)
+    assert restarted.prewarm(64).result() >= 1
+    restarted.compile_blocking(spec)
+    assert restarted.stats.memory_hits == 1 and restarted.stats.compiles == 0
+    assert restarted.stats.disk_hits == restarted.stats.misses == 0
+    restarted.close()
     text = http.get(server.url + "/metrics").text
     for name in ("radixserve_grammar_compile_seconds_total", "radixserve_grammar_cache_hits_total",
-                 "radixserve_grammar_cache_misses_total", "radixserve_grammar_mask_seconds_total"):
+                 "radixserve_grammar_cache_misses_total", "radixserve_grammar_mask_seconds_total",
+                 "radixserve_grammar_prewarmed_total"):
         assert name in text
 
 
