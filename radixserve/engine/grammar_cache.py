@@ -85,8 +85,10 @@ class GrammarCompiler:
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._tokenizer_id: str | None = None
         self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="radixserve-grammar")
+        self._closed = False
 
     def close(self) -> None:
+        self._closed = True                 # a running prewarm stops at its next entry
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the library's view of the tokenizer (built once, ~0.4 s) ---------------------
@@ -113,15 +115,20 @@ class GrammarCompiler:
 
     def prewarm(self, limit: int) -> Future:
         """Build the tokenizer and the `limit` most recently used disk entries' matchers
-        into memory, on the grammar threads (the caller does not wait)."""
+        into memory, on the grammar threads (the caller does not wait). `limit` 0: the
+        tokenizer alone."""
         return self._pool.submit(self._prewarm, limit)
 
     def _prewarm(self, limit: int) -> int:
+        """Nothing when the disk cache is empty (a first start pays nothing extra)."""
         started = time.perf_counter()
+        entries = self._recent_entries()
+        if limit > 0 and not entries:
+            return 0
         tokenizer, tokenizer_id = self._tokenizer()
         loaded = 0
-        for path in self._recent_entries():
-            if loaded >= min(limit, self.memory_entries):
+        for path in entries:
+            if loaded >= min(limit, self.memory_entries) or self._closed:
                 break
             key = path.stem
             with self._lock:
@@ -153,11 +160,15 @@ class GrammarCompiler:
 
     # -- compiling ---------------------------------------------------------------------
 
-    async def compile(self, spec: GrammarSpec) -> Grammar:
+    async def compile(self, spec: GrammarSpec, capped: bool = True) -> Grammar:
         """The grammar for `spec`, from memory, disk or a fresh compile on the grammar
-        threads; GrammarError when refused, GrammarTimeout past the cap."""
+        threads; GrammarError when refused, GrammarTimeout past the cap. `capped=False`:
+        a grammar already compiled under the cap by another process (a replica's, whose
+        first compile also builds the tokenizer) is waited for."""
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._pool, self.compile_blocking, spec)
+        if not capped:
+            return await future
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except asyncio.TimeoutError:
