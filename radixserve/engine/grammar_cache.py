@@ -127,7 +127,7 @@ class GrammarCompiler:
             return 0
         tokenizer, tokenizer_id = self._tokenizer()
         loaded = 0
-        for path in entries:
+        for path in entries[:4 * limit]:    # other models' entries share the directory
             if loaded >= min(limit, self.memory_entries) or self._closed:
                 break
             key = path.stem
