@@ -14,7 +14,7 @@ from radixserve.engine.grammar import Grammar, GrammarError, GrammarSpec
 from radixserve.engine.grammar_cache import GrammarCompiler, GrammarTimeout, compiler_for
 from radixserve.server import protocol as P
 from radixserve.server.errors import bad_request
-from radixserve.server.tools import JSON_STYLE, ToolChoice, ToolSet
+from radixserve.server.tools import JSON_STYLE, ToolChoice, ToolSet, call_grammar
 
 
 @dataclass(frozen=True)
@@ -91,3 +91,19 @@ async def compile_for(compiler: GrammarCompiler, spec: GrammarSpec, field: str) 
         where = f"{field} ({exc.keyword!r} is not supported)" if exc.keyword else field
         raise bad_request(field, f"{where}: the grammar was refused: {exc}",
                           "unsupported_schema" if exc.keyword else "invalid_grammar") from None
+
+
+async def auto_call_grammar(compiler: GrammarCompiler, toolset: ToolSet, choice: ToolChoice,
+                            parallel: bool) -> Grammar | None:
+    """`tool_choice: "auto"`: constrained to free text or well-formed calls when the library
+    takes every tool's schema. When it refuses one (or the compile passes the cap) and no
+    tool is `strict`, the output is left free and parsed, as before: OpenAI accepts any
+    schema for a non-strict tool. With a strict tool the refusal is the 400 of a forced
+    call."""
+    spec = call_grammar(toolset, choice, parallel)
+    if any(t.strict for t in toolset.tools):
+        return await compile_for(compiler, spec, "tools")
+    try:
+        return await compiler.compile(spec)
+    except GrammarError:
+        return None

@@ -204,3 +204,25 @@ def test_auto_grammar_allows_text_or_well_formed_calls(compiler):
         assert not _accepts(compiler, auto, bad)
     single = call_grammar(tools, ToolChoice("auto"), parallel=False)
     assert not _accepts(compiler, single, TWO_OF_FIFTY)
+
+
+def test_auto_with_a_schema_the_library_refuses(compiler):
+    """auto leaves the output free (parsed) when a non-strict tool's schema is refused, as
+    OpenAI accepts any schema there; a strict tool makes the refusal a 400 naming tools."""
+    import asyncio
+
+    from radixserve.server.structured import auto_call_grammar
+    tool = {"type": "function", "function": {"name": "tags", "parameters": {
+        "type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}}}
+    loose = parse_tools([tool])
+    assert asyncio.run(auto_call_grammar(compiler, loose, ToolChoice("auto"), False)) is None
+    strict = parse_tools([{**tool, "function": {**tool["function"], "strict": True}}])
+    try:
+        asyncio.run(auto_call_grammar(compiler, strict, ToolChoice("auto"), False))
+    except ApiError as exc:
+        assert exc.status == 400 and exc.param == "tools" and "uniqueItems" in exc.message
+    else:
+        raise AssertionError("a strict tool's refused schema must be a 400")
+    ok = asyncio.run(auto_call_grammar(compiler, parse_tools(FIFTY[:2]), ToolChoice("auto"),
+                                       False))
+    assert ok is not None
