@@ -19,6 +19,7 @@ each bounded by a timeout so a slow replica cannot stall the endpoint). A tenant
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass, field, fields
@@ -146,9 +147,12 @@ class RayEngineClient:
         unfinished = set(range(params.n))
         streamed = False
         attempt = 0
+        grammar = params.grammar.spec if params.grammar is not None else None
+        if grammar is not None:             # the replica compiles its own from the spec
+            params = dataclasses.replace(params, grammar=None)
         while True:
             response = self.handle.options(stream=True).generate.remote(
-                route, prompt_ids, params, namespace, request_id)
+                route, prompt_ids, params, namespace, request_id, grammar)
             self._live[request_id] = response
             try:
                 async for out in response:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.grammar import GrammarSpec
+from radixserve.engine.grammar_cache import compiler_for
 from radixserve.engine.outputs import EngineStats, RequestOutput
 from radixserve.engine.sampling_params import SamplingParams
 
@@ -89,6 +91,7 @@ class EngineReplica:
                                    device=engine_config.device)
         engine_config = per_replica_events(engine_config)
         self.engine = Engine(engine_config, loaded)
+        self.grammars = compiler_for(self.engine.tokenizer, engine_config)
         self.digests = DigestMaker(self.engine.tree, block_tokens)
         self.routing_stats_delay_s = routing_stats_delay_s     # tests: a slow replica
         self._start_lock: asyncio.Lock | None = None
@@ -104,8 +107,16 @@ class EngineReplica:
         return serve.get_replica_context().replica_id.unique_id
 
     async def generate(self, route: RouteInfo, prompt_ids: list[int], params: SamplingParams,
-                       namespace: str | None, request_id: str) -> AsyncIterator[RequestOutput]:
+                       namespace: str | None, request_id: str,
+                       grammar: GrammarSpec | None = None) -> AsyncIterator[RequestOutput]:
+        """`grammar`: the request's constraint, sent as its spec (a compiled grammar does
+        not cross processes) and compiled here: a memory or disk-cache hit, since the
+        front end compiled it first, under the cap (and refused it with a 400 if it had
+        to), so it is not capped again here."""
         await self._ready()
+        if grammar is not None:
+            params = dataclasses.replace(params, grammar=await self.grammars.compile(
+                grammar, capped=False))
         stream = self.engine.generate(prompt_ids, params, namespace=namespace,
                                       request_id=request_id)
         async with aclosing(stream):

@@ -14,6 +14,7 @@ from radixserve.units import parse_bytes, parse_tokens
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_KV_DISK_BYTES = 16 * 2**30
+DEFAULT_GRAMMAR_PREWARM = 32      # `serve --grammar-prewarm`: grammars rebuilt at start
 
 
 @dataclass
@@ -64,6 +65,9 @@ class EngineConfig:
     grammar_cache_dir: str | None = None    # None: <cache dir>/grammars
     no_grammar_cache: bool = False          # keep compiled grammars in memory only
     grammar_compile_timeout_s: float = 10.0
+    # matchers rebuilt at start from the most recently used disk entries (0: none; the
+    # `serve` flag's default is DEFAULT_GRAMMAR_PREWARM, tests and embedders opt in)
+    grammar_prewarm: int = 0
     lpm_max_wait_steps: int = 16         # lpm: waiting this many steps puts a request first
     # KV cache events on vLLM's ZeroMQ contract, for external routers (llm-d, Dynamo):
     # radixserve/events, docs/scale-out.md. None: no events.
@@ -166,6 +170,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar-compile-timeout-s", type=float, default=None,
                    help=f"a grammar that takes longer to compile gets a 400 (default "
                         f"{d.grammar_compile_timeout_s:g})")
+    g.add_argument("--grammar-prewarm", type=int, default=DEFAULT_GRAMMAR_PREWARM,
+                   metavar="N",
+                   help=f"at start, rebuild the N most recently used grammars of the disk "
+                        f"cache in the background, so the first requests after a restart "
+                        f"compile nothing (default {DEFAULT_GRAMMAR_PREWARM}; 0: off)")
     e = parser.add_argument_group("KV cache events (vLLM's contract; docs/scale-out.md)")
     e.add_argument("--kv-events", default=None, metavar="ENDPOINT",
                    help="publish KV cache events on this ZeroMQ PUB endpoint, e.g. "

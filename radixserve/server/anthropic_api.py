@@ -22,7 +22,8 @@ from radixserve.server.openai_serving import Renderer, run_on_engine
 from radixserve.server.prompts import Prepared, prepare_chat
 from radixserve.server.sse import NamedEvent, stream_events
 from radixserve.server.state import STATE, caller, json_response
-from radixserve.server.tool_parser import ToolCallStream, parse_calls
+from radixserve.server.tool_parser import (ArgumentsDelta, CallDone, CallStarted, Event, Text,
+                                          ToolCall, ToolCallStream, parse_calls)
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
@@ -31,7 +32,8 @@ class MessageBuilder:
     """One message's outputs, rendered as Anthropic's body or its stream events.
 
     With tools, the text goes through a ToolCallStream: a text block opens at the first
-    text, each finished call is a tool_use block (anthropic_tools.py), in order."""
+    text, each call is a tool_use block (anthropic_tools.py) streamed as it is generated, in
+    order."""
 
     def __init__(self, model: str, prepared: Prepared, placed: list[B.PlacedBreakpoint],
                  tokenizer: TokenizerClient):
@@ -49,6 +51,7 @@ class MessageBuilder:
         self.tool_stream = ToolCallStream(tools.names) if tools is not None else None
         self.blocks = 0                 # streamed content blocks so far
         self.text_block: int | None = None  # the open text block's index (streaming)
+        self.call_blocks: list[int] = []    # each streamed call's block index
         self._content: list[dict[str, Any]] | None = None
 
     def add(self, out: RequestOutput) -> None:
@@ -126,13 +129,13 @@ class MessageBuilder:
             if out.text:
                 events += self._text_delta(out.text)
         else:
-            text, calls = self.tool_stream.feed(out.text, out.finished)
-            if text:
-                if self.text_block is None:
-                    events += self._open_text()
-                events += self._text_delta(text)
-            for call in calls:
-                events += self._close_text() + self._tool_use_events(call)
+            for event in self.tool_stream.feed(out.text, out.finished):
+                if isinstance(event, Text):
+                    if self.text_block is None:
+                        events += self._open_text()
+                    events += self._text_delta(event.text)
+                else:
+                    events += self._tool_use_events(event)
         if out.finished and (err := Renderer.failure(out)) is not None:
             events.append(NamedEvent("error", {"type": "error", "error": {
                 "type": err.type, "message": err.message}}))
@@ -156,17 +159,23 @@ class MessageBuilder:
         index, self.text_block = self.text_block, None
         return [NamedEvent("content_block_stop", {"type": "content_block_stop", "index": index})]
 
-    def _tool_use_events(self, call) -> list[NamedEvent]:
-        """A finished call as Anthropic streams a tool_use block."""
-        block = tool_use_block(call)
-        index, self.blocks = self.blocks, self.blocks + 1
-        return [NamedEvent("content_block_start", {
-                    "type": "content_block_start", "index": index,
-                    "content_block": {**block, "input": {}}}),
-                NamedEvent("content_block_delta", {
-                    "type": "content_block_delta", "index": index,
-                    "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
-                NamedEvent("content_block_stop", {"type": "content_block_stop", "index": index})]
+    def _tool_use_events(self, event: Event) -> list[NamedEvent]:
+        """A call as Anthropic streams a tool_use block: started when its name is known,
+        its input as `input_json_delta` fragments while it is generated, then stopped."""
+        if isinstance(event, CallStarted):
+            block = tool_use_block(ToolCall(event.id, event.name, "{}"))
+            self.call_blocks.append(self.blocks)
+            self.blocks += 1
+            return self._close_text() + [NamedEvent("content_block_start", {
+                "type": "content_block_start", "index": self.call_blocks[-1],
+                "content_block": block})]
+        assert isinstance(event, (ArgumentsDelta, CallDone))
+        index = self.call_blocks[event.index]
+        if isinstance(event, ArgumentsDelta):
+            return [NamedEvent("content_block_delta", {
+                "type": "content_block_delta", "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": event.text}})]
+        return [NamedEvent("content_block_stop", {"type": "content_block_stop", "index": index})]
 
     def closing(self) -> list[Any]:
         reason, sequence = self.stop()

@@ -94,5 +94,10 @@ def has_tool_blocks(blocks: Any) -> bool:
 
 
 def tool_use_block(call: ToolCall) -> dict[str, Any]:
+    """`input` is {} for arguments that are not a JSON object (a call cut by max_tokens)."""
+    try:
+        args = json.loads(call.arguments)
+    except ValueError:
+        args = {}
     return {"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": call.name,
-            "input": json.loads(call.arguments)}
+            "input": args if isinstance(args, dict) else {}}

@@ -35,6 +35,11 @@ class GrammarCollector(Collector):
                                   "Grammars refused (unsupported or malformed)", value=g.refused)
         yield CounterMetricFamily("radixserve_grammar_compile_timeouts",
                                   "Grammars past the compile cap (400)", value=g.timeouts)
+        yield CounterMetricFamily("radixserve_grammar_prewarmed",
+                                  "Grammars rebuilt at start from the disk cache",
+                                  value=g.prewarmed)
+        yield CounterMetricFamily("radixserve_grammar_prewarm_seconds",
+                                  "Time spent rebuilding grammars at start", value=g.prewarm_seconds)
         masks = self._engine_stats().grammar_masks
         yield CounterMetricFamily("radixserve_grammar_mask_seconds",
                                   "Time spent computing and applying grammar masks",

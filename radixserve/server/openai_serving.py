@@ -20,7 +20,8 @@ from radixserve.server.engine_client import EngineClient, TokenizerClient
 from radixserve.server.errors import ApiError
 from radixserve.server.miss_report import cache_extension
 from radixserve.server.prompts import Prepared
-from radixserve.server.tool_parser import ToolCall, ToolCallStream, parse_calls
+from radixserve.server.tool_parser import (ArgumentsDelta, CallStarted, Event, Text, ToolCall,
+                                          ToolCallStream, parse_calls)
 
 
 # ---------------------------------------------------------------- running on the engine
@@ -191,25 +192,21 @@ class Renderer:
                             _finish_reason(c.finish_reason, bool(calls)), c.stop_reason)
 
     def _tool_chunks(self, out: RequestOutput) -> list[Any]:
-        """Chat with tools, streaming: content deltas, then each call as OpenAI streams one
-        (a delta with its index, id, type and name, then one with its arguments)."""
+        """Chat with tools, streaming: content deltas, and each call as OpenAI streams one (a
+        delta with its index, id, type and name, then its arguments fragment by fragment, as
+        they are generated), in the order the model wrote them."""
         c = self.choices[out.index]
         first = not c.started
         c.started = True
-        text, calls = c.tool_stream.push(out.text)
-        if out.finished:
-            more_text, more_calls = c.tool_stream.finish()
-            text, calls = text + more_text, calls + more_calls
-        deltas: list[P.DeltaMessage] = []
-        if first or text or out.logprobs:
-            deltas.append(P.DeltaMessage(role="assistant" if first else None,
-                                         content=text if (text or first) else None))
-        made = len(c.tool_stream.calls) - len(calls)
-        for k, call in enumerate(calls, start=made):
-            deltas.append(P.DeltaMessage(tool_calls=[P.DeltaToolCall(
-                k, call.id, "function", P.DeltaFunction(call.name, ""))]))
-            deltas.append(P.DeltaMessage(tool_calls=[P.DeltaToolCall(
-                k, function=P.DeltaFunction(arguments=call.arguments))]))
+        assert c.tool_stream is not None
+        deltas = _tool_deltas(c.tool_stream.feed(out.text, out.finished))
+        if first:
+            if deltas and deltas[0].content is not None:
+                deltas[0].role = "assistant"
+            else:
+                deltas.insert(0, P.DeltaMessage(role="assistant", content=""))
+        elif not deltas and out.logprobs:
+            deltas.append(P.DeltaMessage())
         finish = (_finish_reason(out.finish_reason, bool(c.tool_stream.calls))
                   if out.finished else None)
         if finish is not None:
@@ -320,6 +317,24 @@ class CompletionRenderer(Renderer):
                                     finish, stop_reason)
         return P.CompletionChunk(id=self.id, object="text_completion", created=self.created,
                                  model=self.model, choices=[choice])
+
+
+def _tool_deltas(events: list[Event]) -> list[P.DeltaMessage]:
+    """A ToolCallStream's events as chat deltas (consecutive text in one)."""
+    deltas: list[P.DeltaMessage] = []
+    for e in events:
+        if isinstance(e, Text):
+            if deltas and deltas[-1].content is not None:
+                deltas[-1].content += e.text
+            else:
+                deltas.append(P.DeltaMessage(content=e.text))
+        elif isinstance(e, CallStarted):
+            deltas.append(P.DeltaMessage(tool_calls=[P.DeltaToolCall(
+                e.index, e.id, "function", P.DeltaFunction(e.name, ""))]))
+        elif isinstance(e, ArgumentsDelta):
+            deltas.append(P.DeltaMessage(tool_calls=[P.DeltaToolCall(
+                e.index, function=P.DeltaFunction(arguments=e.text))]))
+    return deltas
 
 
 def _call_out(call: ToolCall) -> P.ToolCallOut:

@@ -22,8 +22,8 @@ from radixserve.server import protocol as P
 from radixserve.server.auth import cache_namespace
 from radixserve.server.engine_client import EngineClient, TokenizerClient
 from radixserve.server.errors import ApiError, api_error_from, bad_request
-from radixserve.server.structured import (ToolOutput, compile_for, native_spec,
-                                          response_format_spec)
+from radixserve.server.structured import (ToolOutput, auto_call_grammar, compile_for,
+                                          native_spec, response_format_spec)
 from radixserve.server.tools import (call_grammar, check_history, parse_tool_choice,
                                      parse_tools, render_messages)
 
@@ -172,12 +172,15 @@ async def prepare_chat(req: P.ChatCompletionRequest, prompts: PromptBuilder,
     toolset = parse_tools(req.tools) if req.tools else None
     choice = parse_tool_choice(req.tool_choice, toolset)
     check_history(req.messages)
+    spec, field = response_format_spec(req.response_format), "response_format"
     if choice.forces_call:
         spec, field = call_grammar(toolset, choice, req.parallel_tool_calls), "tools"
-    else:
-        spec, field = response_format_spec(req.response_format), "response_format"
+    elif choice.mode == "auto" and spec is None:
+        params.grammar = await auto_call_grammar(prompts.grammars, toolset, choice,
+                                                 req.parallel_tool_calls)
     if spec is not None:
         params.grammar = await compile_for(prompts.grammars, spec, field)
+    if params.grammar is not None:
         validated_params(params, info)
     if toolset is None and not any(m.tool_calls for m in req.messages):
         prompt_ids = await prompts.chat(req.message_dicts())

@@ -20,7 +20,8 @@ from radixserve.server.responses_protocol import (OutputMessage, OutputText, Res
                                                   ResponsesRequest, response_usage)
 from radixserve.server.responses_tools import FunctionCallItem, function_call_item
 from radixserve.server.sse import NamedEvent
-from radixserve.server.tool_parser import ToolCallStream, parse_calls
+from radixserve.server.tool_parser import (ArgumentsDelta, CallDone, CallStarted, Event, Text,
+                                          ToolCall, ToolCallStream, parse_calls)
 
 
 class ResponseBuilder:
@@ -28,7 +29,8 @@ class ResponseBuilder:
 
     Without tools the output is one message, opened with the stream. With tools, the text
     goes through a ToolCallStream: the message item opens at the first text, and each call
-    becomes a `function_call` item once complete, output indexes in order of appearance."""
+    is a `function_call` item streamed as it is generated, output indexes in order of
+    appearance."""
 
     def __init__(self, response_id: str, model: str, req: ResponsesRequest, turn: TurnPrompt,
                  tokenizer: TokenizerClient):
@@ -50,6 +52,7 @@ class ResponseBuilder:
         self.content_deltas: list[str] = []     # with tools: the text that is not a call
         self._parsed: list[Any] | None = None   # with tools, not streamed: the output items
         self.streamed_calls: list[FunctionCallItem] = []
+        self.call_places: list[int] = []        # each streamed call's output index
 
     # -- accumulation
 
@@ -159,18 +162,26 @@ class ResponseBuilder:
                                   delta=text, logprobs=[]))
         return events
 
-    def _call_events(self, call) -> list[NamedEvent]:
-        """One finished call as OpenAI streams a function_call item."""
-        index = len(self.streamed_calls) + (self.message_index is not None)
-        item = function_call_item(call)
-        self.streamed_calls.append(item)
-        added = FunctionCallItem(item.type, item.id, item.call_id, item.name, "", "in_progress")
-        return [self._event("response.output_item.added", output_index=index, item=added),
-                self._event("response.function_call_arguments.delta", item_id=item.id,
-                            output_index=index, delta=item.arguments),
-                self._event("response.function_call_arguments.done", item_id=item.id,
-                            output_index=index, arguments=item.arguments),
-                self._event("response.output_item.done", output_index=index, item=item)]
+    def _call_events(self, event: Event) -> list[NamedEvent]:
+        """A call as OpenAI streams a function_call item: added when its name is known, its
+        arguments fragment by fragment, then done."""
+        if isinstance(event, CallStarted):
+            index = len(self.streamed_calls) + (self.message_index is not None)
+            item = function_call_item(ToolCall(event.id, event.name, ""), "in_progress")
+            self.streamed_calls.append(item)
+            self.call_places.append(index)
+            return [self._event("response.output_item.added", output_index=index, item=item)]
+        assert isinstance(event, (ArgumentsDelta, CallDone))
+        index, item = self.call_places[event.index], self.streamed_calls[event.index]
+        if isinstance(event, ArgumentsDelta):
+            return [self._event("response.function_call_arguments.delta", item_id=item.id,
+                                output_index=index, delta=event.text)]
+        done = FunctionCallItem(item.type, item.id, item.call_id, item.name,
+                                event.call.arguments, "completed")
+        self.streamed_calls[event.index] = done
+        return [self._event("response.function_call_arguments.done", item_id=item.id,
+                            output_index=index, arguments=done.arguments),
+                self._event("response.output_item.done", output_index=index, item=done)]
 
     def on_output(self, out: RequestOutput) -> list[Any]:
         """Events for an output already `add`ed (the handler adds, and stores the finished
@@ -183,11 +194,9 @@ class ResponseBuilder:
                                           output_index=0, content_index=0, delta=out.text,
                                           logprobs=[]))
         else:
-            text, calls = self.tool_stream.feed(out.text, out.finished)
-            if text:
-                events += self._text_delta(text)
-            for call in calls:
-                events += self._call_events(call)
+            for event in self.tool_stream.feed(out.text, out.finished):
+                events += (self._text_delta(event.text) if isinstance(event, Text)
+                           else self._call_events(event))
         if out.finished and (err := self.failure()) is not None:
             events.append(self._event("error", code=err.code, message=err.message,
                                       param=None))

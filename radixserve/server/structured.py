@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from radixserve.engine.grammar import Grammar, GrammarError, GrammarSpec
-from radixserve.engine.grammar_cache import GrammarCompiler, GrammarTimeout
+from radixserve.engine.grammar_cache import GrammarCompiler, GrammarTimeout, compiler_for
 from radixserve.server import protocol as P
 from radixserve.server.errors import bad_request
-from radixserve.server.tools import JSON_STYLE, ToolChoice, ToolSet
+from radixserve.server.tools import JSON_STYLE, ToolChoice, ToolSet, call_grammar
 
 
 @dataclass(frozen=True)
@@ -31,19 +30,8 @@ class ToolOutput:
 
 
 def grammar_compiler(engine: Any) -> GrammarCompiler:
-    """The server's compiler: on disk in --grammar-cache-dir, else beside the weights cache."""
-    config = engine.config
-    cache_dir = None
-    if not getattr(config, "no_grammar_cache", False):
-        configured = getattr(config, "grammar_cache_dir", None)
-        if configured:
-            cache_dir = Path(configured).expanduser()
-        else:
-            from radixserve.model.weights_cache import default_cache_dir
-            base = getattr(config, "weights_cache_dir", None)
-            cache_dir = (Path(base).expanduser() if base else default_cache_dir()) / "grammars"
-    return GrammarCompiler(engine.tokenizer, cache_dir,
-                           timeout_s=getattr(config, "grammar_compile_timeout_s", 10.0))
+    """The server's compiler (engine/grammar_cache.py's `compiler_for` its config)."""
+    return compiler_for(engine.tokenizer, engine.config)
 
 
 def response_format_spec(rf: P.ResponseFormat | None) -> GrammarSpec | None:
@@ -103,3 +91,19 @@ async def compile_for(compiler: GrammarCompiler, spec: GrammarSpec, field: str) 
         where = f"{field} ({exc.keyword!r} is not supported)" if exc.keyword else field
         raise bad_request(field, f"{where}: the grammar was refused: {exc}",
                           "unsupported_schema" if exc.keyword else "invalid_grammar") from None
+
+
+async def auto_call_grammar(compiler: GrammarCompiler, toolset: ToolSet, choice: ToolChoice,
+                            parallel: bool) -> Grammar | None:
+    """`tool_choice: "auto"`: constrained to free text or well-formed calls when the library
+    takes every tool's schema. When it refuses one (or the compile passes the cap) and no
+    tool is `strict`, the output is left free and parsed, as before: OpenAI accepts any
+    schema for a non-strict tool. With a strict tool the refusal is the 400 of a forced
+    call."""
+    spec = call_grammar(toolset, choice, parallel)
+    if any(t.strict for t in toolset.tools):
+        return await compile_for(compiler, spec, "tools")
+    try:
+        return await compiler.compile(spec)
+    except GrammarError:
+        return None

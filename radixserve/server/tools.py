@@ -8,7 +8,8 @@ The small API (also for other chat-like routes: /v1/responses, /v1/messages):
 - `check_history(messages)`: every tool message answers an earlier call (400 otherwise);
 - `render_messages(messages, toolset, native)`: messages (and `tools=`) for the chat
   template; `native` says the model's template renders tools itself;
-- `call_grammar(toolset, choice, parallel)`: GrammarSpec for `required` / a named tool;
+- `call_grammar(toolset, choice, parallel)`: GrammarSpec for `required`, a named tool or
+  `auto` (free text, or well-formed calls);
 - parsing the output back into calls is `tool_parser.py`'s.
 
 Canonical order: the same tools give the same prompt bytes whatever order the client sent
@@ -200,19 +201,28 @@ def _arguments(arguments: str) -> Any:
 
 
 def call_grammar(toolset: ToolSet, choice: ToolChoice, parallel: bool) -> GrammarSpec:
-    """Lark: one `<tool_call>` block whose JSON is a call of an allowed tool with arguments
-    matching its schema ("name" first, as models write it). With `parallel` (and not a
-    named tool) up to one call per tool: a small model left unbounded may repeat calls
-    until max_tokens."""
+    """Lark: `<tool_call>` blocks whose JSON is a call of an allowed tool with arguments
+    matching its schema ("name" first, as models write it). `required` and a named tool
+    must call (one block); `auto` may instead write free text, and text before a call, but
+    any `<tool_call>` it writes is a well-formed call. With `parallel` (not a named tool)
+    up to one call per tool: a small model left unbounded may repeat calls until
+    max_tokens."""
     tools = [toolset.get(choice.name)] if choice.mode == "named" else list(toolset.tools)
     options = [{"type": "object", "properties": {
         "name": {"const": t.name}, "arguments": t.parameters},
         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     body = json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
-    calls = len(tools) if parallel and choice.mode == "required" else 1
+    calls = len(tools) if parallel and choice.mode != "named" else 1
     repeat = f' ("\\n" call){{0,{calls - 1}}}' if calls > 1 else ""
-    lark = (f"start: call{repeat}\n"
-            f'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
+    if choice.mode == "auto":
+        # TEXT: anything without the tag; `pre` (lazy) ends at the tag, which it emits
+        start = (f"start: TEXT | pre body_end{repeat}\n"
+                 f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n"
+                 f'pre[suffix="<tool_call>\\n"]: /(.|\\n)*/\n'
+                 f'body_end: body "\\n</tool_call>"\n')
+    else:
+        start = f"start: call{repeat}\n"
+    lark = (start + f'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
             f"body: %json {body}\n")
     return GrammarSpec("lark", lark)

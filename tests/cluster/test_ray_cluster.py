@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 
+import jsonschema
 import pytest
 
 try:
@@ -216,6 +217,35 @@ def test_slow_routing_stats_do_not_block_routing(cluster):
     finally:
         for rid in ids:
             live.run(live.engine.control(rid, "stats_delay", 0.0))
+
+
+def test_structured_outputs_and_tools_through_replicas(cluster):
+    """A compiled grammar cannot cross processes: the front end compiles it (bad schemas
+    get their 400 there), the replica compiles the spec it is sent (a cache hit). A JSON
+    schema and a forced tool call both hold through a replica."""
+    live = cluster
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    ask = [{"role": "user", "content": "Pick a digit."}]
+    body = {"messages": ask, "max_tokens": 16, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "digit", "schema": schema, "strict": True}}}
+    reply = post(live.base_url + "/chat/completions", json=body, timeout=HANG)
+    assert reply.status == 200, reply.text
+    jsonschema.validate(json.loads(reply.json()["choices"][0]["message"]["content"]), schema)
+    tool = {"type": "function", "function": {"name": "pick", "parameters": schema}}
+    body = {"messages": ask, "max_tokens": 40, "temperature": 0, "tools": [tool],
+            "tool_choice": "required"}
+    reply = post(live.base_url + "/chat/completions", json=body, timeout=HANG)
+    assert reply.status == 200, reply.text
+    choice = reply.json()["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "tool_calls" and call["function"]["name"] == "pick"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+    bad = post(live.base_url + "/chat/completions", timeout=HANG, json={
+        **body, "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    assert bad.status == 400 and bad.json()["error"]["param"] == "tool_choice"
 
 
 def test_a_replica_dying_mid_stream_ends_cleanly_and_the_next_requests_succeed(cluster):

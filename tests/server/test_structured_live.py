@@ -129,8 +129,9 @@ def _streamed(chunks) -> tuple[str, list[dict], str]:
     return content, [calls[i] for i in sorted(calls)], finish
 
 
-def test_tool_round_trip_required_named_auto(client):
-    """required (not streamed) -> the tool's answer -> auto (streamed); named (streamed)."""
+def test_tool_round_trip_required_and_auto(client):
+    """required (not streamed) -> the tool's answer -> auto (streamed); named, streamed, is
+    the next test."""
     tools = [WEATHER, TIME]
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=tools,
                                            tool_choice="required", parallel_tool_calls=False,
@@ -149,12 +150,26 @@ def test_tool_round_trip_required_named_auto(client):
                                               for c in calls)
     else:
         assert content and finish in ("stop", "length")
-    content, calls, finish = _streamed(client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=tools, max_tokens=40, temperature=0, stream=True,
-        tool_choice={"type": "function", "function": {"name": "get_time"}}))
-    assert [c["name"] for c in calls] == ["get_time"] and finish == "tool_calls"
-    jsonschema.validate(json.loads(calls[0]["arguments"]), TIME["function"]["parameters"])
-    assert not content
+
+
+def test_streamed_arguments_come_in_fragments_equal_to_the_whole(client):
+    """The openai client's own stream accumulation: a named call's arguments arrive as
+    several fragments while generated, and join to the non-streamed call's arguments."""
+    kwargs = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], max_tokens=40,
+                  temperature=0, tool_choice={"type": "function",
+                                              "function": {"name": "get_time"}})
+    whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0]
+    fragments = []
+    with client.chat.completions.stream(**kwargs) as stream:
+        for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                fragments.append(event.arguments_delta)
+        final = stream.get_final_completion().choices[0]
+    (call,) = final.message.tool_calls
+    assert final.finish_reason == "tool_calls" and call.function.name == "get_time"
+    assert len(fragments) > 3 and not final.message.content
+    assert "".join(fragments) == call.function.arguments == whole.function.arguments
+    _args_valid(call, TIME)
 
 
 def test_parallel_calls_stream_in_openais_delta_format(server):
@@ -268,9 +283,18 @@ def test_grammar_cache_and_metrics(server):
     again = GrammarCompiler(server.engine.tokenizer, grammars.cache_dir)
     again.compile_blocking(spec)
     assert again.stats.disk_hits == 1 and again.stats.misses == 0
+    again.close()
+    # ...and with a prewarm, builds nothing on a request's path: a memory hit
+    restarted = GrammarCompiler(server.engine.tokenizer, grammars.cache_dir)
+    assert restarted.prewarm(64).result() >= 1
+    restarted.compile_blocking(spec)
+    assert restarted.stats.memory_hits == 1 and restarted.stats.compiles == 0
+    assert restarted.stats.disk_hits == restarted.stats.misses == 0
+    restarted.close()
     text = http.get(server.url + "/metrics").text
     for name in ("radixserve_grammar_compile_seconds_total", "radixserve_grammar_cache_hits_total",
-                 "radixserve_grammar_cache_misses_total", "radixserve_grammar_mask_seconds_total"):
+                 "radixserve_grammar_cache_misses_total", "radixserve_grammar_mask_seconds_total",
+                 "radixserve_grammar_prewarmed_total"):
         assert name in text
 
 
@@ -302,7 +326,7 @@ def test_responses_tool_round_trip_streamed_and_not(client):
                                  max_output_tokens=40, temperature=0) as stream:
         kinds = [event.type for event in stream]
         streamed = stream.get_final_response()
-    assert "response.function_call_arguments.delta" in kinds
+    assert kinds.count("response.function_call_arguments.delta") > 3     # as generated
     assert "response.function_call_arguments.done" in kinds
     (call,) = [o for o in streamed.output if o.type == "function_call"]
     assert call.name == "get_time"
@@ -348,7 +372,7 @@ def test_messages_tool_round_trip_streamed_and_not(server):
                                                           "name": "get_time"}) as stream:
         kinds = [event.type for event in stream]
         streamed = stream.get_final_message()
-    assert "input_json" in kinds and streamed.stop_reason == "tool_use"
+    assert kinds.count("input_json") > 3 and streamed.stop_reason == "tool_use"
     (use,) = [b for b in streamed.content if b.type == "tool_use"]
     assert use.name == "get_time"
     jsonschema.validate(use.input, tools[1]["input_schema"])

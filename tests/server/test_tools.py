@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.server import protocol as P
 from radixserve.server.errors import ApiError
-from radixserve.server.tool_parser import ToolCallStream, parse_calls
+from radixserve.server.tool_parser import (ArgumentsDelta, CallDone, CallStarted, Text,
+                                          ToolCallStream, parse_calls)
 from radixserve.server.tools import (ToolChoice, call_grammar, check_history, parse_tool_choice,
                                      parse_tools, render_messages)
 
@@ -98,6 +100,28 @@ def test_parse_hermes_llama3_and_text():
         assert parse_calls(text, NAMES) == (text, [])
 
 
+def _replay(pieces: list[str]) -> tuple[str, dict[int, dict]]:
+    """Content and calls (id, name, argument fragments) accumulated from a stream's events,
+    checking their order: started, then fragments, then done with the joined arguments."""
+    stream, content, calls = ToolCallStream(NAMES), "", {}
+    events = [e for p in pieces for e in stream.push(p)] + stream.finish()
+    for e in events:
+        if isinstance(e, Text):
+            content += e.text
+        elif isinstance(e, CallStarted):
+            assert e.index == len(calls)
+            calls[e.index] = {"id": e.id, "name": e.name, "fragments": [], "done": False}
+        elif isinstance(e, ArgumentsDelta):
+            assert not calls[e.index]["done"] and e.text
+            calls[e.index]["fragments"].append(e.text)
+        else:
+            assert isinstance(e, CallDone) and e.call.id == calls[e.index]["id"]
+            assert e.call.arguments == "".join(calls[e.index]["fragments"])
+            calls[e.index]["done"] = True
+    assert all(c["done"] for c in calls.values())
+    return content, calls
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(1, 12), min_size=1, max_size=60))
 def test_streamed_calls_match_the_whole_parse_however_the_text_is_cut(cuts):
@@ -106,31 +130,99 @@ def test_streamed_calls_match_the_whole_parse_however_the_text_is_cut(cuts):
         pieces.append(text[i:i + n])
         i += n
     pieces.append(text[i:])
-    stream = ToolCallStream(NAMES)
-    content, calls = "", []
-    for p in pieces:
-        c, new = stream.push(p)
-        content += c
-        calls += new
-    c, new = stream.finish()
-    content, calls = content + c, calls + new
+    content, calls = _replay(pieces)
     whole_content, whole_calls = parse_calls(text, NAMES)
     assert content.strip() == whole_content
-    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole_calls]
+    assert [(c["name"], "".join(c["fragments"])) for c in calls.values()] == \
+        [(c.name, c.arguments) for c in whole_calls]
 
 
-def test_fifty_tool_required_grammar_compiles_and_accepts_two_calls():
+def test_arguments_stream_as_generated_and_equal_the_whole_parse():
+    """One piece a character: every call starts once its name is read, its arguments
+    come as they arrive (a brace inside a string does not end them), exactly as written."""
+    text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}r\\"is", '
+            '"days": [1, {"x": 2}]}}\n</tool_call>')
+    content, calls = _replay(list(text))
+    args = '{"city": "Pa}r\\"is", "days": [1, {"x": 2}]}'
+    assert not content and len(calls) == 1 and calls[0]["name"] == "get_weather"
+    assert len(calls[0]["fragments"]) == len(args) and "".join(calls[0]["fragments"]) == args
+    assert parse_calls(text, NAMES)[1][0].arguments == args
+    # a call cut short (max_tokens) ends with what it has, streamed or not
+    at = text.index(args)
+    assert [c.arguments for c in parse_calls(text[:at + 9], NAMES)[1]] == [args[:9]]
+    # unknown names and other key orders are parsed whole when the block closes
+    other = '<tool_call>{"arguments": {"city": "Oslo"}, "name": "get_time"}</tool_call>'
+    content, calls = _replay(list(other + " ok"))
+    assert content.strip() == "ok" and "".join(calls[0]["fragments"]) == '{"city": "Oslo"}'
+    unknown = '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+    assert _replay(list(unknown)) == (unknown, {})
+
+
+@pytest.fixture(scope="module")
+def compiler():
     from radixserve.engine.grammar_cache import GrammarCompiler
     from radixserve.model.tokenizer_loader import load_tokenizer
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
-    tools = [{"type": "function", "function": {"name": f"t{i:02d}", "parameters": {
-        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
-        for i in range(50)]
-    grammar = GrammarCompiler(tokenizer).compile_blocking(
-        call_grammar(parse_tools(tools), ToolChoice("required"), parallel=True))
-    matcher = grammar.matcher()
-    text = ('<tool_call>\n{"name": "t07", "arguments": {"q": "a"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "t49", "arguments": {"q": "b"}}\n</tool_call>')
-    assert all(matcher.accept(t) for t in tokenizer.hf.encode(text, add_special_tokens=False))
-    assert matcher.ll.is_accepting()
-    matcher.release()
+    compiler = GrammarCompiler(load_tokenizer("smollm2-135m-instruct"))
+    yield compiler
+    compiler.close()
+
+
+FIFTY = [{"type": "function", "function": {"name": f"t{i:02d}", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+    for i in range(50)]
+TWO_OF_FIFTY = ('<tool_call>\n{"name": "t07", "arguments": {"q": "a"}}\n</tool_call>\n'
+                '<tool_call>\n{"name": "t49", "arguments": {"q": "b"}}\n</tool_call>')
+
+
+def _accepts(compiler, spec, text: str) -> bool:
+    """The grammar takes `text` whole and may end there; its matcher let go after."""
+    matcher = compiler.compile_blocking(spec).matcher()
+    try:
+        ids = compiler.tokenizer.hf.encode(text, add_special_tokens=False)
+        return all(matcher.accept(t) for t in ids) and matcher.ll.is_accepting()
+    finally:
+        matcher.release()
+
+
+def test_fifty_tool_required_grammar_compiles_and_accepts_two_calls(compiler):
+    spec = call_grammar(parse_tools(FIFTY), ToolChoice("required"), parallel=True)
+    assert _accepts(compiler, spec, TWO_OF_FIFTY)
+    assert not _accepts(compiler, spec, "Sure, no call.")
+
+
+def test_auto_grammar_allows_text_or_well_formed_calls(compiler):
+    """tool_choice auto is constrained: free text, text then calls, or calls; never a
+    malformed call or one of an unknown tool."""
+    tools = parse_tools(FIFTY)
+    auto = call_grammar(tools, ToolChoice("auto"), parallel=True)
+    assert _accepts(compiler, auto, "There is no need for a tool here. a < b > c.")
+    assert _accepts(compiler, auto, TWO_OF_FIFTY)
+    assert _accepts(compiler, auto, "Let me look.\n" + TWO_OF_FIFTY)
+    for bad in ('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>',
+                '<tool_call>\n{"name": "t07", "arguments": {"x": 1}}\n</tool_call>',
+                '<tool_call>\n{"name": "t07"}\n</tool_call>'):
+        assert not _accepts(compiler, auto, bad)
+    single = call_grammar(tools, ToolChoice("auto"), parallel=False)
+    assert not _accepts(compiler, single, TWO_OF_FIFTY)
+
+
+def test_auto_with_a_schema_the_library_refuses(compiler):
+    """auto leaves the output free (parsed) when a non-strict tool's schema is refused, as
+    OpenAI accepts any schema there; a strict tool makes the refusal a 400 naming tools."""
+    import asyncio
+
+    from radixserve.server.structured import auto_call_grammar
+    tool = {"type": "function", "function": {"name": "tags", "parameters": {
+        "type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}}}
+    loose = parse_tools([tool])
+    assert asyncio.run(auto_call_grammar(compiler, loose, ToolChoice("auto"), False)) is None
+    strict = parse_tools([{**tool, "function": {**tool["function"], "strict": True}}])
+    try:
+        asyncio.run(auto_call_grammar(compiler, strict, ToolChoice("auto"), False))
+    except ApiError as exc:
+        assert exc.status == 400 and exc.param == "tools" and "uniqueItems" in exc.message
+    else:
+        raise AssertionError("a strict tool's refused schema must be a 400")
+    ok = asyncio.run(auto_call_grammar(compiler, parse_tools(FIFTY[:2]), ToolChoice("auto"),
+                                       False))
+    assert ok is not None
