@@ -83,6 +83,7 @@ class SeqState:
     preemptions: int = 0
     matcher: "Matcher | None" = None        # constrained decoding (engine/grammar.py)
     miss: "MissReport | None" = None       # why the prompt was not all cached (first admission)
+    shared: bool = False                    # --kv-share: its prompt's pages were published
 
     @property
     def params(self) -> SamplingParams:
