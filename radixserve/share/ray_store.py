@@ -97,6 +97,13 @@ class ShareDirectory:
         self.used_bytes -= entry[2]
         return 1
 
+    def clear(self) -> int:
+        """Forget every page (a benchmark between configurations)."""
+        n = len(self.entries)
+        self.entries.clear()
+        self.used_bytes = 0
+        return n
+
     def size(self) -> dict:
         return {"entries": len(self.entries), "used_bytes": self.used_bytes,
                 "evicted": self.evicted}
@@ -110,6 +117,17 @@ def directory_actor(capacity_bytes: int):
         name=ACTOR_NAME, namespace=ACTOR_NAMESPACE, get_if_exists=True,
         lifetime="detached", max_restarts=-1, num_cpus=0)
     return actor.remote(capacity_bytes)
+
+
+def clear_directory() -> int:
+    """Empty the cluster's directory actor, if there is one (pages forgotten)."""
+    import ray
+
+    try:
+        actor = ray.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE)
+    except ValueError:
+        return 0
+    return ray.get(actor.clear.remote(), timeout=CALL_TIMEOUT_S)
 
 
 class RaySharedStore:
