@@ -62,7 +62,7 @@ async def bench_store(loaded, store: str, spec: str, prompt: list[int], rounds: 
     await timed_request(publisher, prompt)
     while publisher.scheduler.has_work():          # the publish order's step
         await asyncio.sleep(0.01)
-    await asyncio.to_thread(publisher.peers.drain)
+    await publisher.share_published()
     await publisher.shutdown()
     arms = {"recompute": make_engine(loaded, tokens, "off"),
             "load": make_engine(loaded, tokens, spec)}

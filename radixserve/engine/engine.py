@@ -197,7 +197,17 @@ class Engine(OneProcessStats):
         if self.kv_events is not None:
             self.kv_events.close()
         if self.peers is not None:
-            await asyncio.to_thread(self.peers.close)     # queued publishes handed over
+            await self.share_published()        # a step cut short still hands its pages over
+            await asyncio.to_thread(self.peers.close)
+    async def share_published(self) -> None:
+        """--kv-share: wait until the pages queued for publishing so far are in the store.
+        The step that copies them runs on the compute thread (one thread: a no-op queued
+        behind it runs once it has), then the publisher thread hands them over."""
+        if self.peers is None:
+            return
+        await self._on_compute(lambda: None)
+        await asyncio.to_thread(self.peers.drain)
+
     async def save_cache(self, deadline: float | None = None) -> dict:
         """Write the cache to --kv-disk-dir now (POST /cache/save); requests keep running.
         Raises NoDiskStore without one."""

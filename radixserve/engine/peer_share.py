@@ -117,8 +117,7 @@ class Publisher(QueueWorker[tuple[tuple[bytes, ...], list[bytes]]]):
     def _handle(self, item) -> None:
         keys, payloads = item
         try:
-            for key, payload in zip(keys, payloads):
-                self.store.publish(key, payload)
+            self.store.publish_many(keys, payloads)
         finally:
             with self._lock:
                 self.queued -= 1

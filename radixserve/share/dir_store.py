@@ -75,6 +75,9 @@ class DirSharedStore:
             self.evict()
         return True
 
+    def publish_many(self, keys: Sequence[bytes], payloads: Sequence[bytes]) -> int:
+        return sum(self.publish(k, p) for k, p in zip(keys, payloads))
+
     # ------------------------------------------------------------------ look up
     def published(self, keys: Sequence[bytes]) -> int:
         n = 0

@@ -23,6 +23,7 @@ Ownership and lifetime (Ray's rules, which this design follows rather than fight
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Sequence
 
@@ -34,6 +35,8 @@ __all__ = ["ACTOR_NAME", "RaySharedStore", "ShareDirectory"]
 ACTOR_NAME = "radixserve-kv-share"
 ACTOR_NAMESPACE = "radixserve"
 CALL_TIMEOUT_S = 5.0
+START_TIMEOUT_S = 60.0
+RETRY_AFTER_S = 2.0     # after a failed call, look-ups miss at once for this long
 
 
 class ShareDirectory:
@@ -57,6 +60,14 @@ class ShareDirectory:
             self.used_bytes -= size
             self.evicted += 1
         return True
+
+    def publish_many(self, keys: Sequence[bytes], boxed_refs: Sequence[list], owner: str,
+                     sizes: Sequence[int]) -> int:
+        return sum(self.publish(k, r, owner, n) for k, r, n in zip(keys, boxed_refs, sizes))
+
+    def missing(self, keys: Sequence[bytes]) -> list[bytes]:
+        """The keys not registered (a publisher puts only those)."""
+        return [k for k in keys if k not in self.entries]
 
     def published(self, keys: Sequence[bytes]) -> int:
         n = 0
@@ -141,14 +152,24 @@ class RaySharedStore:
         self.actor = actor if actor is not None else directory_actor(capacity_bytes)
         self.counters = ShareCounters()
         self._lock = threading.Lock()
+        self._down_until = 0.0          # time.monotonic() before which calls are skipped
+        try:                            # the actor's start (once per cluster) can be slow
+            ray.get(self.actor.size.remote(), timeout=START_TIMEOUT_S)
+        except ray.exceptions.RayError:
+            self._down_until = time.monotonic() + RETRY_AFTER_S
 
     def _call(self, method, *args, default):
-        """An actor call; while the actor is down or slow, `default` (a miss)."""
+        """An actor call; while the actor is down or slow, `default` (a miss). After a
+        failure, calls answer `default` at once for RETRY_AFTER_S: an admission never
+        waits on a directory that is restarting more than once per interval."""
         ray = self._ray
+        if time.monotonic() < self._down_until:
+            return default
         try:
             return ray.get(getattr(self.actor, method).remote(*args), timeout=CALL_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
                 ray.exceptions.ActorUnavailableError):
+            self._down_until = time.monotonic() + RETRY_AFTER_S
             return default
 
     def publish(self, key: bytes, payload: bytes) -> bool:
@@ -166,6 +187,19 @@ class RaySharedStore:
             else:
                 self.counters.duplicate_pages += 1
         return bool(added)
+
+    def publish_many(self, keys: Sequence[bytes], payloads: Sequence[bytes]) -> int:
+        """Two actor calls for the batch: which keys are missing, then their refs."""
+        wanted = set(self._call("missing", list(keys), default=[]))
+        todo = [(k, frame(k, p)) for k, p in zip(keys, payloads) if k in wanted]
+        refs = [[self._ray.put(blob)] for _, blob in todo]   # owned here (module doc)
+        added = self._call("publish_many", [k for k, _ in todo], refs, self.owner,
+                           [len(b) for _, b in todo], default=0) if todo else 0
+        with self._lock:
+            self.counters.published_pages += added
+            self.counters.bytes_published += sum(len(b) for _, b in todo) if added else 0
+            self.counters.duplicate_pages += len(keys) - added
+        return added
 
     def published(self, keys: Sequence[bytes]) -> int:
         return self._call("published", list(keys), default=0) if keys else 0

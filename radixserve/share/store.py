@@ -45,6 +45,9 @@ class SharedStore(Protocol):
     def publish(self, key: bytes, payload: bytes) -> bool:
         """Store one page (False: it was there already, nothing written)."""
 
+    def publish_many(self, keys: Sequence[bytes], payloads: Sequence[bytes]) -> int:
+        """Store pages (the publisher's batch); returns how many were new."""
+
     def published(self, keys: Sequence[bytes]) -> int:
         """How many leading `keys` the store lists now (a cheap look, no page read)."""
 

@@ -30,7 +30,7 @@ def serve(engine, prompts, drain=True):
             out = [await collect(engine.generate(p, GREEDY)) for p in prompts]
             await wait_idle(engine)
             if drain:
-                await asyncio.to_thread(engine.peers.drain)
+                await engine.share_published()
             check_pages(engine)
             return out
         finally:
@@ -146,3 +146,37 @@ def test_a_store_slower_than_computing_is_not_used(model_fp32, prompts, publishe
     share = b.stats().share
     assert share.skipped_slow == 1 and second.final.usage.cached_tokens == 0
     assert b.peers.costs.peer_s_per_token > b.peers.costs.prefill_s_per_token
+
+
+def test_two_engines_publish_the_same_prefix_at_once(model_fp32, prompts, tmp_path):
+    """Both compute and publish the same prompt concurrently: one copy of each page stays,
+    both serve correctly, and a third engine loads the prefix from it."""
+    ps, expected = prompts
+    a, b = (make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}")
+            for _ in range(2))
+
+    async def both():
+        await a.start()
+        await b.start()
+        try:
+            got = await asyncio.gather(collect(a.generate(ps[0], GREEDY)),
+                                       collect(b.generate(ps[0], GREEDY)))
+            for e in (a, b):
+                await wait_idle(e)
+                await e.share_published()
+                check_pages(e)
+            return got
+        finally:
+            await a.shutdown()
+            await b.shutdown()
+
+    got = asyncio.run(both())
+    assert [g.token_ids[0] for g in got] == [expected[0]] * 2
+    pages = (len(ps[0]) - 1) // 16
+    assert len(list(tmp_path.glob(f"*{SUFFIX}"))) == pages
+    sa, sb = a.stats().share, b.stats().share
+    assert pages <= sa.published_pages + sb.published_pages <= 2 * pages
+    c = make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}")
+    results = serve(c, ps[:1])
+    assert results[0].token_ids[0] == expected[0]
+    assert c.stats().share.loaded_tokens == pages * 16

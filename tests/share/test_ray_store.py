@@ -70,6 +70,9 @@ def test_pages_published_by_one_replica_are_fetched_by_another(actor):
     got = b.fetch(ks)
     assert got.payloads == [page(0), page(1), page(2)] and got.refused == got.lost == 0
     assert b.counters.duplicate_pages == 1 and a.counters.published_pages == 3
+    # The publisher thread's batch: only the missing page is put and registered.
+    assert b.publish_many(ks, [page(i) for i in range(4)]) == 1
+    assert b.counters.duplicate_pages == 4 and a.fetch(ks).payloads == [page(i) for i in range(4)]
 
 
 def test_a_page_under_another_key_is_refused_and_forgotten(actor):
