@@ -9,14 +9,17 @@ token. The router (radixserve.routing) sees each replica's queue when a request 
 the cache-aware router also sees the prompt tokens each replica holds at that moment.
 
 With sharing (`share_tokens`: --share, as `--kv-share` serves it), one more cache stands for
-the cluster store: every request's prompt is published into it once served (write-through),
-and a replica that misses part of a prompt the store holds loads that part instead of
-computing it, at `share_load_fraction` of its prefill time. Loaded tokens count as hits
+the cluster store: a request's prompt is published into it when its prefill ends on its
+replica (write-through; requests arriving before that cannot load it: a burst of requests
+for a new prefix that arrive together each compute it, as the serving replicas do), and a
+replica that misses part of a prompt the store holds loads that part instead of computing
+it, at `share_load_fraction` of its prefill time. Loaded tokens count as hits
 (`loaded_tokens` says how many); the cache-aware router scores them as loadable.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -229,8 +232,12 @@ def simulate_cluster(workload: Workload, config: ClusterConfig,
     ttfts: list[float] = []
     warmup = int(config.warmup_fraction * len(workload))
     start_clock = time.perf_counter()
+    published: list[tuple[float, int]] = []     # (prefill end, request index): to publish
+    items = list(workload) if cluster.store is not None else []
     for i, item in enumerate(workload):
         now = arrivals[i]
+        while published and published[0][0] <= now:
+            cluster.store.serve(items[heapq.heappop(published)[1]])     # write-through
         cluster.now, cluster.item = now, item
         request = requests[i]
         r = router.choose(request, cluster)
@@ -242,11 +249,13 @@ def simulate_cluster(workload: Workload, config: ClusterConfig,
         seconds = service.seconds(computed, outputs[i]) + \
             loaded * service.prefill_seconds_per_token * config.share_load_fraction
         if cluster.store is not None and hit is not None:
-            cluster.store.serve(item)           # published once computed (write-through)
             hit += loaded
         begin = max(now, cluster.busy_until[r])
         cluster.busy_until[r] = begin + seconds
         cluster.finishes[r].append(begin + seconds)
+        if cluster.store is not None and hit is not None:
+            prefill = seconds - service.seconds(0, outputs[i])
+            heapq.heappush(published, (begin + prefill, i))
         counts[r] += 1
         busy[r] += seconds
         if i >= warmup:

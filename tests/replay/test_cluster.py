@@ -214,27 +214,47 @@ def test_fewshot_burst_router_takes_the_fewest_copies_its_bound_allows(tmp_path)
     assert max(counts) / 16 <= 1.3 and share >= 0.95
 
 
-@pytest.mark.parametrize("router,bound", [("cache-aware", "2+2"), ("cache-aware", "1+1"),
-                                          ("round-robin", "2+2"), ("pow2", "2+2")])
-def test_with_a_cluster_store_the_fewshot_prefix_is_computed_once(tmp_path, router, bound):
-    # Issue 38: KV moves. The first replica computes the prefix and publishes it; every
-    # other replica loads it once (then holds it), so the cluster computes the prefix once
-    # (prompt tokens computed = one replica's + the questions'), its hits counting loads
-    # equal the single replica's, and the router is free to spread the burst evenly.
-    work = fewshot_burst(tmp_path, 16)
+def fewshot_spaced(tmp_path, questions: int, gap_ms: int):
+    """The few-shot prompts arriving `gap_ms` apart (the first prefill takes ~66 ms)."""
+    records = [rec(list(range(FEWSHOT_PREFIX))
+                   + [10**6 + q * FEWSHOT_OWN + j for j in range(FEWSHOT_OWN)],
+                   FEWSHOT_PREFIX + FEWSHOT_OWN, 16, timestamp=q * gap_ms)
+               for q in range(questions)]
+    trace = read_trace(write_jsonl(tmp_path / f"spaced{gap_ms}.jsonl", records), "hash", 1)
+    return Workload(trace, "block", 1)
+
+
+@pytest.mark.parametrize("router", ["round-robin", "pow2"])
+def test_with_a_cluster_store_a_published_prefix_is_computed_once(tmp_path, router):
+    # Issue 38: KV moves. Once the first replica's prefill of the prefix has ended, it is
+    # in the store: every other replica loads it once (then holds it), so the cluster
+    # computes the prefix once (prompt tokens computed = one replica's + the questions'),
+    # its hits counting loads equal the single replica's, at the router's own spread.
+    work = fewshot_spaced(tmp_path, 16, gap_ms=100)
     single = replay(work, ReplayConfig(4 * 3072)).hit_tokens
     got = simulate_cluster(work, ClusterConfig(4, router, 3072, check_every=1,
-                                               load_bound=LoadBound.parse(bound),
                                                share_tokens=4 * 3072))
+    off = simulate_cluster(work, ClusterConfig(4, router, 3072))
     used = sum(1 for n in got.replica_requests if n)
     assert got.hit_tokens == single == 15 * FEWSHOT_PREFIX
     assert got.loaded_tokens == (used - 1) * FEWSHOT_PREFIX
     assert got.prefill_tokens == FEWSHOT_PREFIX + 16 * FEWSHOT_OWN
-    if router != "pow2":
-        assert got.request_spread <= 1.3
-    off = simulate_cluster(work, ClusterConfig(4, router, 3072,
-                                               load_bound=LoadBound.parse(bound)))
-    assert off.loaded_tokens == 0 and off.hit_tokens <= got.hit_tokens
+    assert got.replica_requests == off.replica_requests and got.request_spread <= 1.3
+    assert off.loaded_tokens == 0 and off.hit_tokens == (16 - used) * FEWSHOT_PREFIX
+
+
+def test_a_burst_for_a_new_prefix_cannot_load_what_is_not_published_yet(tmp_path):
+    # All 16 arrive at t = 0: no replica's prefill of the prefix has ended when the others
+    # start, so each replica the burst reaches computes it, with or without a store (the
+    # serving replicas publish at the end of a prefill too: docs/scale-out.md).
+    work = fewshot_burst(tmp_path, 16)
+    for router, bound in (("cache-aware", "2+2"), ("cache-aware", "1+1"), ("round-robin", "2+2")):
+        config = dict(load_bound=LoadBound.parse(bound), check_every=1)
+        got = simulate_cluster(work, ClusterConfig(4, router, 3072, share_tokens=4 * 3072,
+                                                   **config))
+        off = simulate_cluster(work, ClusterConfig(4, router, 3072, **config))
+        assert got.loaded_tokens == 0
+        assert (got.hit_tokens, got.replica_requests) == (off.hit_tokens, off.replica_requests)
 
 
 def test_the_cache_aware_score_ranks_held_then_loadable_then_miss():
@@ -269,7 +289,7 @@ def test_the_cache_aware_score_ranks_held_then_loadable_then_miss():
 
 def test_replay_cli_share_runs_each_point_with_and_without_the_store(tmp_path, capsys):
     work_path = write_jsonl(tmp_path / "f.jsonl", [
-        rec(list(range(40)) + [1000 + q], 41 * BS, 4, timestamp=0) for q in range(8)])
+        rec(list(range(40)) + [1000 + q], 41 * BS, 4, timestamp=100 * q) for q in range(8)])
     assert replay_main([str(work_path), "--block-size", str(BS), "--capacity-tokens", "400",
                         "--no-progress", "--replicas", "4", "--router", "round-robin",
                         "--share", "--json"]) == 0
