@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Sequence
 
-from .framing import BadBlob, frame, unframe
+from .framing import frame
 from .store import Fetched, ShareCounters
 
 __all__ = ["DirSharedStore"]
@@ -96,22 +96,15 @@ class DirSharedStore:
             except FileNotFoundError:
                 got.lost += 1
                 break
-            try:
-                payload = unframe(key, blob)
-            except BadBlob:
-                got.refused += 1
+            if not got.add(key, blob):
                 path.unlink(missing_ok=True)        # never served again
                 break
             try:
                 os.utime(path)                      # recently used: evicted last
             except OSError:
                 pass
-            got.payloads.append(payload)
-            got.bytes_moved += len(blob)
         with self._lock:
-            self.counters.refused_pages += got.refused
-            self.counters.forgotten_pages += got.lost
-            self.counters.bytes_fetched += got.bytes_moved
+            self.counters.add_fetch(got)
         return got
 
     # ------------------------------------------------------------------ bound

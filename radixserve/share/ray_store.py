@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from typing import Sequence
 
-from .framing import BadBlob, frame, unframe
+from .framing import frame
 from .store import Fetched, ShareCounters
 
 __all__ = ["ACTOR_NAME", "RaySharedStore", "ShareDirectory"]
@@ -215,18 +215,11 @@ class RaySharedStore:
                     ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
                 got.lost += self._call("forget", key, default=0) or 1
                 break
-            try:
-                payload = unframe(key, blob)
-            except BadBlob:
-                got.refused += 1
+            if not got.add(key, blob):
                 self._call("forget_key", key, default=0)
                 break
-            got.payloads.append(payload)
-            got.bytes_moved += len(blob)
         with self._lock:
-            self.counters.refused_pages += got.refused
-            self.counters.forgotten_pages += got.lost
-            self.counters.bytes_fetched += got.bytes_moved
+            self.counters.add_fetch(got)
         return got
 
     def close(self) -> None:

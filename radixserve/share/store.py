@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from .framing import BadBlob, unframe
+
 __all__ = ["Fetched", "ShareCounters", "SharedStore", "open_shared_store", "parse_share"]
 
 
@@ -25,6 +27,18 @@ class Fetched:
     refused: int = 0
     lost: int = 0
 
+    def add(self, key: bytes, blob: bytes) -> bool:
+        """Check one fetched page against its key (framing.py): its payload kept (True),
+        or counted as refused (False: the fetch stops there)."""
+        try:
+            payload = unframe(key, blob)
+        except BadBlob:
+            self.refused += 1
+            return False
+        self.payloads.append(payload)
+        self.bytes_moved += len(blob)
+        return True
+
 
 @dataclass
 class ShareCounters:
@@ -36,6 +50,11 @@ class ShareCounters:
     refused_pages: int = 0          # fetched pages refused: CRC or key mismatch
     bytes_published: int = 0
     bytes_fetched: int = 0
+
+    def add_fetch(self, got: Fetched) -> None:
+        self.refused_pages += got.refused
+        self.forgotten_pages += got.lost
+        self.bytes_fetched += got.bytes_moved
 
 
 class SharedStore(Protocol):
