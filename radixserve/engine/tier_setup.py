@@ -81,6 +81,12 @@ def make_peer_share(config: EngineConfig, runner: ModelRunner,
     another model or KV format never read them."""
     if config.disable_radix_cache or parse_share(config.kv_share)[0] == "off":
         return None
+    if runner.windowed is not None:
+        # A page's sliding-window layers live in another pool that the shared bytes do
+        # not carry: a loaded page would lack them. Not shared (yet).
+        log.warning("--kv-share is not used with a windowed KV pool (--kv-window-pool off "
+                    "shares the full KV)")
+        return None
     from radixserve.engine.kv_persistence import engine_fingerprint
 
     owner = f"{socket.gethostname()}:{os.getpid()}"
