@@ -118,8 +118,7 @@ def test_a_restarted_directory_forgets_and_sharing_resumes(actor):
 def test_the_directory_is_bounded(actor):
     store = RaySharedStore(0, "e", actor=actor)
     ks = keys(100, start=1000)
-    for i, k in enumerate(ks):
-        store.publish(k, page(i))
+    store.publish_many(ks, [page(i) for i in range(100)])      # one batch: two actor calls
     size = ray.get(actor.size.remote())
     assert size["used_bytes"] <= 64 * 1100 and size["evicted"] > 0
     assert store.published(ks[-5:]) == 5 and store.published(ks[:1]) == 0
