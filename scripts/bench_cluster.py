@@ -14,6 +14,12 @@ prompt) and routing cost per decision.
   python scripts/bench_cluster.py --quick         # tiny workloads: a smoke run
   python scripts/bench_cluster.py --routers cache-aware,round-robin --workloads few-shot
   python scripts/bench_cluster.py --routers cache-aware --load-bounds 1.25+2,1+1,inf
+  python scripts/bench_cluster.py --share off,ray,dir   # issue 38: KV moves between replicas
+
+With `--share`, every router runs once per cluster store (--kv-share off | ray | a fresh
+shared directory), side by side; a prompt token a replica loaded from a peer's pages counts
+as cached (it was not computed), so "computed" is the cluster's prefill work with sharing.
+`prefix-affinity` is Ray Serve LLM's own PrefixCacheAffinityRouter (when importable).
 
 Needs the ray extra (pip install -e '.[ray]'). Replicas are CPU processes of one thread
 each (--replica-cpus); on a 2-core machine 4 replicas share the cores, so latencies are
@@ -25,8 +31,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -84,6 +92,11 @@ async def measure_view_lag(client, samples: int = 5) -> dict:
 async def run_config(name: str, options: ClusterOptions, engine_config: EngineConfig,
                      workloads: list, args) -> dict:
     launch = import_launch()
+    if engine_config.kv_share == "ray":
+        launch.start_ray(options)
+        from radixserve.share.ray_store import clear_directory
+
+        clear_directory()                   # the last configuration's pages: not ours
     t0 = time.perf_counter()
     client = launch.deploy(engine_config, options)
     await client.start()
@@ -94,7 +107,9 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
     print(f"[{name}] {options.replicas} replica(s) up in {time.perf_counter() - t0:.0f} s",
           file=sys.stderr)
     out: dict = {"config": name, "replicas": options.replicas, "router": options.router,
-                 "kv_tokens_per_replica": engine_config.kv_cache_tokens, "workloads": {}}
+                 "kv_tokens_per_replica": engine_config.kv_cache_tokens, "workloads": {},
+                 "share": engine_config.kv_share}
+    shared_before = None
     try:
         for wname, workload in workloads:
             before = sent_per_replica(client)
@@ -122,6 +137,9 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
                 "decision_us": 1e6 * (client.state.decision_seconds - seconds0) / decisions
                 if decisions else None,
             }
+            if engine_config.kv_share != "off":
+                out["workloads"][wname]["share"] = await share_figures(client, shared_before)
+                shared_before = out["workloads"][wname]["share"]["total"]
             print(f"[{name}] {wname}: {json.dumps(out['workloads'][wname])}", file=sys.stderr)
         if options.router == "cache-aware":
             out["view_lag"] = await measure_view_lag(client)
@@ -129,6 +147,21 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
         await drain_and_stop(server, 1.0)
         await client.shutdown()
     return out
+
+
+async def share_figures(client, before: dict | None) -> dict:
+    """--kv-share: what the replicas moved through the cluster store during one workload
+    (the difference of their summed counters), and the running total."""
+    from radixserve.cluster.client import sum_stats
+
+    share = sum_stats(list((await client.refresh_stats()).values())).share
+    total = {k: getattr(share, k) for k in ("loaded_tokens", "bytes_fetched", "load_seconds",
+                                            "published_pages", "refused_pages",
+                                            "forgotten_pages")}
+    delta = {k: v - (before or {}).get(k, 0) for k, v in total.items()}
+    delta["load_ms_per_token"] = (1e3 * delta["load_seconds"] / delta["loaded_tokens"]
+                                  if delta["loaded_tokens"] else None)
+    return {**delta, "total": total}
 
 
 def fmt(v, spec: str) -> str:
@@ -139,17 +172,20 @@ def report(results: list[dict], workload_names: list[str]) -> str:
     lines = []
     for w in workload_names:
         lines.append(f"\n{w}")
-        lines.append(f"  {'configuration':<28}{'computed':>10}{'hit rate':>10}{'TTFT p50':>10}"
-                     f"{'TTFT p90':>10}{'req/replica max/mean':>24}{'us/decision':>13}")
+        lines.append(f"  {'configuration':<38}{'computed':>10}{'hit rate':>10}{'TTFT p50':>10}"
+                     f"{'TTFT p90':>10}{'req/replica max/mean':>24}{'us/decision':>13}"
+                     f"{'loaded':>9}{'ms/tok':>8}")
         for r in results:
             m = r["workloads"][w]
             per = m["requests_per_replica"]
             spread = (f"{max(per)}/{sum(per) / len(per):.1f} = "
                       f"{fmt(m['requests_max_over_mean'], '.2f')}") if per else "-"
-            lines.append(f"  {r['config']:<28}{fmt(m['computed_tokens'], '.0f'):>10}"
+            lines.append(f"  {r['config']:<38}{fmt(m['computed_tokens'], '.0f'):>10}"
                          f"{fmt(m['token_hit_rate'], '.3f'):>10}"
                          f"{fmt(m['ttft_p50_ms'], '.0f'):>10}{fmt(m['ttft_p90_ms'], '.0f'):>10}"
-                         f"{spread:>24}{fmt(m['decision_us'], '.0f'):>13}")
+                         f"{spread:>24}{fmt(m['decision_us'], '.0f'):>13}"
+                         f"{fmt(m.get('share', {}).get('loaded_tokens'), '.0f'):>9}"
+                         f"{fmt(m.get('share', {}).get('load_ms_per_token'), '.3f'):>8}")
     for r in results:
         if "view_lag" in r:
             lag = r["view_lag"]
@@ -180,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny workloads: a smoke run")
     p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--share", default="off", metavar="off,ray,dir",
+                   help="cluster stores to compare (--kv-share): each router runs once per "
+                        "store; dir is a fresh temporary directory per configuration")
     return p
 
 
@@ -189,9 +228,16 @@ async def main_async(args) -> list[dict]:
     workloads = build_workloads(names, sizes, args.seed)
     ray_cpus = args.ray_cpus or max(2, int(args.replicas * args.replica_cpus + 1))
 
-    def engine(kv_tokens: int) -> EngineConfig:
+    shares = args.share.split(",")
+    if any(s not in ("off", "ray", "dir") for s in shares):
+        raise SystemExit(f"--share: a comma list of off, ray, dir; got {args.share!r}")
+    scratch = Path(tempfile.mkdtemp(prefix="bench-share-"))
+
+    def engine(kv_tokens: int, share: str = "off") -> EngineConfig:
+        if share == "dir":
+            share = f"dir:{tempfile.mkdtemp(dir=scratch)}"
         return EngineConfig(model=args.model, dtype="float32", device="cpu",
-                            kv_cache_tokens=kv_tokens, warmup_tokens=64)
+                            kv_cache_tokens=kv_tokens, warmup_tokens=64, kv_share=share)
 
     def options(replicas: int, router: str, name: str,
                 load_bound: LoadBound = LoadBound()) -> ClusterOptions:
@@ -209,10 +255,15 @@ async def main_async(args) -> list[dict]:
         bounds = [LoadBound.parse(c) for c in args.load_bounds.split(",")] \
             if router == "cache-aware" else [LoadBound()]
         for c in bounds:
-            name = f"{args.replicas} x {router}" + (f" {c}" if router == "cache-aware" else "")
-            app = f"{router}-{c}".replace(".", "_").replace("+", "-")
-            results.append(await run_config(name, options(args.replicas, router, app, c),
-                                             engine(args.kv_tokens), workloads, args))
+            for share in shares:
+                name = f"{args.replicas} x {router}" + \
+                    (f" {c}" if router == "cache-aware" else "") + \
+                    (f" share={share}" if share != "off" else "")
+                app = f"{router}-{c}-{share}".replace(".", "_").replace("+", "-")
+                results.append(await run_config(name, options(args.replicas, router, app, c),
+                                                 engine(args.kv_tokens, share), workloads,
+                                                 args))
+    shutil.rmtree(scratch, ignore_errors=True)
     print(report(results, names))
     return results
 

@@ -143,6 +143,26 @@ class PrefixLease:
         self.matched_tokens = len(pages) * self.page_size
         return plan.num_tokens
 
+    def take_loaded(self, tokens: TokenIds, num_pages: int) -> np.ndarray | None:
+        """Extend the matched prefix by `num_pages` whole pages whose KV arrives from
+        elsewhere (a peer replica's, engine/peer_share.py): new pool pages go straight into
+        the tree, locked by this lease, and their ids are returned for the caller to fill
+        before anything reads them. Right after `acquire` only (no copy-on-write part, no
+        private page); None when not so or when the pages cannot be had (nothing changed).
+        """
+        if num_pages <= 0 or self._cow is not None or self.num_tree_pages != len(self.pages) \
+                or not self.use_cache:
+            return None
+        try:
+            pages = self.memory.alloc_after(self.pages, num_pages)
+        except OutOfPages:
+            return None
+        start, end = len(self.pages), len(pages)
+        self.pages = pages
+        self.extend(tokens, end * self.page_size)
+        self.matched_tokens = self.num_tree_pages * self.page_size
+        return self.pages[start:end]        # the tree's pages (ours: the match was longest)
+
     def grow(self, num_pages: int) -> None:
         """Add `num_pages` private pages (evicting unlocked leaves when short).
 

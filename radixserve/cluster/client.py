@@ -72,6 +72,8 @@ def sum_stats(snapshots: Sequence[EngineStats]) -> EngineStats:
             total.requests_finished[reason] = total.requests_finished.get(reason, 0) + n
         if s.cache is not None:
             total.cache = s.cache if total.cache is None else total.cache.merged(s.cache)
+        if s.share is not None:                 # --kv-share
+            total.share = s.share if total.share is None else total.share.merged(s.share)
         total.page_size = s.page_size
     return total
 

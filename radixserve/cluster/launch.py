@@ -23,6 +23,11 @@ from .view import ClusterState
 from .views_registry import register, unregister
 
 
+# --kv-share: the router's estimate of a load's cost per token as a fraction of a prefill's
+# (the replicas load only while it is below 1: engine/tier_costs.py). docs/scale-out.md.
+SHARE_LOAD_FRACTION = 0.25
+
+
 def router_config(options: ClusterOptions, view_key: str, block_tokens: int
                   ) -> RequestRouterConfig:
     kwargs = {"view_key": view_key, "block_tokens": block_tokens}
@@ -35,7 +40,8 @@ def router_config(options: ClusterOptions, view_key: str, block_tokens: int
                       prefill_seconds_per_token=options.prefill_seconds_per_token,
                       decode_seconds_per_request=options.decode_seconds_per_request,
                       cache_weight=options.cache_weight,
-                      load_bound=str(options.load_bound))   # kwargs: plain values
+                      load_bound=str(options.load_bound),   # kwargs: plain values
+                      load_fraction=options.share_load_fraction)
     return RequestRouterConfig(request_router_class=cls, request_router_kwargs=kwargs,
                                request_routing_stats_period_s=options.routing_stats_period_s,
                                request_routing_stats_timeout_s=options.routing_stats_timeout_s)
@@ -70,6 +76,8 @@ def deploy(engine_config: EngineConfig, options: ClusterOptions) -> RayEngineCli
     """Start (or join) Ray, run the replicas, and return the front end's client (not yet
     started: `await client.start()` on the serving event loop)."""
     start_ray(options)
+    if engine_config.kv_share != "off" and options.share_load_fraction is None:
+        options = dataclasses.replace(options, share_load_fraction=SHARE_LOAD_FRACTION)
     block_tokens = routing_block_tokens(engine_config.page_size)
     view_key = uuid.uuid4().hex
     state = ClusterState(block_tokens)

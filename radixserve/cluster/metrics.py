@@ -51,7 +51,21 @@ class ClusterCollector(Collector):
                 for rid, s in stats.items():
                     metric.add_metric([rid], getattr(s, attr))
                 yield metric
+        yield from self._share_metrics(stats)
         yield from self._router_metrics()
+
+    @staticmethod
+    def _share_metrics(stats: dict[str, EngineStats]) -> Iterator[Metric]:
+        """--kv-share per replica: prompt tokens loaded from peers, bytes both ways."""
+        for attr in ("loaded_tokens", "bytes_fetched", "bytes_published", "published_pages",
+                     "refused_pages", "load_seconds"):
+            metric = CounterMetricFamily(f"radixserve_replica_kv_share_{attr}",
+                                         f"--kv-share {attr.replace('_', ' ')}, per replica",
+                                         labels=["replica"])
+            for rid, s in stats.items():
+                if s.share is not None:
+                    metric.add_metric([rid], getattr(s.share, attr))
+            yield metric
 
     def _router_metrics(self) -> Iterator[Metric]:
         st = self._state

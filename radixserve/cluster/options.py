@@ -31,6 +31,7 @@ class ClusterOptions:
     num_cpus: int | None = None            # a new local Ray only: CPUs it may use
     routing_stats_delay_s: float = 0.0     # tests: replicas slow to publish
     router_view: str = "digest"            # digest | events (cluster/event_feed.py)
+    share_load_fraction: float | None = None   # --kv-share: a load's cost / a prefill's
 
     def __post_init__(self):
         if self.replicas < 1:

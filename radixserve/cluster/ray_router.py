@@ -110,7 +110,7 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
                          block_tokens: int = 16, prefill_seconds_per_token: float = 2e-4,
                          decode_seconds_per_request: float = 0.1, cache_weight: float = 4.0,
                          load_bound: str = str(LoadBound()), seed: int = 0,
-                         **_: Any) -> None:
+                         load_fraction: float | None = None, **_: Any) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; choose from {POLICIES}")
         self.init_view(view_key, block_tokens)
@@ -119,7 +119,7 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
         self.decode_seconds_per_request = decode_seconds_per_request
         self._pow2 = PowerOfTwoRouter(1, seed)
         self._cache_aware = CacheAwareRouter(1, prefill_seconds_per_token, cache_weight,
-                                             LoadBound.parse(load_bound))
+                                             LoadBound.parse(load_bound), load_fraction)
         self._round_robin = RoundRobinRouter(1)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],

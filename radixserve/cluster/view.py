@@ -202,3 +202,8 @@ class CandidateView:
     def cached_tokens(self, request: RouteRequest) -> list[int]:
         return [min(request.prompt_tokens, s.held_blocks(self.hashes) * self.block_tokens)
                 for s in self.states]
+
+    def shared_tokens(self, request: RouteRequest) -> int:
+        """--kv-share: what any live replica holds is in the cluster store (each publishes
+        a prompt's pages once its prefill is done), so any other can load it."""
+        return max(self.cached_tokens(request), default=0)

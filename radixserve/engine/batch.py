@@ -17,6 +17,7 @@ from radixserve.cache.prefix_lease import CopyOrder
 from radixserve.cache.tier_types import MoveTimes
 from radixserve.cache.tiers import DemoteOrder, LoadOrder
 from radixserve.engine.outputs import TokenLogprob
+from radixserve.engine.peer_share import PeerOrders
 from radixserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class StepBatch:
     moves: list[DemoteOrder | LoadOrder] = field(default_factory=list)  # tiers: run first,
                                                             #   in this order
     matchers: list[Matcher | None] = field(default_factory=list)    # per sampled row: grammar
+    peer: PeerOrders | None = None      # --kv-share: publishes first, loads after `moves`
 
     @property
     def num_tokens(self) -> int:
@@ -45,7 +47,7 @@ class StepBatch:
 
     def __bool__(self) -> bool:
         """Anything to run: spans to compute, or tier moves alone."""
-        return bool(self.spans) or bool(self.moves)
+        return bool(self.spans) or bool(self.moves) or bool(self.peer)
 
 
 @dataclass(slots=True)

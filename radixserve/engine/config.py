@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 
 from radixserve.cache.eviction import POLICIES
 from radixserve.kv_sizing import DEFAULT_WINDOW_POOL_FRACTION, KV_DTYPE_CHOICES
+from radixserve.share.store import share_arg
 from radixserve.units import parse_bytes, parse_tokens
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -84,6 +85,10 @@ class EngineConfig:
     # The disk tier's journal (storage/journal.py): fsynced in batches this often; 0: at
     # every record. A kill -9 loses nothing either way; a power loss at most this much.
     kv_disk_journal_sync_ms: int = 1000
+    # The cluster store (docs/scale-out.md, "Sharing KV between replicas"): off | ray |
+    # dir:PATH, and its bound in bytes (None: DEFAULT_KV_SHARE_BYTES).
+    kv_share: str = "off"
+    kv_share_bytes: int | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -205,3 +210,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"fsync the disk tier's journal of page writes and drops this often "
                         f"(default {d.kv_disk_journal_sync_ms}; 0: at every record): what a "
                         f"power loss may lose; a kill -9 loses nothing (docs/tiers.md)")
+    g.add_argument("--kv-share", type=share_arg, default=None, metavar="off|ray|dir:PATH",
+                   help="share computed prefixes between replicas: a replica publishes the KV "
+                        "pages of each prompt it computes, another that misses them loads "
+                        "them while that is cheaper than computing. ray: Ray's object store "
+                        "(with --replicas); dir:PATH: page files in a shared directory "
+                        "(default off; docs/scale-out.md)")
+    g.add_argument("--kv-share-bytes", type=parse_bytes, default=None,
+                   help="at most this many bytes of shared pages in the cluster store "
+                        "(default 4GiB; least recently used out first)")

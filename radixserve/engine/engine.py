@@ -38,7 +38,7 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import DECODE_RESERVE_TOKENS, Scheduler, SchedulerConfig
 from radixserve.engine.seeds import SampleSeeds
 from radixserve.engine.seq_memory import SequenceMemory
-from radixserve.engine.tier_setup import make_tiers
+from radixserve.engine.tier_setup import make_peer_share, make_tiers
 from radixserve.engine.validation import check_request
 from radixserve.kv_sizing import DEFAULT_CHECKPOINT_WINDOWS
 from radixserve.model import LoadedModel
@@ -65,8 +65,9 @@ class Engine(OneProcessStats):
         self.persistence = (KVPersistence(store, self.tree, self.tiers, self.runner.mover,
                                           self._on_compute, self._step_lock)
                             if store is not None else None)
+        self.peers = make_peer_share(config, self.runner, self.tiers)    # --kv-share
         self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache,
-                                         tiers=self.tiers)
+                                         tiers=self.tiers, peers=self.peers)
         self.pool_tokens = self.runner.num_pages * config.page_size
         self.max_model_len = self._max_model_len()
         self.pins = PinBook(self.memory, self._pin_limit())
@@ -195,6 +196,17 @@ class Engine(OneProcessStats):
             self.persistence.store.close()      # another engine may open the directory
         if self.kv_events is not None:
             self.kv_events.close()
+        if self.peers is not None:
+            await self.share_published()        # a step cut short still hands its pages over
+            await asyncio.to_thread(self.peers.close)
+    async def share_published(self) -> None:
+        """--kv-share: wait until the pages queued for publishing so far are in the store.
+        The step that copies them runs on the compute thread (one thread: a no-op queued
+        behind it runs once it has), then the publisher thread hands them over."""
+        if self.peers is None:
+            return
+        await self._on_compute(lambda: None)
+        await asyncio.to_thread(self.peers.drain)
 
     async def save_cache(self, deadline: float | None = None) -> dict:
         """Write the cache to --kv-disk-dir now (POST /cache/save); requests keep running.
@@ -409,6 +421,8 @@ class Engine(OneProcessStats):
             return True
         if self.tiers is not None:
             self.tiers.observe(result, plan.batch.num_tokens)
+        elif self.peers is not None:        # (with tiers, their costs are the peers' too)
+            self.peers.costs.observe_prefill(plan.batch.num_tokens, result.forward_seconds)
         try:
             self.core.complete(plan, result)
         except Exception as exc:
@@ -442,6 +456,7 @@ class Engine(OneProcessStats):
         )
         if self.tiers is not None:
             s.tiers = self.tiers.stats()
+        s.share = self.peers.stats() if self.peers is not None else None
         s.kv_disk = self.persistence.stats() if self.persistence is not None else None
         s.kv_events = self.kv_events.stats if self.kv_events is not None else None
         masks = self.runner.sampler.masks

@@ -84,6 +84,7 @@ class EngineStats:
     kv_disk: DiskStats | None = None    # --kv-disk-dir: KVPersistence.stats() (corrupt pages, saves)
     grammar_masks: GrammarMaskStats = field(default_factory=lambda: GrammarMaskStats())
     kv_events: object | None = None     # --kv-events: the publisher's PublisherStats; None: off
+    share: object | None = None         # --kv-share: PeerShare's ShareStats; None: off
 
 
 class OneProcessStats:

@@ -84,6 +84,7 @@ class SeqState:
     matcher: "Matcher | None" = None        # constrained decoding (engine/grammar.py)
     miss: "MissReport | None" = None       # why the prompt was not all cached (first admission)
     waiting_since: int = 0                 # scheduler step its wait began (lpm's wait bound)
+    shared: bool = False                    # --kv-share: its prompt's pages were published
 
     @property
     def params(self) -> SamplingParams:

@@ -20,6 +20,7 @@ from radixserve.attention.metadata import SeqSpan, build_metadata
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.kv_quant import describe_kv_cache
 from radixserve.attention.kv_tiers import HostKVPool, PageWriter, TierMover
+from radixserve.attention.page_bytes import bytes_to_pages, pages_to_bytes
 from radixserve.attention.window_kv import WindowedKV
 from radixserve.cache.tier_types import MoveTimes
 from radixserve.engine.batch import SampleResult, StepBatch, StepResult
@@ -111,6 +112,7 @@ class ModelRunner:
             self._full_and_windowed_pools()
         self.sampler = Sampler()
         self.mover: TierMover | None = None     # host/disk tiers (attach_tiers)
+        self.share_publisher = None             # --kv-share: PeerShare's publisher thread
 
     def _full_and_windowed_pools(self) -> None:
         config, mc = self.config, self.loaded.config
@@ -202,7 +204,15 @@ class ModelRunner:
                  else contextlib.nullcontext())
         with guard:
             # tiers: demotions and loads, in issue order
+            peer = batch.peer
+            if peer is not None:            # pages to publish: read before anything below
+                for order in peer.publish:
+                    self.share_publisher.submit(order.keys,
+                                                pages_to_bytes(self.kv_pool, order.pages))
             moves = self.mover.run(batch.moves) if batch.moves else MoveTimes()
+            if peer is not None:            # peer pages into pool pages taken after `moves`
+                for load in peer.loads:
+                    bytes_to_pages(self.kv_pool, load.pages.tolist(), load.payloads)
             if not batch.spans:
                 return StepResult(SampleResult(token_ids=[], logprobs=[]), moves)
             started = time.perf_counter()

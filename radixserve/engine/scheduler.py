@@ -96,7 +96,7 @@ class Scheduler:
         return True
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running) or self.memory.has_orders()
 
     @property
     def num_live(self) -> int:
@@ -159,6 +159,7 @@ class Scheduler:
         for seq, n in work:
             self._add_span(plan, seq, n)
         plan.batch.moves = self.memory.take_moves()     # tiers: before copies and compute
+        plan.batch.peer = self.memory.take_peer_orders()
         return plan
 
     def _reserve_or_preempt(self, seq: SeqState, want: int) -> bool:

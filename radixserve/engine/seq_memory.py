@@ -20,6 +20,7 @@ from radixserve.cache.window_memory import WindowedMemory
 from radixserve.engine.request import SeqState
 
 if TYPE_CHECKING:
+    from radixserve.engine.peer_share import PeerOrders, PeerShare
     from radixserve.engine.tier_runtime import TierRuntime
 
 LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
@@ -27,9 +28,10 @@ LOOKAHEAD_TOKENS = 8    # decode pages taken ahead while memory is plentiful
 
 class SequenceMemory:
     def __init__(self, memory: PagedMemory, use_cache: bool,
-                 tiers: TierRuntime | None = None):
+                 tiers: TierRuntime | None = None, peers: PeerShare | None = None):
         self.pool = memory         # the KV pool's pages and the tree (PagedMemory)
         self.tiers = tiers          # host/disk tiers: what loads a match's lower part
+        self.peers = peers          # --kv-share: the cluster store below them
         self.tree = memory.tree
         self.page_size = memory.page_size
         self.use_cache = use_cache
@@ -87,12 +89,23 @@ class SequenceMemory:
             except ReadPending:         # its disk pages are being read: admit it later
                 self.release(seq, keep=False)
                 raise
+        if match is not None and reuse_cache and self.peers is not None:
+            self.peers.load(lease, seq.token_ids, seq.request.namespace,
+                            len(seq.token_ids) - 1)
         seq.num_computed = lease.matched_tokens
         return seq.num_computed
 
     def take_moves(self) -> list:
         """Tier moves issued since the last call, for the next step (in this order)."""
         return self.tiers.take_moves() if self.tiers is not None else []
+
+    def take_peer_orders(self) -> PeerOrders | None:
+        """--kv-share: pages to publish and peer pages to write in, for the next step."""
+        return self.peers.take_orders() if self.peers is not None else None
+
+    def has_orders(self) -> bool:
+        """Orders waiting for a step even when no sequence is (pages to publish)."""
+        return self.peers is not None and self.peers.has_orders()
 
     def moves_done(self) -> None:
         if self.tiers is not None:
@@ -117,6 +130,10 @@ class SequenceMemory:
     def commit(self, seq: SeqState) -> None:
         """Insert the computed whole pages into the tree (the lease adopts the tree's)."""
         seq.lease.extend(seq.token_ids, seq.num_computed)
+        if self.peers is not None and not seq.shared and self.use_cache \
+                and seq.num_computed // self.page_size >= (seq.prompt_len - 1) // self.page_size:
+            seq.shared = True       # every page a later request could load is computed
+            self.peers.publish(seq.lease, seq.token_ids, seq.prompt_len, seq.request.namespace)
 
     def release(self, seq: SeqState, keep: bool) -> None:
         """Give back everything the sequence holds; `keep` first caches its computed KV."""

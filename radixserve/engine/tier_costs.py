@@ -46,6 +46,19 @@ class TierCosts:
             best = tier
         return best
 
+    # --kv-share: fetching a peer's pages from the cluster store (engine/peer_share.py).
+    peer_s_per_token: float | None = None
+
+    def observe_peer_load(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds >= 0:
+            self.peer_s_per_token = _blend(self.peer_s_per_token, seconds / tokens)
+
+    def peer_worth_loading(self) -> bool:
+        """Load from the cluster store while it is cheaper per token than computing (or
+        not yet measured: the first loads are how it gets measured)."""
+        return self.peer_s_per_token is None or self.prefill_s_per_token is None \
+            or self.peer_s_per_token < self.prefill_s_per_token
+
     def as_dict(self) -> dict:
         return {"prefill_s_per_token": self.prefill_s_per_token,
                 "load_s_per_token": {t.label: v for t, v in self.load_s_per_token.items()}}

@@ -10,6 +10,8 @@ TierPages: its pages are the ones a save indexes and a restart restores.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from typing import TYPE_CHECKING
 
 from radixserve.attention.page_bytes import page_payload_bytes
@@ -18,7 +20,10 @@ from radixserve.cache.tiers import LowerTiers
 from radixserve.engine.compute_thread import on_compute_thread
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.disk_places import DiskPlaces
+from radixserve.engine.peer_share import PeerShare
 from radixserve.engine.tier_costs import TierCosts
+from radixserve.share import ShareScope, open_shared_store
+from radixserve.share.store import parse_share
 from radixserve.engine.tier_runtime import TierRuntime
 from radixserve.storage import DiskPageStore, TierPages
 from radixserve.storage.disk_reader import DiskReader
@@ -64,6 +69,34 @@ def make_tiers(config: EngineConfig, runner: ModelRunner, tree: RadixCache,
     if disk is not None:
         lower.places = DiskPlaces(disk, ps)     # each disk page's path, for the journal
     return TierRuntime(lower, TierCosts(), disk, reader, writer)
+
+
+DEFAULT_KV_SHARE_BYTES = 4 * 2**30
+
+
+def make_peer_share(config: EngineConfig, runner: ModelRunner,
+                    tiers: TierRuntime | None) -> PeerShare | None:
+    """--kv-share: the cluster store and this engine's side of it (None: off, or the
+    cache is off). Pages are keyed within this engine's model fingerprint, so replicas of
+    another model or KV format never read them."""
+    if config.disable_radix_cache or parse_share(config.kv_share)[0] == "off":
+        return None
+    if runner.windowed is not None:
+        # A page's sliding-window layers live in another pool that the shared bytes do
+        # not carry: a loaded page would lack them. Not shared (yet).
+        log.warning("--kv-share is not used with a windowed KV pool (--kv-window-pool off "
+                    "shares the full KV)")
+        return None
+    from radixserve.engine.kv_persistence import engine_fingerprint
+
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    store = open_shared_store(config.kv_share, config.kv_share_bytes or DEFAULT_KV_SHARE_BYTES,
+                              owner)
+    peers = PeerShare(store, ShareScope.of(engine_fingerprint(config, runner)),
+                      config.page_size, tiers.costs if tiers is not None else None)
+    runner.share_publisher = peers.publisher
+    log.info("KV sharing: %s store (%s)", store.name, config.kv_share)
+    return peers
 
 
 def disk_tier_pages(store: DiskPageStore, page_bytes: int) -> int:

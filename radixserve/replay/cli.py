@@ -14,7 +14,7 @@ import json
 import sys
 
 from radixserve.routing import LoadBound, load_bound_arg
-from radixserve.units import parse_bytes
+from radixserve.units import parse_bytes, parse_tokens
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -96,6 +96,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "mean requests in flight + S are candidates (default %(default)s; "
                          "inf: no bound)")
     cluster.add_argument("--seed", type=int, default=0, help="seed of the random routers")
+    cluster.add_argument("--share", nargs="?", const=0, default=None, type=parse_tokens,
+                         metavar="TOKENS",
+                         help="also simulate every point with a cluster store (--kv-share): "
+                              "a replica loads the part of a prompt the store holds instead "
+                              "of computing it; TOKENS bounds the store (default: as much as "
+                              "all replicas hold)")
+    cluster.add_argument("--share-load-fraction", type=float, default=0.25, metavar="F",
+                         help="a loaded token's time as a fraction of a computed one's "
+                              "(service model and cache-aware score; default %(default)s)")
     tiers = parser.add_argument_group(
         "tier simulation", "host memory and disk below the cache, run by the server's tier "
         "code: evicted pages are demoted, a hit there is loaded instead of recomputed")
@@ -166,7 +175,8 @@ def _simulate(args: argparse.Namespace, options):
                                  args.decode_seconds_per_token),
             seconds_per_time_unit=1e-3 if args.time_unit == "ms" else 1.0,
             cache_weight=args.cache_weight, seed=args.seed,
-            load_bound=args.load_bound)
+            load_bound=args.load_bound, share_tokens=args.share,
+            share_load_fraction=args.share_load_fraction)
         return (run_cluster_sweep(options, cluster, warn), format_cluster_table,
                 lambda r, path: plot.plot_cluster(r, path))
     if args.host_capacity_tokens is not None or args.disk_capacity_tokens is not None:

@@ -7,10 +7,19 @@ model: a replica serves its requests one after another, first come first served,
 taking prefill seconds per computed (uncached) prompt token plus decode seconds per output
 token. The router (radixserve.routing) sees each replica's queue when a request arrives;
 the cache-aware router also sees the prompt tokens each replica holds at that moment.
+
+With sharing (`share_tokens`: --share, as `--kv-share` serves it), one more cache stands for
+the cluster store: a request's prompt is published into it when its prefill ends on its
+replica (write-through; requests arriving before that cannot load it: a burst of requests
+for a new prefix that arrive together each compute it, as the serving replicas do), and a
+replica that misses part of a prompt the store holds loads that part instead of computing
+it, at `share_load_fraction` of its prefill time. Loaded tokens count as hits
+(`loaded_tokens` says how many); the cache-aware router scores them as loadable.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -55,6 +64,8 @@ class ClusterConfig:
     seed: int = 0
     check_every: int = 0                  # check each replica's cache every N requests
     load_bound: LoadBound = LoadBound()   # cache-aware router: see routing/routers.py
+    share_tokens: int = 0                 # the cluster store's capacity (0: no sharing)
+    share_load_fraction: float = 0.25     # a loaded token's time / a computed token's
 
     def __post_init__(self):
         if self.replicas < 1:
@@ -86,6 +97,8 @@ class ClusterStats(HitCounts):
     ttft_p50: float = 0.0
     ttft_p99: float = 0.0
     seconds: float = 0.0
+    share_tokens: int = 0           # the cluster store's capacity (0: no sharing)
+    loaded_tokens: int = 0          # prompt tokens loaded from the store (in hit_tokens)
 
     @property
     def load_spread(self) -> float:
@@ -115,6 +128,7 @@ class ClusterStats(HitCounts):
             "wait_p50_s": self.wait_p50, "wait_p99_s": self.wait_p99,
             "ttft_p50_s": self.ttft_p50, "ttft_p99_s": self.ttft_p99,
             "seconds": self.seconds,
+            "share_tokens": self.share_tokens, "loaded_tokens": self.loaded_tokens,
         }
 
 
@@ -131,6 +145,8 @@ class _Replicas:
         self.finishes: list[deque[float]] = [deque() for _ in range(config.replicas)]
         self.now = 0.0
         self.item = None          # the request being routed (its keys, for cached_tokens)
+        self.store = (_Run(workload, ReplayConfig(config.share_tokens, "lru", 1))
+                      if config.share_tokens else None)     # the cluster store
 
     def queued_requests(self) -> list[int]:
         now = self.now
@@ -149,12 +165,17 @@ class _Replicas:
         item, space = self.item, self.space
         L = item.prompt_len
         limit = space.max_match_keys(L)
-        out = []
-        for run in self.runs:
-            keys = run.cache.peek_prefix(item.prompt_keys, max_tokens=limit)
-            out.append(space.hit_tokens(keys, keys // space.tree_page_size,
-                                        keys % space.tree_page_size > 0, L))
-        return out
+        return [self._held(run, item) for run in self.runs]
+
+    def shared_tokens(self, request: RouteRequest) -> int:
+        """The prompt tokens the cluster store holds (0 without one)."""
+        return self._held(self.store, self.item) if self.store is not None else 0
+
+    def _held(self, run: _Run, item) -> int:
+        space, L = self.space, item.prompt_len
+        keys = run.cache.peek_prefix(item.prompt_keys, max_tokens=space.max_match_keys(L))
+        return space.hit_tokens(keys, keys // space.tree_page_size,
+                                keys % space.tree_page_size > 0, L)
 
 
 def arrival_seconds(workload: Workload, seconds_per_unit: float) -> np.ndarray:
@@ -198,36 +219,52 @@ def simulate_cluster(workload: Workload, config: ClusterConfig,
                          capacity_pages=cluster.runs[0].mem.num_pages,
                          prefill_seconds_per_token=service.prefill_seconds_per_token,
                          cache_weight=config.cache_weight,
-                         load_bound=config.load_bound, seed=config.seed)
+                         load_bound=config.load_bound, seed=config.seed,
+                         load_fraction=config.share_load_fraction
+                         if config.share_tokens else None)
     arrivals = arrival_seconds(workload, config.seconds_per_time_unit).tolist()
     outputs = output_tokens(workload)
-    stats = ClusterStats(config.replicas, config.router, config.capacity_tokens, config.policy)
+    stats = ClusterStats(config.replicas, config.router, config.capacity_tokens, config.policy,
+                         share_tokens=config.share_tokens)
     counts = [0] * config.replicas
     busy = [0.0] * config.replicas
     waits: list[float] = []
     ttfts: list[float] = []
     warmup = int(config.warmup_fraction * len(workload))
     start_clock = time.perf_counter()
+    published: list[tuple[float, int]] = []     # (prefill end, request index): to publish
+    items = list(workload) if cluster.store is not None else []
     for i, item in enumerate(workload):
         now = arrivals[i]
+        while published and published[0][0] <= now:
+            cluster.store.serve(items[heapq.heappop(published)[1]])     # write-through
         cluster.now, cluster.item = now, item
         request = requests[i]
         r = router.choose(request, cluster)
         router.routed(request, r)
+        shared = cluster.shared_tokens(request)
         hit = cluster.runs[r].serve(item)
-        computed = item.prompt_len - (hit or 0)
-        seconds = service.seconds(computed, outputs[i])
+        loaded = max(0, shared - hit) if hit is not None else 0
+        computed = item.prompt_len - (hit or 0) - loaded
+        seconds = service.seconds(computed, outputs[i]) + \
+            loaded * service.prefill_seconds_per_token * config.share_load_fraction
+        if cluster.store is not None and hit is not None:
+            hit += loaded
         begin = max(now, cluster.busy_until[r])
         cluster.busy_until[r] = begin + seconds
         cluster.finishes[r].append(begin + seconds)
+        if cluster.store is not None and hit is not None:
+            prefill = seconds - service.seconds(0, outputs[i])
+            heapq.heappush(published, (begin + prefill, i))
         counts[r] += 1
         busy[r] += seconds
         if i >= warmup:
             stats.count(item.prompt_len, hit)
+            stats.loaded_tokens += loaded
             waits.append(begin - now)
             ttfts.append(begin - now + computed * service.prefill_seconds_per_token)
         cluster.runs[r].after_request(i, progress)
-    for run in cluster.runs:
+    for run in cluster.runs + ([cluster.store] if cluster.store is not None else []):
         run.finish()
     stats.requests = len(workload)
     stats.replica_requests = counts

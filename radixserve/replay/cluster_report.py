@@ -68,7 +68,8 @@ def format_cluster_table(report: ClusterReport) -> str:
     for p in report.points:
         of = report.of_single(p)
         lines.append(
-            f"{p.replicas:8d} {p.router:>15} {human_tokens(p.capacity_tokens):>9} "
+            f"{p.replicas:8d} {p.router + ('+share' if p.share_tokens else ''):>15} "
+            f"{human_tokens(p.capacity_tokens):>9} "
             f"{p.policy:>6} {p.token_hit_rate:9.2%} "
             f"{(f'{of:9.1%}' if of is not None else '-'):>9} {p.prefill_tokens:15,d} "
             f"{p.load_spread:13.2f} {p.request_spread:12.2f} {p.ttft_p50:8.2f} "
@@ -79,4 +80,9 @@ def format_cluster_table(report: ClusterReport) -> str:
                      f"prefill tokens {s.prefill_tokens:,d}")
     lines.append("of single: the cluster's hit tokens / the single replica's; load: busy "
                  "seconds per replica, max / mean; ttft in seconds (queue wait + prefill)")
+    shared = [p for p in report.points if p.share_tokens]
+    if shared:
+        lines.append("+share: a cluster store below the replicas (--share); its loads count "
+                     "as hits: " + ", ".join(f"{p.replicas} x {p.router} loaded "
+                                             f"{p.loaded_tokens:,d}" for p in shared))
     return "\n".join(lines)

@@ -23,6 +23,10 @@ class ClusterOptions:
     cache_weight: float = 4.0
     seed: int = 0
     load_bound: LoadBound = LoadBound()
+    # --share: each point also runs with a cluster store of this many tokens (0: as much as
+    # all replicas hold together); None: no sharing.
+    share_tokens: int | None = None
+    share_load_fraction: float = 0.25
 
 
 def parse_routers(text: str) -> list[str]:
@@ -68,9 +72,10 @@ def run_cluster_sweep(opts: SweepOptions, cluster: ClusterOptions,
     prep = prepare(opts, warn)
     workload = prep.workload
     requests = route_requests(workload)
-    grid = [(cap, pol, n, router) for cap in opts.capacities for pol in policies
-            for n in cluster.replicas for router in cluster.routers]
-    singles = list(dict.fromkeys((n * cap, pol) for cap, pol, n, _ in grid))
+    shares = [None] if cluster.share_tokens is None else [None, cluster.share_tokens]
+    grid = [(cap, pol, n, router, share) for cap in opts.capacities for pol in policies
+            for n in cluster.replicas for router in cluster.routers for share in shares]
+    singles = list(dict.fromkeys((n * cap, pol) for cap, pol, n, _, _ in grid))
     bar = progress_bar(opts.progress, (len(grid) + len(singles)) * len(workload), "cluster")
     update = bar.update if bar is not None else None
     report = ClusterReport(
@@ -87,13 +92,15 @@ def run_cluster_sweep(opts: SweepOptions, cluster: ClusterOptions,
             report.single[total, pol] = replay(
                 workload, ReplayConfig(total, pol, opts.concurrency, opts.warmup_fraction,
                                        opts.check_every), update)
-        for cap, pol, n, router in grid:
+        for cap, pol, n, router, share in grid:
             if bar is not None:
                 bar.set_postfix_str(f"{n} x {router}, {pol} @ {cap}")
             config = ClusterConfig(n, router, cap, pol, opts.concurrency,
                                    opts.warmup_fraction, cluster.service,
                                    cluster.seconds_per_time_unit, cluster.cache_weight,
-                                   cluster.seed, opts.check_every, cluster.load_bound)
+                                   cluster.seed, opts.check_every, cluster.load_bound,
+                                   share_tokens=0 if share is None else (share or n * cap),
+                                   share_load_fraction=cluster.share_load_fraction)
             report.points.append(simulate_cluster(workload, config, requests, update))
     finally:
         if bar is not None:

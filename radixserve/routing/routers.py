@@ -52,6 +52,10 @@ class ClusterView(Protocol):
     def cached_tokens(self, request: RouteRequest) -> Sequence[int]:
         """Prompt tokens of `request` each replica would serve from its cache."""
 
+    def shared_tokens(self, request: RouteRequest) -> int:
+        """Prompt tokens of `request` any replica could load from the cluster store
+        (--kv-share; read only by a router built with a `load_fraction`)."""
+
 
 def stable_hash(*parts: int) -> int:
     """A 64-bit hash that is the same in every process (Python's hash() is salted)."""
@@ -268,15 +272,25 @@ class CacheAwareRouter(Router):
     where the prefix still is. Equal scores (idle replicas holding nothing of the prompt)
     are broken by a rendezvous hash of the first page key, so new prefixes spread out and
     their follow-ups find them.
+
+    With sharing (`load_fraction` set: --kv-share), a token the replica does not hold but
+    the cluster store does (`view.shared_tokens`) costs `load_fraction` x its prefill
+    (loading it, < 1) instead of its whole prefill. The score ranks a replica holding the
+    prefix first, one that can load it second, a miss last, and since loading is cheap the
+    load bound and queued work decide far more often: the load spreads.
     """
 
     name = "cache-aware"
 
     def __init__(self, num_replicas: int, prefill_seconds_per_token: float,
-                 cache_weight: float = 4.0, load_bound: LoadBound = LoadBound()):
+                 cache_weight: float = 4.0, load_bound: LoadBound = LoadBound(),
+                 load_fraction: float | None = None):
         super().__init__(num_replicas)
         if prefill_seconds_per_token < 0 or cache_weight < 0:
             raise ValueError("prefill cost and cache weight must be >= 0")
+        if load_fraction is not None and not 0 <= load_fraction < 1:
+            raise ValueError(f"a load fraction is in [0, 1), got {load_fraction}")
+        self.load_fraction = load_fraction
         self.prefill_seconds_per_token = prefill_seconds_per_token
         self.cache_weight = cache_weight
         self.load_bound = load_bound
@@ -285,7 +299,12 @@ class CacheAwareRouter(Router):
         cached = view.cached_tokens(request)
         cost = self.prefill_seconds_per_token * self.cache_weight
         L = request.prompt_tokens
-        return [q + cost * (L - c) for q, c in zip(view.queued_seconds(), cached)]
+        if self.load_fraction is None:
+            return [q + cost * (L - c) for q, c in zip(view.queued_seconds(), cached)]
+        shared = view.shared_tokens(request)
+        f = self.load_fraction
+        return [q + cost * (L - max(c, shared) + f * max(0, shared - c))
+                for q, c in zip(view.queued_seconds(), cached)]
 
     def choose(self, request, view):
         candidates = self.load_bound.candidates(view.queued_requests())
@@ -302,7 +321,8 @@ ROUTERS = ("cache-aware", "prefix-affinity", "pow2", "round-robin", "consistent-
 
 def make_router(name: str, num_replicas: int, *, capacity_pages: int,
                 prefill_seconds_per_token: float, cache_weight: float = 4.0,
-                load_bound: LoadBound = LoadBound(), seed: int = 0) -> Router:
+                load_bound: LoadBound = LoadBound(), seed: int = 0,
+                load_fraction: float | None = None) -> Router:
     """A fresh router by name."""
     if name == "round-robin":
         return RoundRobinRouter(num_replicas)
@@ -313,5 +333,6 @@ def make_router(name: str, num_replicas: int, *, capacity_pages: int,
     if name == "prefix-affinity":
         return PrefixAffinityRouter(num_replicas, capacity_pages, seed=seed)
     if name == "cache-aware":
-        return CacheAwareRouter(num_replicas, prefill_seconds_per_token, cache_weight, load_bound)
+        return CacheAwareRouter(num_replicas, prefill_seconds_per_token, cache_weight, load_bound,
+                                load_fraction)
     raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")

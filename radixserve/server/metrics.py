@@ -74,6 +74,8 @@ class EngineCollector(Collector):
             yield from tier_metrics(s)
         if s.kv_events is not None:                  # --kv-events
             yield from kv_events_metrics(s.kv_events)
+        if s.share is not None:                      # --kv-share
+            yield from share_metrics(s.share)
 
 
 def disk_fault_metrics(kv_disk: DiskStats) -> Iterator[Metric]:
@@ -206,3 +208,24 @@ class RequestTimer:
             self._unfinished -= 1
             if self._unfinished == 0 and out.finish_reason in ("stop", "length"):
                 self._m.e2e.observe(max(0.0, out.time - out.arrival_time))
+
+
+SHARE_COUNTERS = (
+    ("loaded_tokens", "Prompt tokens loaded from the cluster store (computed by a peer)"),
+    ("bytes_fetched", "Bytes of KV pages fetched from the cluster store"),
+    ("bytes_published", "Bytes of KV pages published to the cluster store"),
+    ("published_pages", "KV pages published to the cluster store"),
+    ("duplicate_pages", "Publishes another replica had made already (one copy kept)"),
+    ("forgotten_pages", "Cluster store entries found gone (evicted, owner died)"),
+    ("refused_pages", "Pages from the cluster store refused: checksum or key mismatch "
+                      "(recomputed, never served)"),
+    ("skipped_slow", "Misses recomputed because the store was slower than computing"),
+    ("load_seconds", "Seconds spent fetching pages from the cluster store"),
+)
+
+
+def share_metrics(share) -> Iterator[Metric]:
+    """--kv-share: what this server (a replicated one: all replicas) moved through the
+    cluster store (engine/peer_share.py)."""
+    for attr, doc in SHARE_COUNTERS:
+        yield CounterMetricFamily(f"radixserve_kv_share_{attr}", doc, value=getattr(share, attr))

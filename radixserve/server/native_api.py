@@ -157,6 +157,7 @@ def stats_body(s) -> dict:
         "tiers": tier_body(s),
         "pins": {"pinned_tokens": s.pinned_tokens, "pinned_prefixes": s.pinned_prefixes,
                  "max_pinned_tokens": s.pinned_tokens_limit},
+        "share": s.share.as_dict() if s.share is not None else None,     # --kv-share
     }
 
 

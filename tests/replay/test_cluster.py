@@ -212,3 +212,90 @@ def test_fewshot_burst_router_takes_the_fewest_copies_its_bound_allows(tmp_path)
     assert run(16, "1+1") == ([4, 4, 4, 4], pytest.approx(12 / 15))
     counts, share = run(64, "2+2")
     assert max(counts) / 16 <= 1.3 and share >= 0.95
+
+
+def fewshot_spaced(tmp_path, questions: int, gap_ms: int):
+    """The few-shot prompts arriving `gap_ms` apart (the first prefill takes ~66 ms)."""
+    records = [rec(list(range(FEWSHOT_PREFIX))
+                   + [10**6 + q * FEWSHOT_OWN + j for j in range(FEWSHOT_OWN)],
+                   FEWSHOT_PREFIX + FEWSHOT_OWN, 16, timestamp=q * gap_ms)
+               for q in range(questions)]
+    trace = read_trace(write_jsonl(tmp_path / f"spaced{gap_ms}.jsonl", records), "hash", 1)
+    return Workload(trace, "block", 1)
+
+
+@pytest.mark.parametrize("router", ["round-robin", "pow2"])
+def test_with_a_cluster_store_a_published_prefix_is_computed_once(tmp_path, router):
+    # Issue 38: KV moves. Once the first replica's prefill of the prefix has ended, it is
+    # in the store: every other replica loads it once (then holds it), so the cluster
+    # computes the prefix once (prompt tokens computed = one replica's + the questions'),
+    # its hits counting loads equal the single replica's, at the router's own spread.
+    work = fewshot_spaced(tmp_path, 16, gap_ms=100)
+    single = replay(work, ReplayConfig(4 * 3072)).hit_tokens
+    got = simulate_cluster(work, ClusterConfig(4, router, 3072, check_every=1,
+                                               share_tokens=4 * 3072))
+    off = simulate_cluster(work, ClusterConfig(4, router, 3072))
+    used = sum(1 for n in got.replica_requests if n)
+    assert got.hit_tokens == single == 15 * FEWSHOT_PREFIX
+    assert got.loaded_tokens == (used - 1) * FEWSHOT_PREFIX
+    assert got.prefill_tokens == FEWSHOT_PREFIX + 16 * FEWSHOT_OWN
+    assert got.replica_requests == off.replica_requests and got.request_spread <= 1.3
+    assert off.loaded_tokens == 0 and off.hit_tokens == (16 - used) * FEWSHOT_PREFIX
+
+
+def test_a_burst_for_a_new_prefix_cannot_load_what_is_not_published_yet(tmp_path):
+    # All 16 arrive at t = 0: no replica's prefill of the prefix has ended when the others
+    # start, so each replica the burst reaches computes it, with or without a store (the
+    # serving replicas publish at the end of a prefill too: docs/scale-out.md).
+    work = fewshot_burst(tmp_path, 16)
+    for router, bound in (("cache-aware", "2+2"), ("cache-aware", "1+1"), ("round-robin", "2+2")):
+        config = dict(load_bound=LoadBound.parse(bound), check_every=1)
+        got = simulate_cluster(work, ClusterConfig(4, router, 3072, share_tokens=4 * 3072,
+                                                   **config))
+        off = simulate_cluster(work, ClusterConfig(4, router, 3072, **config))
+        assert got.loaded_tokens == 0
+        assert (got.hit_tokens, got.replica_requests) == (off.hit_tokens, off.replica_requests)
+
+
+def test_the_cache_aware_score_ranks_held_then_loadable_then_miss():
+    from radixserve.routing import CacheAwareRouter, RouteRequest
+
+    class View:
+        num_replicas = 3
+
+        def queued_requests(self):
+            return [0, 0, 0]
+
+        def queued_seconds(self):
+            return [0.0, 0.0, 0.0]
+
+        def cached_tokens(self, request):
+            return [100, 40, 0]
+
+        def shared_tokens(self, request):
+            return 100
+
+    router = CacheAwareRouter(3, 1e-3, 1.0, LoadBound(), load_fraction=0.25)
+    a, b, c = router.scores(RouteRequest([1, 2], 120), View())
+    assert a < b < c                                  # held < partly loadable < loadable
+    assert c - a == pytest.approx(1e-3 * 0.25 * 100)  # a load costs its fraction
+    assert router.choose(RouteRequest([1, 2], 120), View()) == 0
+    # A busy holder loses to an idle replica that can load: loading is cheap.
+    View.queued_seconds = lambda self: [0.05, 0.0, 0.0]
+    assert router.choose(RouteRequest([1, 2], 120), View()) == 1
+    with pytest.raises(ValueError, match="load fraction"):
+        CacheAwareRouter(3, 1e-3, load_fraction=1.0)
+
+
+def test_replay_cli_share_runs_each_point_with_and_without_the_store(tmp_path, capsys):
+    work_path = write_jsonl(tmp_path / "f.jsonl", [
+        rec(list(range(40)) + [1000 + q], 41 * BS, 4, timestamp=100 * q) for q in range(8)])
+    assert replay_main([str(work_path), "--block-size", str(BS), "--capacity-tokens", "400",
+                        "--no-progress", "--replicas", "4", "--router", "round-robin",
+                        "--share", "--json"]) == 0
+    points = json.loads(capsys.readouterr().out)["points"]
+    off, on = sorted(points, key=lambda p: p["share_tokens"])
+    assert off["share_tokens"] == 0 and on["share_tokens"] == 4 * 400
+    assert off["loaded_tokens"] == 0 and on["loaded_tokens"] == 3 * 40 * BS
+    assert on["prefill_tokens"] < off["prefill_tokens"]
+    assert on["request_spread"] == off["request_spread"] == 1.0
