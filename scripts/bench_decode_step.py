@@ -170,7 +170,8 @@ def main() -> None:
     impls = [Impl("radixserve", args, weights_dtype=w) for w in forms]
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline:
-            impls.insert(0, Impl(import_baseline(args.baseline, Path(tmp)), args))
+            impls.insert(0, Impl(import_baseline(args.baseline, Path(tmp)), args,
+                                 weights_dtype=forms[0]))
         kinds = [("decode", "decode_batch")]
         if args.prefill_tokens:
             kinds.append(("prefill", "prefill_batch"))

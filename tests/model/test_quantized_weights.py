@@ -154,3 +154,4 @@ def test_packed_weights_cache_round_trip(tmp_path, kind):
     load_model(str(path), dtype="bfloat16", weights_cache=cache, weights_dtype="bf16")
     assert len(list(cache.directory.glob("*.safetensors"))) == 2
 
+
