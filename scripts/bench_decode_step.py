@@ -16,6 +16,8 @@ cancels the load other processes put on the machine.
     python scripts/bench_decode_step.py --baseline e33df27 --rounds 6 --steps 5 --threads 2
     python scripts/bench_decode_step.py --baseline e33df27 --threads 1 --clock cpu   # shared
     python scripts/bench_decode_step.py --profile            # top operators, this checkout
+    python scripts/bench_decode_step.py --batch 1 --groups 1 --dtype float32 \
+        --weights-dtypes bf16,int8,int4 --threads 1 --clock cpu    # weights forms side by side
 """
 
 from __future__ import annotations
@@ -55,12 +57,14 @@ def import_baseline(commit: str, workdir: Path):
 class Impl:
     """A runner of one implementation (package ``pkg``) with the workload's steps."""
 
-    def __init__(self, pkg: str, args, fill_seed: int = 0):
-        self.name = pkg
+    def __init__(self, pkg: str, args, fill_seed: int = 0, weights_dtype: str | None = None):
+        self.name = pkg if weights_dtype is None else f"{pkg}[{weights_dtype}]"
         mod = lambda m: importlib.import_module(f"{pkg}.{m}")   # noqa: E731
         config = mod("engine.config").EngineConfig(
             model=args.model, dtype=args.dtype, kv_cache_tokens=args.kv_tokens)
-        loaded = mod("model").load_model(args.model, dtype=args.dtype)
+        loaded = (mod("model").load_model(args.model, dtype=args.dtype) if weights_dtype is None
+                  else mod("model").load_model(args.model, dtype=args.dtype,
+                                               weights_dtype=weights_dtype))
         self.runner = mod("engine.runner").ModelRunner(config, loaded)
         self.StepBatch = mod("engine.batch").StepBatch
         self.SeqSpan = mod("attention.spans").SeqSpan
@@ -136,6 +140,9 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--baseline", default=None, help="git commit to compare with")
+    p.add_argument("--weights-dtypes", default=None,
+                   help="comma-separated --weights-dtype forms of this checkout to time side "
+                        "by side (ratios against the first)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--system", type=int, default=1024)
@@ -159,10 +166,12 @@ def main() -> None:
     args.kv_tokens = args.groups * args.system + args.batch * (args.question + 32) + 64
 
     sys.path.insert(0, str(REPO))
-    impls = [Impl("radixserve", args)]
+    forms = args.weights_dtypes.split(",") if args.weights_dtypes else [None]
+    impls = [Impl("radixserve", args, weights_dtype=w) for w in forms]
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline:
-            impls.insert(0, Impl(import_baseline(args.baseline, Path(tmp)), args))
+            impls.insert(0, Impl(import_baseline(args.baseline, Path(tmp)), args,
+                                 weights_dtype=forms[0]))
         kinds = [("decode", "decode_batch")]
         if args.prefill_tokens:
             kinds.append(("prefill", "prefill_batch"))
@@ -188,10 +197,10 @@ def main() -> None:
             for name, ts in times.items():
                 print(f"{kind:<8} {name:<16} ms per step by round: "
                       + " ".join(f"{t * 1e3:7.1f}" for t in ts))
-            if len(impls) == 2:
-                base, new = (times[i.name] for i in impls)
-                ratios = [b / n for b, n in zip(base, new)]
-                print(f"{kind:<8} speedup (baseline / this) by round: "
+            base = times[impls[0].name]
+            for impl in impls[1:]:
+                ratios = [b / n for b, n in zip(base, times[impl.name])]
+                print(f"{kind:<8} speedup ({impls[0].name} / {impl.name}) by round: "
                       + " ".join(f"{x:.2f}" for x in ratios)
                       + f"; median {statistics.median(ratios):.2f}x")
 

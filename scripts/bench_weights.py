@@ -3,7 +3,8 @@
 
 The reference is the GGUF dequantized to float32 and run in float32 (what transformers'
 own GGUF reader gives; tests/model/test_model_vs_transformers.py). For each weights dtype
-(activations bf16, as served):
+and each activations dtype of --activations (bf16 as served on CPUs with native bf16,
+float32 as ``--dtype auto`` serves elsewhere; quantized kernels then compute in bf16):
 - greedy agreement: over --prompts chat prompts, the mean number of leading generated
   tokens (of --new-tokens) equal to the reference's;
 - KL(reference || candidate) of next-token distributions, mean over every position of a
@@ -40,6 +41,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--weights-dtypes", default="bf16,int8,int4")
+    p.add_argument("--activations", default="bfloat16,float32",
+                   help="the candidates' model dtypes (bf16 weights in float32 = the reference)")
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--text-tokens", type=int, default=512, help="held-out text length")
@@ -119,14 +122,17 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     print(f"| fp32 reference | float32 | {args.new_tokens} | {len(prompts)} | 0 | "
           f"{perplexity(ref_lp):.3f} |")
-    for wd in args.weights_dtypes.split(","):
+    for wd, act in ((w, a) for a in args.activations.split(",")
+                    for w in args.weights_dtypes.split(",")):
+        if (wd, act) == ("bf16", "float32"):
+            continue                              # the reference itself
         t0 = time.perf_counter()
-        cand = load_model(args.model, dtype="bfloat16", weights_dtype=wd)
+        cand = load_model(args.model, dtype=act, weights_dtype=wd)
         toks = [greedy(cand, p, args.new_tokens) for p in prompts]
         matches = [leading_matches(a, b) for a, b in zip(ref_tokens, toks)]
         lp = text_logprobs(cand, text)
         kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean().item()
-        print(f"| {wd} | bfloat16 | {np.mean(matches):.2f} | "
+        print(f"| {wd} | {act} | {np.mean(matches):.2f} | "
               f"{sum(m == args.new_tokens for m in matches)} | {kl:.5f} | "
               f"{perplexity(lp):.3f} |  ({time.perf_counter() - t0:.0f} s)", flush=True)
 

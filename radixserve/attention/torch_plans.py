@@ -101,6 +101,9 @@ class DecodeChunk:
     batch: int
     max_kv: int                   # the longest window (cascade members: after the prefix)
     with_lse: bool = False        # some member is in a cascade group: keep the lse
+    # A single decode whose window lies in at most MAX_DECODE_RUNS runs of consecutive
+    # slots: (first slot, length) of each, read in place instead of gathered (None: gather)
+    runs: list[tuple[int, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -169,6 +172,23 @@ def prefill_plan(t: StepTables, b: int, num_kv_heads: int) -> PrefillPlan:
     return PrefillPlan(start, end, t.tensor(rows), Mask(mask))
 
 
+# A lone decode reads its K/V where they lie when its window is this few slot runs: each run
+# costs two small matmuls per layer, against a gather copy of the whole window (batch 1,
+# 1,090 keys: the scores' matmul over the pool's strided view took half the CPU time of
+# gather + matmul). A single stream's window is its prompt's run plus its decode's runs.
+MAX_DECODE_RUNS = 4
+
+
+def slot_runs(slots: np.ndarray, max_runs: int = MAX_DECODE_RUNS,
+              ) -> list[tuple[int, int]] | None:
+    """``slots`` as (first slot, length) runs of consecutive slots; None past ``max_runs``."""
+    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+    if len(breaks) >= max_runs:
+        return None
+    edges = [0, *breaks.tolist(), len(slots)]
+    return [(int(slots[a]), b - a) for a, b in zip(edges, edges[1:])]
+
+
 def decode_chunk(t: StepTables, seqs: np.ndarray, kv_start: np.ndarray,
                  num_kv_heads: int, cascade: bool = True) -> DecodeChunk:
     """Single-token sequences ``seqs`` over their windows [kv_start, kv_len). ``cascade``:
@@ -185,7 +205,8 @@ def decode_chunk(t: StepTables, seqs: np.ndarray, kv_start: np.ndarray,
     mask = None if valid.all() else Mask(t.tensor(valid[:, None, None, :]))
     return DecodeChunk(tokens=t.tensor(t.qo_indptr[seqs]), rows=t.tensor(rows), mask=mask,
                        batch=len(seqs), max_kv=max_kv,
-                       with_lse=cascade and bool((starts > 0).any()))
+                       with_lse=cascade and bool((starts > 0).any()),
+                       runs=slot_runs(slots[0]) if len(seqs) == 1 else None)
 
 
 def sliding_prefill_plan(t: StepTables, b: int, num_kv_heads: int,

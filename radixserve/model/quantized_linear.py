@@ -15,6 +15,11 @@ Conventions (checked against the kernels):
   scale = d, zero = 0: the same integers, scales rounded from fp16 to the activations'
   dtype (bf16: 8 significant bits instead of 11). Other formats are dequantized to fp32
   and re-quantized with each group's min and max.
+- Activations: the kernels run in bf16 (or fp16). A float32 model (a CPU without native
+  bf16, where ``--dtype auto`` picks float32) casts each linear's input to bf16 and its
+  output back: the cast of one [T, in] row block is cheap, while the kernels' own fp32
+  paths measured 5-10x slower than their bf16 ones at SmolLM2's shapes (CPU time, 1
+  thread), slower than fp32 ``F.linear`` itself.
 - The kernels need: int4, out_features a multiple of 16 and in_features of 32; int8,
   in_features a multiple of 32 (other widths crash or give inf). Other shapes are refused
   at load (``QuantizationError`` naming the layer), never served in another dtype.
@@ -31,7 +36,7 @@ from torch import nn
 from .errors import ModelLoadError
 
 __all__ = ["GROUP_SIZE", "Int4Groups", "Int4Linear", "Int8Linear", "Int8Embedding",
-           "QuantizationError", "int4_groups_from_float", "int8_from_float"]
+           "QuantizationError", "int4_groups_from_float", "int8_from_float", "kernel_dtype"]
 
 GROUP_SIZE = 32          # GGUF's block size; the int4 kernel takes 32, 64, 128 or 256
 _INT4_ROWS = 16          # _convert_weight_to_int4pack_for_cpu packs rows in 16s
@@ -89,8 +94,14 @@ def check_shape(name: str, kind: str, out_features: int, in_features: int) -> No
             f"in_features a multiple of {cols}; use --weights-dtype bf16")
 
 
-def _flat_call(x: torch.Tensor, fn, bias: torch.Tensor | None) -> torch.Tensor:
-    y = fn(x.reshape(-1, x.shape[-1]).contiguous())
+def kernel_dtype(activations: torch.dtype) -> torch.dtype:
+    """The dtype the weight-only kernels compute in for a model of ``activations``."""
+    return torch.bfloat16 if activations == torch.float32 else activations
+
+
+def _flat_call(x: torch.Tensor, fn, bias: torch.Tensor | None,
+               kernel: torch.dtype) -> torch.Tensor:
+    y = fn(x.reshape(-1, x.shape[-1]).to(kernel).contiguous()).to(x.dtype)
     if bias is not None:
         y = y + bias
     return y.view(*x.shape[:-1], y.shape[-1])
@@ -107,7 +118,8 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", torch.empty(out_features, in_features // 2,
                                                    dtype=torch.uint8))
         self.register_buffer("scale_zeros", torch.empty(in_features // GROUP_SIZE,
-                                                        out_features, 2, dtype=dtype))
+                                                        out_features, 2,
+                                                        dtype=kernel_dtype(dtype)))
         self.register_buffer("bias", torch.empty(out_features, dtype=dtype) if bias else None)
 
     @torch.no_grad()
@@ -122,7 +134,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _flat_call(x, lambda a: torch.ops.aten._weight_int4pack_mm_for_cpu(
-            a, self.packed, GROUP_SIZE, self.scale_zeros), self.bias)
+            a, self.packed, GROUP_SIZE, self.scale_zeros), self.bias, self.scale_zeros.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group=32"
@@ -136,8 +148,9 @@ class Int8Linear(nn.Module):
         super().__init__()
         check_shape(name, "int8", out_features, in_features)
         self.in_features, self.out_features = in_features, out_features
+        self.out_dtype = dtype              # the activations' (the kernel's: kernel_dtype)
         self.register_buffer("q", torch.empty(out_features, in_features, dtype=torch.int8))
-        self.register_buffer("scale", torch.empty(out_features, dtype=dtype))
+        self.register_buffer("scale", torch.empty(out_features, dtype=kernel_dtype(dtype)))
         self.register_buffer("bias", torch.empty(out_features, dtype=dtype) if bias else None)
 
     @torch.no_grad()
@@ -147,7 +160,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _flat_call(x, lambda a: torch.ops.aten._weight_int8pack_mm(
-            a, self.q, self.scale), self.bias)
+            a, self.q, self.scale), self.bias, self.scale.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
@@ -162,10 +175,11 @@ class Int8Embedding(nn.Module):
         self.table = table
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        t = self.table
-        return F.embedding(ids, t.q).to(t.scale.dtype) * F.embedding(ids, t.scale[:, None])
+        t, dt = self.table, self.table.out_dtype
+        return F.embedding(ids, t.q).to(dt) * F.embedding(ids, t.scale[:, None]).to(dt)
 
     @property
     def weight(self) -> torch.Tensor:
         """The dequantized table (for code that reads an embedding's dtype or shape)."""
-        return self.table.q.to(self.table.scale.dtype) * self.table.scale[:, None]
+        t = self.table
+        return t.q.to(t.out_dtype) * t.scale[:, None].to(t.out_dtype)

@@ -7,6 +7,7 @@ import torch
 from attn_helpers import dense_attention, make_scenario, slot_of
 from radixserve.attention import SeqSpan, TorchAttentionBackend, build_metadata
 from radixserve.attention.kv_pool import KVPool
+from radixserve.attention.torch_plans import slot_runs
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
@@ -151,3 +152,43 @@ def test_strided_inputs_from_a_fused_qkv_projection():
     backend = TorchAttentionBackend(num_qo_heads=6, num_kv_heads=2, head_dim=16)
     out = backend.forward(backend.prepare(build_metadata(sc.spans, 4, "cpu")), 0, q, k, v, pool)
     assert (out.double() - dense_attention(sc)).abs().max() < 2e-5
+
+
+def test_slot_runs():
+    assert slot_runs(np.array([4, 5, 6, 9, 10, 2])) == [(4, 3), (9, 2), (2, 1)]
+    assert slot_runs(np.arange(7, 12)) == [(7, 5)]
+    assert slot_runs(np.array([1, 3, 5, 7, 9]), max_runs=4) is None
+
+
+def pages_in_runs(npages: int, runs: int) -> np.ndarray:
+    """`npages` page ids in `runs` pieces of consecutive ids, gaps between them, the pieces
+    in reverse order (so no two pieces join)."""
+    pieces, base = [], 1
+    for cut in np.array_split(np.arange(npages), runs):
+        pieces.append(base + np.arange(len(cut)))
+        base += 2 * len(cut) + 2
+    return np.concatenate(pieces[::-1]).astype(np.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("runs", [1, 2, 4])
+def test_lone_decode_read_in_place_equals_gathered_and_dense(runs, page_size, dtype):
+    """A single decode whose pages form `runs` runs of consecutive ids attends over the
+    pool in place: the same result as the gather path and dense attention."""
+    pool = KVPool(1, 800 // page_size + 8, page_size, 2, 32, dtype, "cpu")
+    sc = make_scenario(pool, [(150, 1)], 6, seed=runs + page_size)
+    pages = pages_in_runs(len(sc.spans[0].pages), runs)
+    for p in range(150):                     # the cached prefix, written at the new slots
+        slot = slot_of(pages, p, page_size)
+        pool.k_flat[0][slot], pool.v_flat[0][slot] = sc.full_k[0][p], sc.full_v[0][p]
+    sc.spans[0] = SeqSpan(pages, 150, 1)
+    backend = TorchAttentionBackend(num_qo_heads=6, num_kv_heads=2, head_dim=32)
+    plan = backend.prepare(build_metadata(sc.spans, page_size, "cpu"))
+    assert plan.decodes[0].runs is not None and len(plan.decodes[0].runs) == runs
+    in_place = backend.forward(plan, 0, sc.q, sc.k, sc.v, pool)
+    plan.decodes[0].runs = None                                    # the gather path
+    gathered = backend.forward(plan, 0, sc.q, sc.k, sc.v, pool)
+    torch.testing.assert_close(in_place, gathered, atol=TOL[dtype] / 4, rtol=0)
+    err = (in_place.double() - dense_attention(sc)).abs().max().item()
+    assert err < TOL[dtype], f"max abs error {err}"

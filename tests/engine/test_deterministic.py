@@ -164,6 +164,14 @@ def test_greedy_identical_int4_weights(model_int4):
     assert alone == together
 
 
+def test_greedy_identical_int4_weights_float32(model_int4_fp32):
+    """The same with float32 activations (the default where bf16 is emulated): the casts
+    to and from the kernels' bf16 are per element, so rows stay independent."""
+    assert type(model_int4_fp32.model.layers[0].qkv_proj).__name__ == "Int4Linear"
+    alone, together = alone_and_together(model_int4_fp32)
+    assert alone == together
+
+
 @pytest.mark.skipif(native_bf16_cpu(), reason="this CPU computes bf16 natively")
 def test_bf16_refused_without_native_bf16(model_bf16):
     """Without AVX512-BF16 or AMX, bf16 GEMMs were measured not row-invariant: deterministic

@@ -56,6 +56,22 @@ def test_int8_linear_matches_dequantized_reference(weight, x):
     assert (deq - weight).abs().max() < weight.abs().max() / 127
 
 
+def test_float32_models_run_the_kernels_in_bf16(weight, x):
+    """In a float32 model the layers take and give float32, computing in bf16 inside
+    (the kernels' fp32 paths are slow): the same tolerance against the reference."""
+    x32 = x.float()
+    groups = int4_groups_from_float(weight)
+    int4 = Int4Linear(128, 96, torch.float32)
+    int4.load(groups)
+    int8 = Int8Linear(128, 96, torch.float32)
+    int8.load(weight)
+    int8_deq = int8.q.float() * int8.scale.float()[:, None]
+    for layer, deq in ((int4, groups.dequantize()), (int8, int8_deq)):
+        out = layer(x32)
+        assert out.dtype == torch.float32
+        assert rel_err(out, x32 @ deq.t()) < REL_TOL
+
+
 def test_int4_packing_round_trips(weight):
     """The packed integers come back out of the kernel unchanged: with scale 1 and zero
     8, (q - 8) * 1 + 8 = q, and an identity input reads every column."""
@@ -102,13 +118,12 @@ def test_auto_follows_the_file_and_quantized_forms_are_cpu_only():
     assert precision_class(["Q4_K", "Q6_K", "Q4_K"]) == "int4"
     assert precision_class(["F16", "F32"]) == "bf16"
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_weights_dtype("auto", "int4", cpu, torch.bfloat16) == "int4"
-    assert resolve_weights_dtype("auto", "int4", cpu, torch.float32) == "bf16"
-    assert resolve_weights_dtype("auto", "int4", cuda, torch.bfloat16) == "bf16"
+    assert resolve_weights_dtype("auto", "int4", cpu) == "int4"   # fp32 models too
+    assert resolve_weights_dtype("auto", "int4", cuda) == "bf16"
     with pytest.raises(ModelLoadError, match="int8 runs on CPU only"):
-        resolve_weights_dtype("int8", "bf16", cuda, torch.bfloat16)
+        resolve_weights_dtype("int8", "bf16", cuda)
     with pytest.raises(ModelLoadError, match="unknown weights dtype 'int3'"):
-        resolve_weights_dtype("int3", "bf16", cpu, torch.bfloat16)
+        resolve_weights_dtype("int3", "bf16", cpu)
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
@@ -138,4 +153,5 @@ def test_packed_weights_cache_round_trip(tmp_path, kind):
     # the bf16 entry of the same file sits beside it: neither supersedes the other
     load_model(str(path), dtype="bfloat16", weights_cache=cache, weights_dtype="bf16")
     assert len(list(cache.directory.glob("*.safetensors"))) == 2
+
 
