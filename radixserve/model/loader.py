@@ -85,7 +85,7 @@ def _load_gguf_file(name: str, path: Path, dtype: torch.dtype, device: torch.dev
                     weights_dtype: str) -> LoadedModel:
     contents = load_gguf(path, dtype)
     kind = resolve_weights_dtype(weights_dtype, precision_class(contents.weight_types.values()),
-                                 device)
+                                 device, dtype)
     timer.lap("GGUF header")
     tokenizer = gguf_tokenizer(contents.metadata, path)
     timer.lap("tokenizer")
@@ -121,7 +121,7 @@ def _file_groups(model: LlamaForCausalLM, int4_groups) -> GroupsFor:
 def _load_hf_directory(name: str, directory: Path, dtype: torch.dtype, device: torch.device,
                        timer: PhaseTimer, weights_dtype: str) -> LoadedModel:
     config = read_hf_config(directory)
-    kind = resolve_weights_dtype(weights_dtype, "bf16", device)
+    kind = resolve_weights_dtype(weights_dtype, "bf16", device, dtype)
     tokenizer = Tokenizer.from_directory(directory)   # before the weights: fail fast
     timer.lap("tokenizer")
     weights = load_hf_weights(directory, config, dtype)

@@ -5,9 +5,10 @@ linear layers into that form.
 Q8_0 -> int8; Q4_0/Q4_1/Q5_x/K-quants -> int4; float files and HF checkpoints -> bf16
 (the model's dtype, unquantized). Quantized forms run on CPU only. Their kernels compute
 in bf16 (or fp16); a float32 model (a CPU without fast bf16) casts each linear's input to
-bf16 and back (quantized_linear.kernel_dtype), so ``auto`` quantizes there too: SmolLM2's
-batch-1 decode step took 1.57x less CPU time with int4 linears than with fp32 ones
-(docs/benchmarks.md, "One stream").
+bf16 and back (quantized_linear.kernel_dtype). There ``auto`` still keeps float weights:
+int4 took SmolLM2's batch-1 decode step 1.57x less CPU time than fp32 weights, but batches
+of 32-64 sequences 12-18% more (docs/benchmarks.md, "One stream"), and the issue's rule is
+that batched decode must not get slower; ask for ``int4``/``int8`` explicitly for one stream.
 
 The conversion is generic: every nn.Linear of a model becomes an Int4Linear/Int8Linear
 (module names kept, so any model family built from nn.Linear works), and the LM head and
@@ -47,13 +48,15 @@ def precision_class(type_names: Iterable[str]) -> str:
     return "int8" if common in _INT8_TYPES else "int4" if common in _INT4_TYPES else "bf16"
 
 
-def resolve_weights_dtype(requested: str, auto_class: str, device: torch.device) -> str:
+def resolve_weights_dtype(requested: str, auto_class: str, device: torch.device,
+                          activations: torch.dtype) -> str:
     """``requested`` made concrete; ModelLoadError for what cannot be served."""
     if requested not in WEIGHTS_DTYPES:
         raise ModelLoadError(f"unknown weights dtype {requested!r} "
                              f"(choose {', '.join(WEIGHTS_DTYPES)})")
     if requested == "auto":
-        return auto_class if device.type == "cpu" else "bf16"
+        fast = device.type == "cpu" and activations in (torch.bfloat16, torch.float16)
+        return auto_class if fast else "bf16"
     if requested in QUANTIZED and device.type != "cpu":
         raise ModelLoadError(f"--weights-dtype {requested} runs on CPU only (torch's "
                              f"weight-only CPU kernels); on {device.type} use --weights-dtype "

@@ -165,7 +165,7 @@ def test_greedy_identical_int4_weights(model_int4):
 
 
 def test_greedy_identical_int4_weights_float32(model_int4_fp32):
-    """The same with float32 activations (the default where bf16 is emulated): the casts
+    """The same with float32 activations (int4 by name where bf16 is emulated): the casts
     to and from the kernels' bf16 are per element, so rows stay independent."""
     assert type(model_int4_fp32.model.layers[0].qkv_proj).__name__ == "Int4Linear"
     alone, together = alone_and_together(model_int4_fp32)
