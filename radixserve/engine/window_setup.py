@@ -32,8 +32,6 @@ def pool_window(config: EngineConfig, layer_windows: tuple[int | None, ...]) -> 
     unsupported = [
         ("--kv-host-tokens/--kv-host-bytes", bool(config.kv_host_tokens or config.kv_host_bytes)),
         ("--kv-disk-dir", config.kv_disk_dir is not None),
-        ("--attention-backend flashinfer", config.attention_backend == "flashinfer"),
-        ("--deterministic", config.deterministic),
     ]
     for flag, used in unsupported:
         if used:

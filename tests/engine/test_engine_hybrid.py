@@ -81,16 +81,33 @@ def test_deterministic_greedy_identical_alone_and_batched(gemma3):
             return got[::-1]
         return run_scenario(engine, scenario, check=check_pages)
 
-    # Deterministic mode runs on one full-KV pool (the window pools refuse it).
+    # Alone on one full-KV pool; batched on the per-group pools (the windowed layers' own
+    # fixed-split plan reads the null page before each window, masked like any other).
     alone = run(make_engine(gemma3, deterministic=True, disable_radix_cache=True,
                             kv_window_pool="off"), False)
-    busy = make_engine(gemma3, deterministic=True, page_size=4, chunked_prefill_size=24,
-                       kv_window_pool="off")
+    busy = make_engine(gemma3, deterministic=True, page_size=4, chunked_prefill_size=24)
     together = run(busy, True)
     assert [r.token_ids[0] for r in together] == [r.token_ids[0] for r in alone]
-    assert isinstance(busy.runner.backend, FixedSplitBackend)     # with the model's windows
-    assert WINDOW in busy.runner.backend.layer_windows
+    assert isinstance(busy.memory, WindowedMemory)
+    win_backend = busy.runner.windowed.backend
+    assert isinstance(win_backend, FixedSplitBackend)     # with the model's window
+    assert WINDOW in win_backend.layer_windows
     assert sum(r.final.usage.cached_tokens for r in together) > 0
+
+
+def test_quantized_kv_cached_equals_uncached_with_window_pools(gemma3):
+    """int8 KV in both pools (codes and scales per page in each): the hits at every point
+    generate what the cache-off run with the same format generates."""
+    expected = [r.token_ids[0] for r in run_in_order(
+        make_engine(gemma3, page_size=4, disable_radix_cache=True, kv_cache_dtype="int8"))]
+    engine = make_engine(gemma3, page_size=4, kv_window_checkpoint=CHECKPOINT,
+                         kv_cache_dtype="int8")
+    assert engine.runner.windowed.pool.kv_format == engine.runner.kv_pool.kv_format
+    assert engine.runner.kv_pool.kv_format.k == "int8"
+    got = run_in_order(engine)
+    assert [r.token_ids[0] for r in got] == expected
+    assert [r.final.usage.cached_tokens for r in got[1:len(HITS) + 1]] == [
+        first_round_hit(h) for h in HITS]
 
 
 def test_full_kv_pool_when_off(gemma3):
@@ -100,9 +117,7 @@ def test_full_kv_pool_when_off(gemma3):
 
 def test_unsupported_combinations_are_refused_naming_the_flag(gemma3):
     for flag, overrides in [("--kv-host-tokens", dict(kv_host_tokens=4096)),
-                            ("--kv-disk-dir", dict(kv_disk_dir="/nonexistent")),
-                            ("--attention-backend flashinfer",
-                             dict(attention_backend="flashinfer"))]:
+                            ("--kv-disk-dir", dict(kv_disk_dir="/nonexistent"))]:
         with pytest.raises(ValueError, match=flag) as err:
             make_engine(gemma3, page_size=4, **overrides)
         assert "--kv-window-pool off" in str(err.value)
