@@ -11,6 +11,9 @@ one extra page, never handed out and never written, so a page table read through
 Who owns a windowed page is who owns the full page it is attached to (tree, a lease, or
 nobody: then it must be free), so the full pages' conservation carries over: free windowed
 pages + pages attached to tree pages + pages attached to private pages == total.
+With host/disk tiers the map covers the tree's whole id space (pool pages, then host and
+disk slots, cache/tiers.py): a node demoted keeps its windows in this pool under its new
+ids (`take_over`), so a load brings back a path whose match points still have them.
 Torch-free: the replay tool runs it without a model.
 """
 
@@ -34,6 +37,12 @@ class WindowPages:
     @property
     def num_pages(self) -> int:
         return self._free_list.num_pages
+
+    def cover(self, num_ids: int) -> None:
+        """Map `num_ids` ids (the pool's and the lower tiers' slots), none with a window yet."""
+        grown = np.full(num_ids, self.null, dtype=np.int32)
+        grown[:len(self.of_page)] = self.of_page[:num_ids]
+        self.of_page = grown
 
     @property
     def num_free(self) -> int:
@@ -69,6 +78,15 @@ class WindowPages:
         go = (self.of_page[src] != self.null) & (self.of_page[dst] == self.null)
         self.of_page[dst[go]] = self.of_page[src[go]]
         self.of_page[src[go]] = self.null
+
+    def take_over(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """`dst[i]` ends with exactly the window `src[i]` had (a node changed tier: its ids
+        changed); a window `dst` held is freed, `src` ends with none."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        self.detach(dst)
+        self.of_page[dst] = self.of_page[src]
+        self.of_page[src] = self.null
 
     def check(self, owned_full_pages: Iterable[np.ndarray]) -> None:
         """Windowed conservation: every windowed page is free or attached to exactly one

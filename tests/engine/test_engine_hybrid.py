@@ -115,14 +115,6 @@ def test_full_kv_pool_when_off(gemma3):
     assert engine.runner.windowed is None and not isinstance(engine.memory, WindowedMemory)
 
 
-def test_unsupported_combinations_are_refused_naming_the_flag(gemma3):
-    for flag, overrides in [("--kv-host-tokens", dict(kv_host_tokens=4096)),
-                            ("--kv-disk-dir", dict(kv_disk_dir="/nonexistent"))]:
-        with pytest.raises(ValueError, match=flag) as err:
-            make_engine(gemma3, page_size=4, **overrides)
-        assert "--kv-window-pool off" in str(err.value)
-
-
 def test_a_pin_and_a_partial_page_hit_with_window_pools(gemma3):
     """A pinned prefix is hit whole by the next request; a hit ending inside a page (within
     the first window, a kept match point) copies the full and the windowed part of the page
@@ -148,3 +140,56 @@ def test_a_pin_and_a_partial_page_hit_with_window_pools(gemma3):
     assert [g.token_ids[0] for g in got] == [u.token_ids[0] for u in uncached]
     assert got[0].final.usage.cached_tokens == len(pinned)
     assert got[1].final.usage.cached_tokens == len(mid_page)     # inside page 2: a copy
+
+
+def test_abort_mid_prefill_mid_decode_and_a_disconnect_conserve_both_pools(gemma3):
+    """Each request leaves at a different moment; after each, both pools are whole again:
+    free + tree + live == total for the full pages and for the windowed pages."""
+    engine = make_engine(gemma3, page_size=4, chunked_prefill_size=16)
+    long = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+
+    async def scenario(engine):
+        stream = engine.generate(DONOR, long, request_id="prefill")
+        task = asyncio.create_task(collect(stream))
+        while engine.scheduler.stats.steps < 3:
+            await asyncio.sleep(0.001)
+        assert 0 < engine.scheduler.running[0].num_computed < len(DONOR)
+        engine.abort("prefill")
+        assert (await task).final.finish_reason == "abort"
+        check_pages(engine)
+        stream = engine.generate(PROMPTS[1], long, request_id="decode")
+        async for out in stream:        # aborted after a few tokens, past the window
+            if len(out.token_ids) and engine.scheduler.running and \
+                    engine.scheduler.running[0].num_computed > len(PROMPTS[1]) + WINDOW:
+                engine.abort("decode")
+            if out.finished:
+                assert out.finish_reason == "abort"
+                break
+        check_pages(engine)
+        gone = engine.generate(PROMPTS[2], long, request_id="gone")
+        async for out in gone:           # the client goes away
+            if out.token_ids:
+                break
+        await gone.aclose()
+
+    run_scenario(engine, scenario)
+    assert engine.stats().requests_finished.get("abort") == 3
+
+
+def test_preemption_conserves_both_pools_and_equals_uncached(gemma3):
+    """Four short prompts with long decodes on a pool for about one and a half of them: they
+    are admitted together, their decodes outgrow the pool and preempt; the tokens equal the
+    cache-off run and both pools are conserved."""
+    prompts = [[(t * k + k) % 251 + 5 for t in DONOR[:3 * WINDOW]] for k in (1, 3, 5, 7)]
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+
+    def run(engine):
+        return run_scenario(engine, lambda e: asyncio.gather(
+            *(collect(e.generate(p, params)) for p in prompts)))
+
+    expected = [r.token_ids[0] for r in run(
+        make_engine(gemma3, page_size=4, disable_radix_cache=True))]
+    engine = make_engine(gemma3, page_size=4, kv_cache_tokens=256, schedule_policy="fcfs")
+    assert isinstance(engine.memory, WindowedMemory)
+    assert [r.token_ids[0] for r in run(engine)] == expected
+    assert engine.stats().preemptions > 0
