@@ -82,11 +82,11 @@ class WindowedLease(PrefixLease):
         self.pages, self.num_tree_pages = match.pages, len(match.pages)
         self.matched_tokens = match.matched_tokens
         lower = np.concatenate([n.pages for n in match.lower])
-        self.memory.pin(lower, +1)      # making room in the windowed pool keeps these
+        self.memory.loading(lower)      # making room in the windowed pool keeps these
         try:
             loaded = super().load(match, max_tier)
         finally:
-            self.memory.pin(lower, -1)
+            self.memory.loading(None)
         if not loaded:              # no room: back to where acquire ended
             self.pages, self.matched_tokens, self.window_short = backed_off
             self.num_tree_pages = len(self.pages)

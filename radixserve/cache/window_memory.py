@@ -57,23 +57,19 @@ class WindowedMemory(PagedMemory):
         self._used = np.zeros(num_pages, dtype=np.int64)      # per full page: last use
         self._pins = np.zeros(num_pages, dtype=np.int32)      # leases reading its window
         self._private = np.zeros(num_pages, dtype=bool)       # a lease's own page
+        self._loading: set[int] = set()     # lower-tier ids being loaded (keep windows)
 
     def follow(self, tiers: LowerTiers) -> None:
         """Keep the windows of nodes that move to host/disk (`tiers` calls `moved` and
         `released`, cache/tiers.py: IdFollower)."""
-        num_ids = tiers.offset[DISK] + tiers.capacity_pages(DISK)
-        self.windows.cover(num_ids)
-        for name in ("_used", "_pins", "_private"):
-            old = getattr(self, name)
-            grown = np.zeros(num_ids, dtype=old.dtype)
-            grown[:len(old)] = old
-            setattr(self, name, grown)
         tiers.follower = self
 
     def moved(self, src: np.ndarray, dst: np.ndarray) -> None:
         self.windows.take_over(src, dst)
-        self._used[dst] = self._used[src]
-        self._private[dst] = False      # a loaded page is the tree's
+        loaded = np.asarray(dst, dtype=np.int64)
+        loaded = loaded[loaded < self.num_pages]
+        self._private[loaded] = False       # a loaded page is the tree's
+        self.touch(loaded)
 
     def released(self, ids: np.ndarray) -> None:
         self.windows.detach(ids)
@@ -121,17 +117,28 @@ class WindowedMemory(PagedMemory):
         """`by` = +1 / -1: a lease starts / stops reading these tree pages' windows."""
         np.add.at(self._pins, np.asarray(pages, dtype=np.int64), by)
 
+    def loading(self, ids: np.ndarray | None) -> None:
+        """Lower-tier ids a lease is loading: their windows are kept while it makes room
+        (None: the load is over)."""
+        self._loading = set() if ids is None else set(np.asarray(ids).tolist())
+
     def _window_room(self, n: int) -> None:
-        """At least `n` free windowed pages: drop the least recently used tree windows
-        (a sixteenth of the pool at least, so this runs rarely), then evict leaves whole;
-        OutOfPages if running requests hold the rest."""
+        """At least `n` free windowed pages: drop the windows of demoted nodes, then the
+        least recently used tree windows (a sixteenth of the pool at least, so this runs
+        rarely), then evict leaves whole; OutOfPages if running requests hold the rest."""
         if n <= self.windows.num_free:
             return
         w = self.windows
         while n > w.num_free:
+            want = max(n - w.num_free, w.num_pages // 16)
+            # Windows of demoted nodes go first: a node leaves the pool least recently used.
+            lower = [i for i in w.lower if i not in self._loading][:want]
+            if lower:
+                self.dropped_windows += w.detach(np.asarray(lower, dtype=np.int64))
+                continue
             droppable = np.flatnonzero((w.of_page != w.null) & (self._pins == 0)
                                        & ~self._private)
-            want = min(len(droppable), max(n - w.num_free, w.num_pages // 16))
+            want = min(len(droppable), want)
             if want:
                 oldest = droppable[np.argpartition(self._used[droppable], want - 1)[:want]]
                 self.dropped_windows += w.detach(oldest)
