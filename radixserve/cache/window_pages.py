@@ -24,25 +24,17 @@ from typing import Iterable
 
 import numpy as np
 
-from .page_allocator import OutOfPages, PageAllocator
+from .page_allocator import FreeListPool, OutOfPages, PageAllocator
 
 __all__ = ["WindowPages"]
 
 
-class WindowPages:
+class WindowPages(FreeListPool):
     def __init__(self, num_pages: int, num_full_pages: int):
         self._free_list = PageAllocator(num_pages)
         self.null = num_pages           # the all-zero page absent windows read
         self.of_page = np.full(num_full_pages, self.null, dtype=np.int32)
         self.lower: dict[int, int] = {}     # host/disk tree id -> its windowed page
-
-    @property
-    def num_pages(self) -> int:
-        return self._free_list.num_pages
-
-    @property
-    def num_free(self) -> int:
-        return self._free_list.num_free
 
     def _split(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """Pool page ids and lower-tier ids."""
