@@ -72,6 +72,12 @@ class LayoutPoint:
     window_aware_group_bytes: dict[str, int]
 
     @property
+    def over_budget(self) -> bool:
+        """The windowed pool's floor (one whole request) took the window-aware tree past
+        the budget: not a same-bytes comparison."""
+        return sum(self.window_aware_group_bytes.values()) > self.kv_bytes
+
+    @property
     def hit_ratio(self) -> float:
         """The window-aware tree's token hit rate over the full-KV tree's."""
         full = self.full_kv.token_hit_rate
@@ -81,6 +87,7 @@ class LayoutPoint:
         return {"capacity_tokens": self.capacity_tokens, "policy": self.policy,
                 "kv_bytes": self.kv_bytes, "full_kv": self.full_kv.to_dict(),
                 "window_aware": self.window_aware.to_dict(), "hit_ratio": self.hit_ratio,
+                "over_budget": self.over_budget,
                 "full_kv_group_bytes": self.full_kv_group_bytes,
                 "window_aware_group_bytes": self.window_aware_group_bytes}
 
@@ -173,7 +180,11 @@ def format_layout_table(report: LayoutReport) -> str:
                            for k in p.full_kv_group_bytes)
         lines.append(f"{human_tokens(p.capacity_tokens):>9} {p.policy:>6} "
                      f"{p.kv_bytes / 2**20:9,.2f} {p.full_kv.token_hit_rate:11.2%} "
-                     f"{p.window_aware.token_hit_rate:10.2%} {p.hit_ratio:6.3f}  {groups}")
+                     f"{p.window_aware.token_hit_rate:10.2%} {p.hit_ratio:6.3f}"
+                     f"{'*' if p.over_budget else ' '} {groups}")
     lines.append("capacity: tokens of KV in every layer for the full-KV tree; the window-aware "
                  "tree gets the same bytes, split as the server splits its pools")
+    if any(p.over_budget for p in report.points):
+        lines.append("*: the windowed pool's floor (one whole request of the trace) took the "
+                     "window-aware tree past the budget: not a same-bytes point")
     return "\n".join(lines)

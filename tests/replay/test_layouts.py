@@ -56,6 +56,7 @@ def test_window_aware_tree_against_full_kv_at_the_same_bytes(tmp_path, capsys):
         # in it (a page's rounding aside) with far fewer bytes in the windowed group.
         assert sum(p["full_kv_group_bytes"].values()) == p["kv_bytes"]
         assert sum(p["window_aware_group_bytes"].values()) <= p["kv_bytes"]
+        assert not p["over_budget"]
         win = f"window {WINDOW}"
         assert p["window_aware_group_bytes"][win] < p["full_kv_group_bytes"][win] / 2
         assert p["window_aware_group_bytes"]["full"] > p["full_kv_group_bytes"]["full"]
