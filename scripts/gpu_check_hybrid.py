@@ -6,7 +6,9 @@ layer and a global one, Gemma 3's head_dim 256 and 4/1 heads; with and without G
 attention logit soft-cap 50) runs prefills longer than the window, a chunk continuing a
 cached prefix and decodes past the window, and each layer's output is compared with the
 torch backend's fp32 result on the same pool. One JSON line per case, then a summary line;
-exit 1 if a case is off.
+exit 1 if a case is off. The `windowed_pool` cases read the local layer as the per-group
+window pool does (attention/window_kv.py): every page wholly before a span's window is
+mapped to a null page that is never written, so only the window mask keeps it out.
 
     python scripts/gpu_check_hybrid.py              # CUDA with flashinfer installed
     python scripts/gpu_check_hybrid.py --dry-run    # CPU: the torch backend stands in
@@ -56,17 +58,35 @@ def scenario(pool: KVPool, seed: int, device: str):
     return spans, torch.cat(q), torch.cat(k), torch.cat(v)
 
 
+def window_spans(spans: list[SeqSpan], page_size: int, null: int) -> list[SeqSpan]:
+    """The spans as the window pool's page table reads them: pages wholly before the first
+    query's window (cached_len - W) point at the `null` page."""
+    out = []
+    for s in spans:
+        pages = np.array(s.pages, dtype=np.int32)
+        pages[:max(0, s.cached_len - WINDOW + 1) // page_size] = null
+        out.append(SeqSpan(pages, s.cached_len, s.new_len))
+    return out
+
+
 def outputs(name: str, dtype: torch.dtype, page_size: int, soft_cap: float | None,
-            device: str) -> list[torch.Tensor]:
-    """Each layer's attention output (fp32) from backend ``name`` on a fresh pool."""
+            device: str, windowed_pool: bool = False) -> list[torch.Tensor]:
+    """Each layer's attention output (fp32) from backend ``name`` on a fresh pool; with
+    `windowed_pool` the local layer reads through a null-mapped page table."""
     backend = create_backend(name, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=dtype,
                              device=device, layer_windows=LAYOUT, logits_soft_cap=soft_cap)
     pool = KVPool(len(LAYOUT), sum(-(-(c + n) // page_size) for c, n in LENS) + 4, page_size,
                   HKV, D, dtype, device)
     spans, q, k, v = scenario(pool, seed=page_size, device=device)
     plan = backend.prepare(build_metadata(spans, page_size, device))
-    return [backend.forward(plan, layer, *(x.to(device, dtype) for x in (q, k, v)), pool)
-            .float().cpu() for layer in range(len(LAYOUT))]
+    plans = [plan] * len(LAYOUT)
+    if windowed_pool:       # a page no span uses: never written, all zeros
+        used = np.concatenate([np.asarray(s.pages) for s in spans])
+        null = int(np.setdiff1d(np.arange(pool.num_pages), used)[0])
+        local = window_spans(spans, page_size, null)
+        plans[0] = backend.prepare(build_metadata(local, page_size, device))
+    return [backend.forward(plans[layer], layer, *(x.to(device, dtype) for x in (q, k, v)),
+                            pool).float().cpu() for layer in range(len(LAYOUT))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,17 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device, name = ("cpu", "torch") if args.dry_run else ("cuda", "flashinfer")
     ok = True
-    for soft_cap in (None, 50.0):
-        for page_size in (1, 16):
-            got = outputs(name, torch.bfloat16, page_size, soft_cap, device)
-            ref = outputs("torch", torch.float32, page_size, soft_cap, "cpu")
-            for layer, (g, r) in enumerate(zip(got, ref)):
-                err = (g - r).abs().max().item()
-                row = {"layer": layer, "window": LAYOUT[layer], "soft_cap": soft_cap,
-                       "page_size": page_size, "backend": name,
-                       "max_abs_err_vs_torch_fp32": round(err, 5), "ok": err < ATOL_BF16}
-                ok &= row["ok"]
-                print(json.dumps(row), flush=True)
+    cases = [(s, p, False) for s in (None, 50.0) for p in (1, 16)]
+    cases += [(None, p, True) for p in (1, 16)]         # the per-group window pool's table
+    for soft_cap, page_size, windowed_pool in cases:
+        got = outputs(name, torch.bfloat16, page_size, soft_cap, device, windowed_pool)
+        ref = outputs("torch", torch.float32, page_size, soft_cap, "cpu")
+        for layer, (g, r) in enumerate(zip(got, ref)):
+            err = (g - r).abs().max().item()
+            row = {"layer": layer, "window": LAYOUT[layer], "soft_cap": soft_cap,
+                   "page_size": page_size, "backend": name,
+                   "windowed_pool": windowed_pool,
+                   "max_abs_err_vs_torch_fp32": round(err, 5), "ok": err < ATOL_BF16}
+            ok &= row["ok"]
+            print(json.dumps(row), flush=True)
     print(json.dumps({"summary": "ok" if ok else "FAILED", "atol": ATOL_BF16}), flush=True)
     return 0 if ok else 1
 

@@ -14,53 +14,15 @@ load without torch).
 
 from __future__ import annotations
 
-import math
-import mmap
 from typing import Sequence
 
 import torch
 
 from radixserve.attention.kv_quant import SCALE_DTYPE, KVCodec
 from radixserve.attention.page_copy import copy_page_prefix
+from radixserve.attention.pool_storage import as_dtype, check_positive, zeros
 from radixserve.kv_sizing import KVFormat, pool_pages
 
-_DTYPE_NAMES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
-
-
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPE_NAMES[str(dtype).removeprefix("torch.")]
-    except KeyError:
-        raise ValueError(f"unsupported KV dtype {dtype!r}; use one of "
-                         f"{sorted(set(_DTYPE_NAMES))}") from None
-
-
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero-filled tensor: padded gathers read unwritten slots with weight 0, and
-    0 * NaN garbage would still poison the output.
-
-    On CPU the memory is an anonymous mapping, which the kernel zero-fills page by page on
-    first touch: a 4 GiB pool costs nothing until tokens are written, where torch.zeros
-    writes every byte up front (~7 s for the default CPU pool on 2 cores).
-    """
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    numel = math.prod(shape)
-    return torch.frombuffer(mmap.mmap(-1, numel * itemsize), dtype=dtype,
-                            count=numel).view(shape)
 
 
 class KVPool:
@@ -75,7 +37,7 @@ class KVPool:
         quantized token (flashinfer's per-tensor scales) instead of per token and head;
         ``layers``: the model layers this pool stores (one layer group of a hybrid model;
         the others' entries are None), default all."""
-        _check_positive(num_layers=num_layers, num_pages=num_pages, page_size=page_size,
+        check_positive(num_layers=num_layers, num_pages=num_pages, page_size=page_size,
                         num_kv_heads=num_kv_heads, head_dim=head_dim)
         self.num_layers = num_layers
         self.layers = tuple(range(num_layers)) if layers is None else tuple(layers)
@@ -83,7 +45,7 @@ class KVPool:
         self.page_size = page_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.dtype = _as_dtype(dtype)
+        self.dtype = as_dtype(dtype)
         self.device = torch.device(device)
         name = str(self.dtype).removeprefix("torch.")
         self.kv_format = kv_format or KVFormat(name, name)
@@ -97,12 +59,12 @@ class KVPool:
         """Per-layer storage of one side, its token-granular views (what write() and the
         torch backend index), and the scales with theirs (None when not quantized)."""
         stored = set(self.layers)
-        data = [_zeros(shape, codec.storage, self.device) if i in stored else None
+        data = [zeros(shape, codec.storage, self.device) if i in stored else None
                 for i in range(self.num_layers)]
         flat = [None if t is None else t.view(-1, *shape[2:]) for t in data]
         if not codec.quantized:
             return data, flat, None, None
-        scales = [_zeros(shape[:3], SCALE_DTYPE, self.device) if i in stored else None
+        scales = [zeros(shape[:3], SCALE_DTYPE, self.device) if i in stored else None
                   for i in range(self.num_layers)]
         return data, flat, scales, [None if t is None else t.view(-1, shape[2])
                                     for t in scales]
@@ -133,14 +95,14 @@ class KVPool:
     def token_bytes(num_layers: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype | str) -> int:
         """Bytes one token's K and V take across all layers (kv_sizing's arithmetic)."""
-        name = str(_as_dtype(dtype)).removeprefix("torch.")
+        name = str(as_dtype(dtype)).removeprefix("torch.")
         return KVFormat(name, name).token_bytes(num_layers, num_kv_heads, head_dim)
 
     @staticmethod
     def pages_for_budget(budget_bytes: int | float, num_layers: int, page_size: int,
                          num_kv_heads: int, head_dim: int, dtype: torch.dtype | str) -> int:
         """How many whole pages fit in ``budget_bytes``; ValueError if not even one."""
-        _check_positive(num_layers=num_layers, page_size=page_size,
+        check_positive(num_layers=num_layers, page_size=page_size,
                         num_kv_heads=num_kv_heads, head_dim=head_dim)
         return pool_pages(token_bytes=KVPool.token_bytes(num_layers, num_kv_heads, head_dim,
                                                          dtype),

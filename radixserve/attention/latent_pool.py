@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.attention.kv_pool import _as_dtype, _check_positive, _zeros
+from radixserve.attention.pool_storage import as_dtype, check_positive, zeros
 from radixserve.attention.kv_quant import SCALE_DTYPE, KVCodec
 from radixserve.attention.page_copy import copy_page_prefix
 from radixserve.kv_sizing import KVFormat
@@ -34,20 +34,20 @@ class LatentKVPool:
                  element: str | None = None) -> None:
         """``dtype``: what attention reads; ``element``: how values are stored (default:
         ``dtype``; int8 / fp8_e4m3 / fp8_e5m2 with a scale per token and layer)."""
-        _check_positive(num_layers=num_layers, num_pages=num_pages, page_size=page_size,
+        check_positive(num_layers=num_layers, num_pages=num_pages, page_size=page_size,
                         kv_lora_rank=kv_lora_rank, rope_dim=rope_dim)
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.kv_lora_rank, self.rope_dim = kv_lora_rank, rope_dim
-        self.dtype = _as_dtype(dtype)
+        self.dtype = as_dtype(dtype)
         self.device = torch.device(device)
         element = element or str(self.dtype).removeprefix("torch.")
         self.kv_format = KVFormat(element, element)      # what describe/stats lines print
         self.codec = KVCodec.of(element)
-        self.ckv = [_zeros((num_pages, page_size, kv_lora_rank), self.codec.storage,
+        self.ckv = [zeros((num_pages, page_size, kv_lora_rank), self.codec.storage,
                            self.device) for _ in range(num_layers)]
-        self.kpe = [_zeros((num_pages, page_size, rope_dim), self.codec.storage, self.device)
+        self.kpe = [zeros((num_pages, page_size, rope_dim), self.codec.storage, self.device)
                     for _ in range(num_layers)]
-        self.scale = ([_zeros((num_pages, page_size), SCALE_DTYPE, self.device)
+        self.scale = ([zeros((num_pages, page_size), SCALE_DTYPE, self.device)
                        for _ in range(num_layers)] if self.codec.quantized else [])
         self.ckv_flat = [t.view(-1, kv_lora_rank) for t in self.ckv]
         self.kpe_flat = [t.view(-1, rope_dim) for t in self.kpe]

@@ -18,27 +18,18 @@ from typing import Iterable
 
 import numpy as np
 
-from .page_allocator import OutOfPages, PageAllocator
+from .page_allocator import FreeListPool, OutOfPages, PageAllocator
 from .radix_cache import EMPTY_PAGES, InsertResult, RadixCache, join_pages
 
 __all__ = ["PagedMemory"]
 
 
-class PagedMemory:
+class PagedMemory(FreeListPool):
     def __init__(self, num_pages: int, tree: RadixCache):
         self._free_list = PageAllocator(num_pages)
         self.tree = tree
         tree.keep_views_into(self._free_list.initial_ids)
         self.page_size = tree.page_size
-
-    @property
-    def num_pages(self) -> int:
-        return self._free_list.num_pages
-
-    @property
-    def num_free(self) -> int:
-        """Pages on the free list (not counting evictable tree pages)."""
-        return self._free_list.num_free
 
     @property
     def evicted_tokens(self) -> int:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["OutOfPages", "PageAccountingError", "PageAllocator"]
+__all__ = ["FreeListPool", "OutOfPages", "PageAccountingError", "PageAllocator"]
 
 
 class OutOfPages(RuntimeError):
@@ -190,3 +190,19 @@ class PageAllocator:
 _INT32 = np.dtype(np.int32)
 _SORTED_FREE = 256           # ids from which free sorts them first (see _free_sorted)
 _ONE = (1,)                  # the shape of a one-page free
+
+
+class FreeListPool:
+    """A pool whose pages one PageAllocator accounts (`_free_list`): the full-attention
+    pages (PagedMemory) and a hybrid model's windowed pages (WindowPages)."""
+
+    _free_list: PageAllocator
+
+    @property
+    def num_pages(self) -> int:
+        return self._free_list.num_pages
+
+    @property
+    def num_free(self) -> int:
+        """Pages on the free list (not counting evictable tree pages)."""
+        return self._free_list.num_free

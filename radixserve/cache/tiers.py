@@ -72,8 +72,8 @@ if TYPE_CHECKING:
     from .tree_node import TreeNode
 
 __all__ = ["POOL", "HOST", "DISK", "DemoteOrder", "DiskPlaces", "LoadOrder", "LoadPlan",
-           "LowerTiers", "PageStore", "ReadPending", "ReadResults", "TierCounters",
-           "TierFlow", "WriteResults"]
+           "IdFollower", "LowerTiers", "PageStore", "ReadPending", "ReadResults",
+           "TierCounters", "TierFlow", "WriteResults"]
 
 POOL, HOST, DISK = Tier.POOL, Tier.HOST, Tier.DISK      # short names for this module's users
 
@@ -169,6 +169,18 @@ class DiskPlaces(Protocol):
         another disk page without the prefix it needs after a crash."""
 
 
+class IdFollower(Protocol):
+    """Data kept by tree page id outside the tiers' slots, that follows a node when its
+    ids change (a hybrid model's sliding-window pages: cache/window_memory.py). Tree ids
+    (pool pages, then host and disk slots, as `node.pages`)."""
+
+    def moved(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """A node's pages `src` are now `dst` (demoted, pushed down, loaded)."""
+
+    def released(self, ids: np.ndarray) -> None:
+        """Lower-tier ids given back (their node dropped, flushed or recomputed)."""
+
+
 class ReadPending(Exception):
     """The match continues on disk and its pages are being read off the tree's thread:
     admit the request later (nothing was changed or locked)."""
@@ -247,6 +259,7 @@ class LowerTiers:
         # tier), oldest first, with their namespace (a flush of it drops them).
         self.kept: dict[int, str | None] = {}
         self.places: DiskPlaces | None = None
+        self.follower: IdFollower | None = None     # follows nodes' ids (window pools)
         # Called with the disk slots whose write just became durable (the engine drops
         # older copies of the same pages then: engine/kv_persistence.py).
         self.on_written: Callable[[list[int]], None] | None = None
@@ -352,6 +365,7 @@ class LowerTiers:
             return False
         src = leaf.pages
         self._place(leaf, tier, dst)
+        self._follow(src, dst)
         self.tree.leave_pool(leaf)
         if tier == DISK:
             self._copy_ancestors(leaf)      # queued first: written before the leaf's pages
@@ -467,6 +481,7 @@ class LowerTiers:
             return True
         src = node.pages
         self._unlist(node)
+        self._follow(src, dst)
         self._release_ids(tier, src)
         self._place(node, DISK, dst)
         self.tree.tier_changed(node, tier)
@@ -611,6 +626,7 @@ class LowerTiers:
             self.counters[tier].loaded_tokens += node.num_tokens
             self._count_out(tier, node.num_tokens)
             self._keeping = tier == DISK
+            self._follow(node.pages, dst)
             try:
                 self.tree.enter_pool(node, dst)
             finally:
@@ -698,7 +714,13 @@ class LowerTiers:
         self._unlist(node)
         self._release_ids(node.tier, node.pages)
 
+    def _follow(self, src: np.ndarray, dst: np.ndarray) -> None:
+        if self.follower is not None:
+            self.follower.moved(src, dst)
+
     def _release_ids(self, tier: Tier, ids: np.ndarray) -> None:
+        if self.follower is not None:
+            self.follower.released(ids)
         if tier == DISK and (self.pending_writes or self.reading):
             # A write or read still in flight: the slot waits for it (_settle_orphans).
             waiting = [i for i in ids.tolist() if self._busy(i)]

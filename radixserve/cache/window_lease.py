@@ -15,6 +15,10 @@ pages are handled exactly as there):
 - `extend` inserts only the pages that slid out of the window: the last W tokens stay
   private until the next extend or `release`, so the tree never receives windows that no
   match point needs. `release` inserts everything (its end is a match point).
+
+With host/disk tiers, `load` brings a match's lower part into the pool only when a point
+past the pool part has its window (lower nodes keep theirs in the windowed pool,
+WindowedMemory.follow), then ends the match at the largest such point.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from .radix_cache import MatchResult
+from .tier_types import Tier
 from .token_keys import TokenIds
 from .prefix_lease import PrefixLease
 from .window_memory import WindowedMemory
@@ -49,12 +54,52 @@ class WindowedLease(PrefixLease):
         self.window_short = 0       # tokens that matched but whose window was missing
         self._slid = 0              # private pages below this index were slid already
         self._reading: np.ndarray | None = None    # pinned tree windows (after the match)
+        self._pool_match: MatchResult | None = None    # the tree's match, before backing off
 
     def acquire(self, tokens: TokenIds, max_tokens: int | None = None) -> MatchResult | None:
         match = super().acquire(tokens, max_tokens)
         self.branch = self.window_short = self._slid = 0
         if match is None:
             return None
+        self._pool_match = match        # before backing off: what `load` continues
+        return self._end_at_usable_point(match)
+
+    def load(self, match: MatchResult, max_tier: Tier = Tier.DISK) -> int:
+        """PrefixLease.load, when the lower part has a point whose window is present past
+        the point `acquire` ended at; the match then ends at the largest such point."""
+        match = self._pool_match
+        if match is None or not match.lower or match.cow_tokens or \
+                self.num_tree_pages != len(self.pages):
+            return 0
+        ps = self.page_size
+        ids = np.concatenate([match.pages, *(n.pages for n in match.lower)])
+        if self.memory.usable_point(ids, len(ids) * ps) <= self.matched_tokens:
+            # No window there: loading would not lengthen the hit (the miss says why).
+            self.window_short = len(ids) * ps - self.matched_tokens
+            return 0
+        backed_off = (self.pages, self.matched_tokens, self.window_short)
+        self._pin(None)
+        self.pages, self.num_tree_pages = match.pages, len(match.pages)
+        self.matched_tokens = match.matched_tokens
+        lower = np.concatenate([n.pages for n in match.lower])
+        self.memory.loading(lower)      # making room in the windowed pool keeps these
+        try:
+            loaded = super().load(match, max_tier)
+        finally:
+            self.memory.loading(None)
+        if not loaded:              # no room: back to where acquire ended
+            self.pages, self.matched_tokens, self.window_short = backed_off
+            self.num_tree_pages = len(self.pages)
+            self._pin_reads()
+            return 0
+        self.window_short = 0
+        self._end_at_usable_point(replace(match, matched_tokens=self.matched_tokens,
+                                          pages=self.pages, lower=()))
+        return loaded
+
+    def _end_at_usable_point(self, match: MatchResult) -> MatchResult:
+        """Back the match off to the largest point whose window is present, and pin the
+        tree windows read from there."""
         ps = self.page_size
         self.branch = self.matched_tokens // ps * ps
         cow_page = self._cow[0] if self._cow is not None else -1
@@ -72,12 +117,16 @@ class WindowedLease(PrefixLease):
                             cow_page=self._cow[0] if self._cow else -1,
                             cow_tokens=self._cow[1] if self._cow else 0)
         self._slid = len(self.pages)
-        lo, hi = self.rule.needed_pages(m)
+        self._pin_reads()
+        return match
+
+    def _pin_reads(self) -> None:
+        """Pin the tree windows that resuming at `matched_tokens` reads."""
+        lo, hi = self.rule.needed_pages(self.matched_tokens)
         reads = self.pages[lo:min(hi, len(self.pages))]
         if self._cow is not None:
             reads = np.append(reads, self._cow[0])
         self._pin(reads)
-        return match
 
     def _pin(self, pages: np.ndarray | None) -> None:
         """Pin the tree windows this lease reads (None: unpin them)."""
@@ -114,4 +163,5 @@ class WindowedLease(PrefixLease):
         if tokens is not None:
             self.slide(num_tokens)
         self._pin(None)
+        self._pool_match = None
         super().release(tokens, num_tokens)

@@ -19,6 +19,14 @@ last end window, so stale interior windows go first), never a lease's private pa
 its match point until it has computed a window past it. Whole leaves are evicted only
 when no tree window is left to drop.
 
+With host/disk tiers (`follow`), a node's windows stay in the windowed pool when its
+full-attention pages go down a tier: they follow the node's ids (`moved`), come back with
+a load, and go when its lower-tier ids are released. So the lower tiers hold the large
+full-attention part, the windowed pool the small part that makes a match point usable,
+and its LRU drops apply to those windows like any other tree window. Windows are not
+written to disk: after a restart the restored paths have none, and a match on them backs
+off (docs/models.md).
+
 Which windows a lease drops while it runs, and where a match may end, is WindowedLease's
 and WindowRule's.
 """
@@ -32,6 +40,7 @@ import numpy as np
 from .memory import PagedMemory
 from .page_allocator import OutOfPages
 from .radix_cache import InsertResult, RadixCache
+from .tiers import DISK, HOST, LowerTiers
 from .window_pages import WindowPages
 from .window_rule import WindowRule
 
@@ -48,6 +57,22 @@ class WindowedMemory(PagedMemory):
         self._used = np.zeros(num_pages, dtype=np.int64)      # per full page: last use
         self._pins = np.zeros(num_pages, dtype=np.int32)      # leases reading its window
         self._private = np.zeros(num_pages, dtype=bool)       # a lease's own page
+        self._loading: set[int] = set()     # lower-tier ids being loaded (keep windows)
+
+    def follow(self, tiers: LowerTiers) -> None:
+        """Keep the windows of nodes that move to host/disk (`tiers` calls `moved` and
+        `released`, cache/tiers.py: IdFollower)."""
+        tiers.follower = self
+
+    def moved(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self.windows.take_over(src, dst)
+        loaded = np.asarray(dst, dtype=np.int64)
+        loaded = loaded[loaded < self.num_pages]
+        self._private[loaded] = False       # a loaded page is the tree's
+        self.touch(loaded)
+
+    def released(self, ids: np.ndarray) -> None:
+        self.windows.detach(ids)
 
     def alloc_after(self, head: np.ndarray, n: int) -> np.ndarray:
         """PagedMemory.alloc_after, each new page with a windowed page. OutOfPages when
@@ -92,22 +117,36 @@ class WindowedMemory(PagedMemory):
         """`by` = +1 / -1: a lease starts / stops reading these tree pages' windows."""
         np.add.at(self._pins, np.asarray(pages, dtype=np.int64), by)
 
+    def loading(self, ids: np.ndarray | None) -> None:
+        """Lower-tier ids a lease is loading: their windows are kept while it makes room
+        (None: the load is over)."""
+        self._loading = set() if ids is None else set(np.asarray(ids).tolist())
+
     def _window_room(self, n: int) -> None:
-        """At least `n` free windowed pages: drop the least recently used tree windows
-        (a sixteenth of the pool at least, so this runs rarely), then evict leaves whole;
-        OutOfPages if running requests hold the rest."""
+        """At least `n` free windowed pages: drop the windows of demoted nodes, then the
+        least recently used tree windows (a sixteenth of the pool at least, so this runs
+        rarely), then evict leaves whole; OutOfPages if running requests hold the rest."""
         if n <= self.windows.num_free:
             return
         w = self.windows
-        droppable = np.flatnonzero((w.of_page != w.null) & (self._pins == 0) & ~self._private)
-        want = min(len(droppable), max(n - w.num_free, w.num_pages // 16))
-        if want:
-            oldest = droppable[np.argpartition(self._used[droppable], want - 1)[:want]]
-            self.dropped_windows += w.detach(oldest)
-        while n > w.num_free and self.tree.evictable_tokens:
-            self.free(self.tree.evict(self.page_size))
-        if n > w.num_free:
-            raise OutOfPages(n, w.num_free)
+        while n > w.num_free:
+            want = max(n - w.num_free, w.num_pages // 16)
+            # Windows of demoted nodes go first: a node leaves the pool least recently used.
+            lower = [i for i in w.lower if i not in self._loading][:want]
+            if lower:
+                self.dropped_windows += w.detach(np.asarray(lower, dtype=np.int64))
+                continue
+            droppable = np.flatnonzero((w.of_page != w.null) & (self._pins == 0)
+                                       & ~self._private)
+            want = min(len(droppable), want)
+            if want:
+                oldest = droppable[np.argpartition(self._used[droppable], want - 1)[:want]]
+                self.dropped_windows += w.detach(oldest)
+            elif self.tree.evictable_tokens:
+                # (a leaf demoted to a lower tier keeps its windows: dropped next round)
+                self.free(self.tree.evict(self.page_size))
+            else:
+                raise OutOfPages(n, w.num_free)
 
     def usable_point(self, pages: np.ndarray, matched: int, cow_page: int = -1) -> int:
         """The largest match point <= `matched` whose window is present (WindowRule)."""
@@ -119,4 +158,11 @@ class WindowedMemory(PagedMemory):
     def check_conservation(self, private: Iterable[np.ndarray] = ()) -> None:
         private = list(private)
         super().check_conservation(private)
-        self.windows.check([self.tree.tree_page_ids(), *private])
+        self.windows.check([self.tree_ids(), *private])
+
+    def tree_ids(self) -> np.ndarray:
+        """Every id the tree holds: its pool pages and, with tiers, its host/disk slots."""
+        tiers = self.tree.tiers
+        lower = ([n.pages for t in (HOST, DISK) for n in tiers.nodes[t].values()]
+                 if isinstance(tiers, LowerTiers) else [])
+        return np.concatenate([self.tree.tree_page_ids(), *lower])

@@ -11,6 +11,10 @@ one extra page, never handed out and never written, so a page table read through
 Who owns a windowed page is who owns the full page it is attached to (tree, a lease, or
 nobody: then it must be free), so the full pages' conservation carries over: free windowed
 pages + pages attached to tree pages + pages attached to private pages == total.
+With host/disk tiers, a node demoted keeps its windows in this pool under its new ids
+(host/disk slots, cache/tiers.py): `take_over` moves them, and they are kept in `lower`, a
+dict, since the disk tier may have millions of slots (the pool's map stays one array, which
+the runner reads).
 Torch-free: the replay tool runs it without a model.
 """
 
@@ -20,31 +24,44 @@ from typing import Iterable
 
 import numpy as np
 
-from .page_allocator import OutOfPages, PageAllocator
+from .page_allocator import FreeListPool, OutOfPages, PageAllocator
 
 __all__ = ["WindowPages"]
 
 
-class WindowPages:
+class WindowPages(FreeListPool):
     def __init__(self, num_pages: int, num_full_pages: int):
         self._free_list = PageAllocator(num_pages)
         self.null = num_pages           # the all-zero page absent windows read
         self.of_page = np.full(num_full_pages, self.null, dtype=np.int32)
+        self.lower: dict[int, int] = {}     # host/disk tree id -> its windowed page
 
-    @property
-    def num_pages(self) -> int:
-        return self._free_list.num_pages
+    def _split(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """Pool page ids and lower-tier ids."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not len(ids) or ids.max() < len(self.of_page):
+            return ids, ids[:0]
+        in_pool = ids < len(self.of_page)
+        return ids[in_pool], ids[~in_pool]
 
-    @property
-    def num_free(self) -> int:
-        return self._free_list.num_free
+    def _get(self, ids: np.ndarray) -> np.ndarray:
+        """The windowed page of each id (null: none)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not len(ids) or ids.max() < len(self.of_page):
+            return self.of_page[ids]
+        out = np.full(len(ids), self.null, dtype=np.int32)
+        in_pool = ids < len(self.of_page)
+        out[in_pool] = self.of_page[ids[in_pool]]
+        out[~in_pool] = [self.lower.get(i, self.null) for i in ids[~in_pool].tolist()]
+        return out
 
     def present(self, full_pages: np.ndarray) -> np.ndarray:
-        """bool per full page: its windowed KV is held."""
-        return self.of_page[np.asarray(full_pages, dtype=np.int64)] != self.null
+        """bool per id (a pool page or a lower-tier slot): its windowed KV is held."""
+        return self._get(full_pages) != self.null
 
     def attach(self, full_pages: np.ndarray) -> None:
-        """A windowed page for each of `full_pages` lacking one (OutOfPages: nothing changed)."""
+        """A windowed page for each of `full_pages` (pool ids) lacking one (OutOfPages:
+        nothing changed)."""
         full_pages = np.asarray(full_pages, dtype=np.int64)
         lacking = full_pages[self.of_page[full_pages] == self.null]
         if len(lacking) > self._free_list.num_free:
@@ -54,34 +71,55 @@ class WindowPages:
 
     def detach(self, full_pages: np.ndarray) -> int:
         """Free the windowed pages of `full_pages` (those that have one); how many."""
-        full_pages = np.asarray(full_pages, dtype=np.int64)
-        held = full_pages[self.of_page[full_pages] != self.null]
+        pool, lower = self._split(full_pages)
+        held = pool[self.of_page[pool] != self.null]
         if len(held):
             self._free_list.free(self.of_page[held])
             self.of_page[held] = self.null
-        return len(held)
+        freed = [self.lower.pop(i) for i in lower.tolist() if i in self.lower]
+        if freed:
+            self._free_list.free(np.asarray(freed, dtype=np.int32))
+        return len(held) + len(freed)
 
     def move(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Hand the windowed pages of `src` to `dst` where `dst` lacks one (a duplicate's
-        window refills the tree page it duplicates); the rest of `src`'s stay put."""
+        window refills the tree page it duplicates); the rest of `src`'s stay put. Pool
+        ids."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
         go = (self.of_page[src] != self.null) & (self.of_page[dst] == self.null)
         self.of_page[dst[go]] = self.of_page[src[go]]
         self.of_page[src[go]] = self.null
 
+    def take_over(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """`dst[i]` ends with exactly the window `src[i]` had (a node changed tier: its ids
+        changed); a window `dst` held is freed, `src` ends with none."""
+        self.detach(dst)
+        windows = self._get(src)
+        src_pool, src_lower = self._split(src)
+        self.of_page[src_pool] = self.null
+        for i in src_lower.tolist():
+            self.lower.pop(i, None)
+        dst = np.asarray(dst, dtype=np.int64)
+        in_pool = dst < len(self.of_page)
+        self.of_page[dst[in_pool]] = windows[in_pool]
+        for i, w in zip(dst[~in_pool].tolist(), windows[~in_pool].tolist()):
+            if w != self.null:
+                self.lower[i] = w
+
     def check(self, owned_full_pages: Iterable[np.ndarray]) -> None:
         """Windowed conservation: every windowed page is free or attached to exactly one
         full page, and only full pages someone owns (tree or lease) have one."""
         owned = np.concatenate([np.asarray(p, dtype=np.int64).ravel()
                                 for p in owned_full_pages] or [np.zeros(0, np.int64)])
-        attached_to = np.flatnonzero(self.of_page != self.null)
+        attached_to = np.concatenate([np.flatnonzero(self.of_page != self.null),
+                                      np.fromiter(self.lower, np.int64, len(self.lower))])
         stray = np.setdiff1d(attached_to, owned)
         problems = []
         if len(stray):
             problems.append(f"full pages {stray[:16].tolist()} are owned by nobody but "
                             "hold windowed pages")
-        ids = self.of_page[attached_to].astype(np.int64)
+        ids = self._get(attached_to).astype(np.int64)
         uniq, counts = np.unique(ids, return_counts=True)
         if (counts > 1).any():
             problems.append(f"windowed pages attached twice: {uniq[counts > 1][:16].tolist()}")

@@ -61,6 +61,9 @@ class Engine(OneProcessStats):
         # --kv-disk-dir: one store for the disk tier's pages and the saved cache.
         store = open_store(config, self.runner)
         self.tiers = make_tiers(config, self.runner, self.tree, store)
+        if self.tiers is not None and isinstance(self.memory, WindowedMemory):
+            self.memory.follow(self.tiers.lower)    # demoted nodes keep their windows
+            self.runner.windowed.attach(self.memory.windows.of_page)
         self.kv_events = self._kv_events(config)
         self.persistence = (KVPersistence(store, self.tree, self.tiers, self.runner.mover,
                                           self._on_compute, self._step_lock)

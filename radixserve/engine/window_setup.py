@@ -2,8 +2,8 @@
 
 `--kv-window-pool auto` turns per-group pools on for a model whose windowed layers share
 one window (Gemma 2/3, sliding Mistral/Qwen2/Qwen3); several window sizes keep one full-KV
-pool (logged). Combinations the window-aware cache does not support yet are refused at
-start, naming the flag, rather than served wrong.
+pool (logged). Every other flag combines with the window pools (tiers, persistence,
+flashinfer, deterministic mode, quantized KV: docs/models.md).
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from radixserve.engine.config import EngineConfig
 from radixserve.kv_sizing import GroupPools, LayerGroup, window_pools
 
 log = logging.getLogger(__name__)
-
-_OFF = "pass --kv-window-pool off to keep full KV in every layer"
-
 
 def pool_window(config: EngineConfig, layer_windows: tuple[int | None, ...]) -> int | None:
     """The window of the windowed pool, or None for one full-KV pool."""
@@ -29,16 +26,6 @@ def pool_window(config: EngineConfig, layer_windows: tuple[int | None, ...]) -> 
         log.info("KV pools: windows %s differ; one full-KV pool (one windowed pool per "
                  "window size is not supported yet)", windows)
         return None
-    unsupported = [
-        ("--kv-host-tokens/--kv-host-bytes", bool(config.kv_host_tokens or config.kv_host_bytes)),
-        ("--kv-disk-dir", config.kv_disk_dir is not None),
-        ("--attention-backend flashinfer", config.attention_backend == "flashinfer"),
-        ("--deterministic", config.deterministic),
-    ]
-    for flag, used in unsupported:
-        if used:
-            raise ValueError(f"{flag} is not supported with the per-group window pools of "
-                             f"this hybrid model yet; {_OFF}")
     return windows[0]
 
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from .chat_templates import DEFAULT_CHATS
 from .errors import ModelLoadError
 from .tokenizer import Tokenizer
+from .tokenizer_cache import cached_tokenizer
 
 # llama.cpp pre-tokenizer names whose regexes are "split each digit, then GPT-2's regex".
 _DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
@@ -69,12 +70,17 @@ def _byte_level_bpe(meta: Mapping[str, Any], digits_first: bool):
 
 
 def _transformers_converter(path: Path):
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
-                                             local_files_only=True)
-    except Exception as e:
-        raise ModelLoadError(f"{path}: cannot build a tokenizer from GGUF metadata: {e}") from None
+    """transformers' converter (slow for large SentencePiece vocabularies: cached)."""
+    def convert():
+        from transformers import AutoTokenizer
+        try:
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 local_files_only=True)
+        except Exception as e:
+            raise ModelLoadError(f"{path}: cannot build a tokenizer from GGUF metadata: "
+                                 f"{e}") from None
+
+    return cached_tokenizer(path, convert)
 
 
 def gguf_tokenizer(meta: Mapping[str, Any], path: Path) -> Tokenizer:

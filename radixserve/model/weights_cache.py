@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,23 +27,15 @@ from torch import nn
 
 from radixserve.file_hash import file_sha256
 
+from .cache_dir import CACHE_DIR_ENV, default_cache_dir  # noqa: F401 (re-exported)
 from .checked_safetensors import DTYPE_NAMES, BadFile, read_checked, write_checked
 
 log = logging.getLogger(__name__)
 
-CACHE_DIR_ENV = "RADIXSERVE_CACHE_DIR"
 # Modules whose code decides what a GGUF's parameters hold: editing one retires old entries.
 _FINGERPRINTED = ("radixserve.model.gguf_loader", "radixserve.model.gguf_file",
                   "radixserve.model.llama", "radixserve.model.weights", "gguf.quants",
                   "radixserve.model.quantized_linear", "radixserve.model.weights_dtype")
-
-
-def default_cache_dir() -> Path:
-    """$RADIXSERVE_CACHE_DIR, else $XDG_CACHE_HOME/radixserve, else ~/.cache/radixserve."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "radixserve"
 
 
 @lru_cache(maxsize=1)

@@ -224,11 +224,16 @@ def _notes(spec: ModelSpec, plan: Plan) -> None:
     if spec.mla is not None:
         plan.notes.append("MLA: the cache holds one latent per token and layer, shared by "
                           "all heads (what vLLM and SGLang store for DeepSeek models)")
-    if spec.windows and spec.served_context is not None:
+    if len(spec.windows) == 1 and spec.served_context is not None and spec.mla is None:
+        plan.notes.append(
+            "radixserve keeps the windowed layers in their own pool (--kv-window-pool auto): "
+            "the full-attention pool above holds every token, the window pool the windows "
+            "running requests and cached match points need (docs/models.md)")
+    elif spec.windows and spec.served_context is not None:
         plan.notes.append(
             "radixserve attends within each layer's window but keeps every token's KV in "
-            "every layer (one full-KV pool); a window-aware cache would keep "
-            "min(context, window) tokens per windowed layer")
+            "every layer (one full-KV pool: several window sizes); a window-aware cache "
+            "would keep min(context, window) tokens per windowed layer")
     if spec.served_context is not None and plan.context > spec.served_context:
         plan.notes.append(f"--context {plan.context} exceeds the {spec.served_context} "
                           f"tokens radixserve serves for this model")

@@ -214,17 +214,16 @@ def spec_from_gguf(path: Path, name: str) -> ModelSpec:
             n *= int(dim)
         params += n
     spec = spec_from_hf_config(cfg, name, params, "GGUF tensors")
-    if arch == "llama":       # the server's GGUF parser is the judge of what it can serve
-        from radixserve.model.config import config_from_gguf
-        from radixserve.model.errors import ModelLoadError
-        try:
-            config_from_gguf(meta, 1, tied=False)
-            spec = _replace(spec, unsupported=None, served_context=spec.max_context)
-        except ModelLoadError as exc:
-            spec = _replace(spec, unsupported=str(exc))
-    else:
-        spec = _replace(spec, unsupported=f"unsupported GGUF architecture {arch!r} "
-                                          f"(supported: 'llama')", served_context=None)
+    # The server's GGUF parser is the judge of what it can serve, and of the layers' windows
+    # (Gemma's local/global pattern is not in the keys read above).
+    from radixserve.model.config import config_from_gguf
+    from radixserve.model.errors import ModelLoadError
+    try:
+        served = config_from_gguf(meta, 1, tied=False)
+        spec = _replace(spec, unsupported=None, served_context=spec.max_context,
+                        layer_windows=served.windows)
+    except ModelLoadError as exc:
+        spec = _replace(spec, unsupported=str(exc), served_context=None)
     return spec
 
 

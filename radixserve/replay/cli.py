@@ -105,6 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--share-load-fraction", type=float, default=0.25, metavar="F",
                          help="a loaded token's time as a fraction of a computed one's "
                               "(service model and cache-aware score; default %(default)s)")
+    parser.add_argument("--model-layout", default=None, metavar="MODEL",
+                        help="a hybrid model's layer layout (a short name, model directory, "
+                        ".gguf or config.json, as `radixserve plan` takes it): replay the "
+                        "window-aware tree against a full-KV tree at the same bytes, and "
+                        "report hit rates and bytes per layer group")
     tiers = parser.add_argument_group(
         "tier simulation", "host memory and disk below the cache, run by the server's tier "
         "code: evicted pages are demoted, a hit there is loaded instead of recomputed")
@@ -179,6 +184,15 @@ def _simulate(args: argparse.Namespace, options):
             share_load_fraction=args.share_load_fraction)
         return (run_cluster_sweep(options, cluster, warn), format_cluster_table,
                 lambda r, path: plot.plot_cluster(r, path))
+    if args.model_layout is not None:
+        if args.host_capacity_tokens is not None or args.disk_capacity_tokens is not None:
+            raise ValueError("--model-layout runs the pool alone: no --host/--disk tiers")
+        from .layouts import format_layout_table, read_layout, run_layout_sweep
+
+        def no_plot(report, path):
+            raise ValueError("--plot is not drawn for --model-layout")
+        return (run_layout_sweep(options, read_layout(args.model_layout), warn),
+                format_layout_table, no_plot)
     if args.host_capacity_tokens is not None or args.disk_capacity_tokens is not None:
         from . import plot
         from .report import parse_capacity

@@ -23,6 +23,7 @@ from radixserve.cache.miss_reasons import SeenPrefixes, explain
 from radixserve.cache.page_allocator import OutOfPages
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.radix_cache import MatchResult, RadixCache
+from radixserve.cache.window_lease import WindowedLease, new_lease
 
 from .belady import PageAtATimeMemory, make_policy
 from .workload import ReplayItem, Workload
@@ -151,7 +152,7 @@ class _Run:
         L = item.prompt_len
         if self.seen is not None:
             self.explain(item)
-        lease = PrefixLease(self.mem)
+        lease = new_lease(self.mem)     # a WindowedLease over window pools (--model-layout)
         match = lease.acquire(item.prompt_keys, max_tokens=space.max_match_keys(L))
         hit = space.hit_tokens(match.matched_tokens, len(match.pages), match.cow_tokens > 0, L)
         if match.lower and self.load is not None:
@@ -179,7 +180,11 @@ class _Run:
     def complete(self, flight: _InFlight) -> None:
         """The request finished: insert prompt + output, unlock, free what is left."""
         item = flight.item
-        if item.full_keys is None:
+        if item.full_keys is None and isinstance(flight.lease, WindowedLease):
+            # A window-aware lease kept its last window private: its end is a match point.
+            pages = item.prompt_len // self.space.page_size
+            flight.lease.release(item.prompt_keys, self.space.keys_for_pages(pages))
+        elif item.full_keys is None:
             flight.lease.release()
         else:
             total = (item.prompt_len + item.output_len) // self.space.page_size
@@ -216,10 +221,12 @@ class _Run:
 
 
 def replay(workload: Workload, config: ReplayConfig,
-           progress: Callable[[int], None] | None = None) -> ReplayStats:
-    """Replay the whole workload once; the cache, page pool and policy are fresh."""
+           progress: Callable[[int], None] | None = None,
+           memory: Callable[[int, RadixCache], PagedMemory] | None = None) -> ReplayStats:
+    """Replay the whole workload once; the cache, page pool and policy are fresh
+    (`memory`: the page accounting, e.g. window pools; default PagedMemory)."""
     space = workload.space
-    run = _Run(workload, config)
+    run = _Run(workload, config, memory)
     stats = ReplayStats(config.policy, config.capacity_tokens, run.mem.num_pages,
                         space.mode, space.page_size, config.concurrency)
     warmup = int(config.warmup_fraction * len(workload))

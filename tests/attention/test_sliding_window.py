@@ -93,3 +93,25 @@ def test_windowed_pool_refuses_to_write_without_a_page():
     kv.attach(np.array([0, kv.null, 1], dtype=np.int32))
     with pytest.raises(RuntimeError, match="no windowed page"):
         kv.spans([SeqSpan(np.array([0, 1, 2], dtype=np.int32), 4, 3)], 4)
+
+
+def test_windowed_page_table_as_flashinfer_reads_it():
+    """The window pool's metadata (what flashinfer's paged wrappers are planned with): the
+    same lengths and page counts as the full table, every page id mapped through `of_page`,
+    the pages before a window on the null page, the null page never written to."""
+    page_size, window = 4, 8
+    pool = KVPool(1, 9, page_size, 2, 32, torch.float32, "cpu")
+    kv = WindowedKV(pool, TorchAttentionBackend(num_qo_heads=2, num_kv_heads=2, head_dim=32,
+                                                layer_windows=[window]), window)
+    of_page = np.full(12, kv.null, dtype=np.int32)
+    of_page[[3, 4, 5, 9, 10]] = [0, 1, 2, 5, 6]          # the pages the leases hold
+    kv.attach(of_page)
+    spans = [SeqSpan(np.array([7, 8, 3, 4, 5], dtype=np.int32), 10, 9),   # prefill, cached
+             SeqSpan(np.array([11, 9, 10], dtype=np.int32), 9, 1)]        # decode
+    full = build_metadata(spans, page_size, "cpu")
+    win = build_metadata(kv.spans(spans, page_size), page_size, "cpu")
+    for name in ("qo_indptr", "kv_indptr", "kv_last_page_len"):
+        assert torch.equal(getattr(win, name), getattr(full, name)), name
+    assert win.kv_indices.tolist() == [kv.null, kv.null, 0, 1, 2, kv.null, 5, 6]
+    assert kv.null not in (win.write_slots // page_size).tolist()
+    assert (win.write_slots % page_size).tolist() == (full.write_slots % page_size).tolist()

@@ -6,6 +6,7 @@ reports has its window present)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -178,3 +179,25 @@ class WindowTree(RuleBasedStateMachine):
 
 TestWindowTree = WindowTree.TestCase
 TestWindowTree.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+
+
+def test_windows_follow_a_node_to_lower_tier_ids_and_back():
+    """WindowPages.take_over: a demoted node's windows live under its host/disk ids (the
+    pool's map unchanged in size), come back with a load, and a released id frees its
+    window; conservation counts the lower ids as owned."""
+    from radixserve.cache.window_pages import WindowPages
+    w = WindowPages(5, 8)                       # 5 windowed pages; pool ids 0..7
+    w.attach(np.array([1, 2, 3]))
+    w.take_over(np.array([1, 2]), np.array([1_000_000, 1_000_001]))     # demoted to disk
+    assert len(w.of_page) == 8 and w.present(np.array([1, 2, 1_000_000, 1_000_001])).tolist() \
+        == [False, False, True, True]
+    w.check([np.array([3, 1_000_000, 1_000_001])])
+    w.attach(np.array([5, 6]))                  # a load's fresh pages first get windows...
+    w.take_over(np.array([1_000_000, 1_000_001]), np.array([5, 6]))     # ...then the node's
+    assert w.present(np.array([5, 6, 1_000_000])).tolist() == [True, True, False]
+    assert w.num_free == 2 and w.lower == {}
+    w.take_over(np.array([5]), np.array([2_000]))
+    assert w.detach(np.array([2_000, 6])) == 2 and w.num_free == 4
+    w.check([np.array([3])])
+    with pytest.raises(AssertionError, match="owned by nobody"):
+        w.check([np.zeros(0, np.int64)])

@@ -100,7 +100,7 @@ def check_pages(engine: Engine) -> None:
         == engine.runner.num_pages
     windows = getattr(engine.memory, "windows", None)    # per-group pools (hybrid models)
     if windows is not None:
-        in_tree = int(windows.present(engine.tree.tree_page_ids()).sum())
+        in_tree = int(windows.present(engine.memory.tree_ids()).sum())   # + lower tiers
         assert windows.num_free + in_tree == windows.num_pages == engine.runner.window_pages
 
 

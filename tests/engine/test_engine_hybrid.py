@@ -81,31 +81,38 @@ def test_deterministic_greedy_identical_alone_and_batched(gemma3):
             return got[::-1]
         return run_scenario(engine, scenario, check=check_pages)
 
-    # Deterministic mode runs on one full-KV pool (the window pools refuse it).
+    # Alone on one full-KV pool; batched on the per-group pools (the windowed layers' own
+    # fixed-split plan reads the null page before each window, masked like any other).
     alone = run(make_engine(gemma3, deterministic=True, disable_radix_cache=True,
                             kv_window_pool="off"), False)
-    busy = make_engine(gemma3, deterministic=True, page_size=4, chunked_prefill_size=24,
-                       kv_window_pool="off")
+    busy = make_engine(gemma3, deterministic=True, page_size=4, chunked_prefill_size=24)
     together = run(busy, True)
     assert [r.token_ids[0] for r in together] == [r.token_ids[0] for r in alone]
-    assert isinstance(busy.runner.backend, FixedSplitBackend)     # with the model's windows
-    assert WINDOW in busy.runner.backend.layer_windows
+    assert isinstance(busy.memory, WindowedMemory)
+    win_backend = busy.runner.windowed.backend
+    assert isinstance(win_backend, FixedSplitBackend)     # with the model's window
+    assert WINDOW in win_backend.layer_windows
     assert sum(r.final.usage.cached_tokens for r in together) > 0
+
+
+def test_quantized_kv_cached_equals_uncached_with_window_pools(gemma3):
+    """int8 KV in both pools (codes and scales per page in each): the hits at every point
+    generate what the cache-off run with the same format generates."""
+    expected = [r.token_ids[0] for r in run_in_order(
+        make_engine(gemma3, page_size=4, disable_radix_cache=True, kv_cache_dtype="int8"))]
+    engine = make_engine(gemma3, page_size=4, kv_window_checkpoint=CHECKPOINT,
+                         kv_cache_dtype="int8")
+    assert engine.runner.windowed.pool.kv_format == engine.runner.kv_pool.kv_format
+    assert engine.runner.kv_pool.kv_format.k == "int8"
+    got = run_in_order(engine)
+    assert [r.token_ids[0] for r in got] == expected
+    assert [r.final.usage.cached_tokens for r in got[1:len(HITS) + 1]] == [
+        first_round_hit(h) for h in HITS]
 
 
 def test_full_kv_pool_when_off(gemma3):
     engine = make_engine(gemma3, page_size=4, kv_window_pool="off")
     assert engine.runner.windowed is None and not isinstance(engine.memory, WindowedMemory)
-
-
-def test_unsupported_combinations_are_refused_naming_the_flag(gemma3):
-    for flag, overrides in [("--kv-host-tokens", dict(kv_host_tokens=4096)),
-                            ("--kv-disk-dir", dict(kv_disk_dir="/nonexistent")),
-                            ("--attention-backend flashinfer",
-                             dict(attention_backend="flashinfer"))]:
-        with pytest.raises(ValueError, match=flag) as err:
-            make_engine(gemma3, page_size=4, **overrides)
-        assert "--kv-window-pool off" in str(err.value)
 
 
 def test_a_pin_and_a_partial_page_hit_with_window_pools(gemma3):
@@ -133,3 +140,56 @@ def test_a_pin_and_a_partial_page_hit_with_window_pools(gemma3):
     assert [g.token_ids[0] for g in got] == [u.token_ids[0] for u in uncached]
     assert got[0].final.usage.cached_tokens == len(pinned)
     assert got[1].final.usage.cached_tokens == len(mid_page)     # inside page 2: a copy
+
+
+def test_abort_mid_prefill_mid_decode_and_a_disconnect_conserve_both_pools(gemma3):
+    """Each request leaves at a different moment; after each, both pools are whole again:
+    free + tree + live == total for the full pages and for the windowed pages."""
+    engine = make_engine(gemma3, page_size=4, chunked_prefill_size=16)
+    long = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+
+    async def scenario(engine):
+        stream = engine.generate(DONOR, long, request_id="prefill")
+        task = asyncio.create_task(collect(stream))
+        while engine.scheduler.stats.steps < 3:
+            await asyncio.sleep(0.001)
+        assert 0 < engine.scheduler.running[0].num_computed < len(DONOR)
+        engine.abort("prefill")
+        assert (await task).final.finish_reason == "abort"
+        check_pages(engine)
+        stream = engine.generate(PROMPTS[1], long, request_id="decode")
+        async for out in stream:        # aborted after a few tokens, past the window
+            if len(out.token_ids) and engine.scheduler.running and \
+                    engine.scheduler.running[0].num_computed > len(PROMPTS[1]) + WINDOW:
+                engine.abort("decode")
+            if out.finished:
+                assert out.finish_reason == "abort"
+                break
+        check_pages(engine)
+        gone = engine.generate(PROMPTS[2], long, request_id="gone")
+        async for out in gone:           # the client goes away
+            if out.token_ids:
+                break
+        await gone.aclose()
+
+    run_scenario(engine, scenario)
+    assert engine.stats().requests_finished.get("abort") == 3
+
+
+def test_preemption_conserves_both_pools_and_equals_uncached(gemma3):
+    """Four short prompts with long decodes on a pool for about one and a half of them: they
+    are admitted together, their decodes outgrow the pool and preempt; the tokens equal the
+    cache-off run and both pools are conserved."""
+    prompts = [[(t * k + k) % 251 + 5 for t in DONOR[:3 * WINDOW]] for k in (1, 3, 5, 7)]
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+
+    def run(engine):
+        return run_scenario(engine, lambda e: asyncio.gather(
+            *(collect(e.generate(p, params)) for p in prompts)))
+
+    expected = [r.token_ids[0] for r in run(
+        make_engine(gemma3, page_size=4, disable_radix_cache=True))]
+    engine = make_engine(gemma3, page_size=4, kv_cache_tokens=256, schedule_policy="fcfs")
+    assert isinstance(engine.memory, WindowedMemory)
+    assert [r.token_ids[0] for r in run(engine)] == expected
+    assert engine.stats().preemptions > 0

@@ -58,3 +58,21 @@ def test_plan_text_shows_the_split(families, capsys):
     # 3 layers, 2 KV heads x 16 dims x 4 B x (K, V) = 256 B per layer per token
     assert f"layer groups     full attention: 1 layers, 256 B/token; window {WINDOW}: " \
            f"2 layers, 512 B/token" in text
+
+
+def test_plan_of_a_gemma3_gguf_shows_the_split(families, tmp_path, capsys):
+    """A GGUF's layer pattern is the server's reading of it (Gemma's local/global layers
+    are not in the generic keys): served, with the groups the loaded model has."""
+    from tiny_models import write_gguf
+
+    from radixserve.model.loader import load_model
+    gguf = tmp_path / "gemma3.gguf"
+    write_gguf(gguf, families["gemma3"].hf_model, arch="gemma3")
+    assert main(["plan", str(gguf), *FLAGS, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["served_by_radixserve"], plan["not_served_because"]
+    windows = list(load_model(str(gguf), dtype="float32").config.windows)
+    assert [(g["window"], g["num_layers"]) for g in plan["layer_groups"]] == [
+        (w, windows.count(w)) for w in sorted(set(windows), key=lambda w: w or 0)]
+    assert any(g["window"] == WINDOW for g in plan["layer_groups"])
+    assert plan["window_pool_pages"] > 0

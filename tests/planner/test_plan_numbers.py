@@ -93,7 +93,7 @@ def test_mistral_7b_sliding_window():
     # a window-aware cache holds 4096 tokens per layer: 32 layers x 4096 x 4096 B
     assert p.window_aware_bytes_per_request == 536_870_912
     assert p.window_aware_max_concurrency == 73_191 * 131_072 // 536_870_912 == 17    # (one pool)
-    assert any("attends within each layer's window" in n for n in p.notes)
+    assert any("windowed layers in their own pool" in n for n in p.notes)
     assert p.layer_groups == [{"window": 4096, "num_layers": 32, "bytes_per_token": 131_072}]
 
 

@@ -1,0 +1,87 @@
+"""A hybrid model's window pools with host/disk tiers and persistence (tiny Gemma 3, window
+16, page 4): a path demoted to host memory or disk keeps its windows in the windowed pool
+under its new ids and is loaded back with them, so the hit reaches past the first window;
+after a restart the saved paths have no windows and the match backs off. Greedy tokens
+always equal the cache-off run's, and every page of both pools is accounted for."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine_helpers import check_pages, collect, make_engine, run_scenario
+from radixserve.cache.miss_reasons import MissReason
+from radixserve.cache.window_memory import WindowedMemory
+from radixserve.engine.sampling_params import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+from hybrid_models import WINDOW, build_family  # noqa: E402
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
+CHECKPOINT = 6 * WINDOW                  # kept windows: the first, 96, each end
+DONOR = list(range(10, 10 + 8 * WINDOW))                    # 128 tokens
+# The donor, two prompts of their own that push it out of a small pool, then the donor's
+# prefix again, diverging at the checkpoint far past the first window.
+OTHERS = [[(t * (i + 3) + 17 * i) % 251 + 5 for t in DONOR] for i in range(2)]
+PROMPTS = [DONOR + [200, 201], *OTHERS, DONOR[:6 * WINDOW] + [230, 231, 232]]
+POOL = 2 * (len(DONOR) + 2 + GREEDY.max_tokens + 16)
+DISK_BYTES = 8 << 20        # a small disk tier: its invariant check stays quick
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    return build_family("gemma3", tmp_path_factory.mktemp("tiers-gemma3")).loaded
+
+
+@pytest.fixture(scope="module")
+def uncached(gemma3):
+    return [r.token_ids[0] for r in run_in_turn(
+        make_engine(gemma3, page_size=4, disable_radix_cache=True), PROMPTS)]
+
+
+def run_in_turn(engine, prompts):
+    async def scenario(engine):
+        out = []
+        for p in prompts:
+            out.append(await collect(engine.generate(p, GREEDY)))
+            check_pages(engine)         # idle between requests: both pools conserved
+        return out
+    return run_scenario(engine, scenario, check=check_pages)
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_a_demoted_path_comes_back_with_its_windows(gemma3, uncached, tmp_path, tier):
+    flags = (dict(kv_host_tokens=8 * POOL) if tier == "host"
+             else dict(kv_disk_dir=str(tmp_path), kv_disk_bytes=DISK_BYTES))
+    # Prefill chunks of 32 tokens: a running request holds few windows, so the windowed
+    # pool (as large as the full one here) keeps every path's kept windows.
+    engine = make_engine(gemma3, page_size=4, kv_cache_tokens=POOL, chunked_prefill_size=32,
+                         kv_window_checkpoint=CHECKPOINT, **flags)
+    assert isinstance(engine.memory, WindowedMemory)
+    got = run_in_turn(engine, PROMPTS)
+    assert [r.token_ids[0] for r in got] == uncached
+    flow = getattr(engine.stats().tiers, "l2" if tier == "host" else "l3")
+    assert flow.demoted_tokens > 0 and flow.loaded_tokens > 0
+    # The windows of the checkpoint at 96 came back with the load: a hit past the first
+    # window, the whole shared prefix.
+    assert got[-1].final.usage.cached_tokens == 6 * WINDOW
+
+
+def test_after_a_restart_the_saved_paths_have_no_windows(gemma3, uncached, tmp_path):
+    """Windows are not saved: the restored path is matched, found without windows, not
+    loaded, and recomputed (reason window_missing)."""
+    first = make_engine(gemma3, page_size=4, kv_disk_dir=str(tmp_path),
+                        kv_disk_bytes=DISK_BYTES)
+    run_in_turn(first, PROMPTS[:1])
+    assert first.persistence.last_save.pages_written > 0
+    again = make_engine(gemma3, page_size=4, kv_disk_dir=str(tmp_path),
+                        kv_disk_bytes=DISK_BYTES)
+    (got,) = run_in_turn(again, PROMPTS[-1:])
+    assert got.token_ids[0] == uncached[-1]
+    assert again.stats().tiers.l3.cached_tokens >= len(DONOR)     # restored on disk
+    assert got.final.usage.cached_tokens == 0
+    assert got.final.usage.miss.reason == MissReason.WINDOW_MISSING
+    assert again.stats().tiers.l3.loaded_tokens == 0        # nothing loaded in vain
