@@ -55,9 +55,9 @@ def fsync_file(fd: int, path: Path) -> None:
 
 
 def fsync_dir(directory: Path) -> None:
-    """Make the directory's entries (renames, removals) durable."""
+    """Make the directory's entries (renames, removals) durable (FsyncFailed, as files)."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        fsync_file(fd, directory)
     finally:
         os.close(fd)

@@ -44,7 +44,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import msgspec
 
@@ -161,9 +161,13 @@ class DiskPageStore:
 
     # -- pages --------------------------------------------------------------------------
 
-    def write_page(self, page_key: int, payload: bytes | memoryview) -> int:
-        """Store one page (complete on disk when this returns); -> its write serial (for
-        the journal's record of it). Raises StoreRefused,
+    def write_page(self, page_key: int, payload: bytes | memoryview,
+                   before_write: Callable[[int], None] | None = None) -> int:
+        """Store one page (complete on disk when this returns); -> its write serial.
+        `before_write(serial)` runs once the key is reserved, before a byte of the file is
+        written: the disk tier journals the page there (write-ahead), so a crash can never
+        leave a complete page file without its record; a record whose file never
+        completed is skipped at recovery (`replay`'s `present`). Raises StoreRefused,
         DiskStoreFull (nothing written), ValueError for a key stored now (drop it first),
         OSError when the disk fails (reported to `faults`, which may pause writes: then
         WritesPaused, without touching the disk)."""
@@ -183,6 +187,8 @@ class DiskPageStore:
             serial = self._serials[page_key] = self._next_serial
             self._next_serial += 1
         try:
+            if before_write is not None:
+                before_write(serial)
             write_atomic(path, [pack_header(PAGE_MAGIC, page_key, payload, serial), payload],
                          before_rename=lambda: self.crash.reached("page_write"))
         except BaseException as e:
@@ -389,8 +395,8 @@ class DiskPageStore:
             records = self._journal_records(base.journal_from, cut=True)
             self.recovery.journal_records = len(records)
             with self._index_lock:
-                self._write_index_file(replay(base, records, self.fingerprint.page_size),
-                                       next_seq)
+                self._write_index_file(replay(base, records, self.fingerprint.page_size,
+                                              present=set(self._sizes)), next_seq)
             if records:
                 log.info("KV disk store %s: replayed %d journal records onto an index of "
                          "%d pages", self.directory, len(records), self.recovery.index_pages)

@@ -31,12 +31,18 @@ class _Page:
     last_access: int
 
 
-def replay(index: StoreIndex, records: Iterable[Record], page_size: int) -> StoreIndex:
-    """`index` (its fingerprint and version are kept) with `records` applied."""
+def replay(index: StoreIndex, records: Iterable[Record], page_size: int,
+           present: set[int] | None = None) -> StoreIndex:
+    """`index` (its fingerprint and version are kept) with `records` applied. `present`
+    (at recovery: the page files on disk): a `PageAdded` whose file is not among them is
+    skipped, so an older file for the same path stays. Records are written ahead of
+    their files (disk_store.write_page), and a crash mid-write leaves the record alone."""
     pages = _index_pages(index, page_size)
     by_key = {p.key: h for h, p in pages.items()}
     for record in records:
         if isinstance(record, PageAdded):
+            if present is not None and record.key not in present:
+                continue
             old = pages.get(record.path_hash)
             if old is not None:
                 by_key.pop(old.key, None)

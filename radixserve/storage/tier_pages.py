@@ -8,8 +8,9 @@ the saver indexes an L3 node by its slots' keys, and a restore hands the index's
 fresh slots (`adopt`) without reading them (the load path checks their CRC).
 
 Each disk-tier page is `describe`d (where it sits in the tree: storage/journal.py's
-PagePlace) before its write; once the write is complete, its `PageAdded` record goes to the
-store's journal, so a crash before the next save keeps it. The path hash stays known per
+PagePlace) before its write; its `PageAdded` record goes to the store's journal just
+before the file is written (write-ahead: a crash never leaves a complete file unjournaled),
+so a crash before the next save keeps it. The path hash stays known per
 slot (`hash_of`) for the saver, which takes over the copies an inclusive load keeps.
 
 While a save is writing its index (`holding_drops`), dropped pages stay on disk, so the
@@ -47,14 +48,16 @@ class TierPages:
             place = self._places.get(slot)
         self.drop_page(slot)                    # a stale mapping (its write raced a drop)
         key = self.store.new_page_key()
-        serial = self.store.write_page(key, payload)
-        with self._lock:
-            self._key[slot] = key
-        self.describe(slot, place)              # drop_page above forgot it
-        if place is not None:
+
+        def journal(serial: int) -> None:       # written ahead of the file: see write_page
             self.store.journal_append(PageAdded(key, serial, place.path_hash,
                                                 place.parent_hash, place.namespace,
                                                 place.token_ids, place.last_access))
+
+        self.store.write_page(key, payload, journal if place is not None else None)
+        with self._lock:
+            self._key[slot] = key
+        self.describe(slot, place)              # drop_page above forgot it
 
     def touched(self, slots: list[int], last_access: int) -> None:
         """These slots' pages moved into the pool at the tree's clock `last_access`

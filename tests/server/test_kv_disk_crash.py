@@ -7,9 +7,10 @@ cut with one warning, and every reply equals the uncached one (fp32 greedy).
 "Pages on disk" counts distinct page contents: for a moment after a page is written to
 disk again (evicted once more after a load), its older file still exists until the tree
 drops it, and both hold the same bytes; a restart keeps one of them. A kill lands after
-25 page writes or appends at least: a page whose file is complete while another thread is
-killed before appending its record (a save writes beside the disk tier's writer) is lost,
-one page in flight, so a handful of pages would make one loss look like 10%.
+25 page writes or appends at least. The disk tier journals a page before writing its file,
+so no complete tier file is unjournaled; a save's own page files are named only by the
+index it is about to write, so a kill mid-save may lose the pages in flight, and a
+handful of pages would make one loss look like 10%.
 
 One chain of five servers: each restart checks what the previous kill left, then runs the
 next round armed at the next point. The uncached replies are each prompt's first answer:

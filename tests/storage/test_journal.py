@@ -49,6 +49,21 @@ def test_replay_hangs_pages_from_the_index_and_drops_by_file():
         [(None, [1, 2]), (1, [3, 4]), (1, [5])]
 
 
+def test_a_record_whose_file_never_completed_leaves_the_older_file_in_place():
+    """Records are written ahead of their files: a crash mid-write leaves a record naming
+    a file that is not on disk. Recovery skips it, so the older file for the same path
+    (an earlier write of that page) is restored instead of being replaced by nothing."""
+    base = node(1, None, [1, 2])
+    base.page_hashes = [b"h1", b"h2"]
+    index = StoreIndex(INDEX_VERSION, fingerprint(), [base], {1: 11, 2: 12})
+    records = [added(3, b"h3", b"h2", 3),               # written: its file is there
+               added(4, b"h3", b"h2", 3),               # h3 written again, killed mid-write
+               added(5, b"h5", b"h3", 5)]               # never written at all
+    out = replay(index, records, 4, present={1, 2, 3})
+    assert [n.page_keys for n in out.nodes] == [[1, 2, 3]]
+    assert [n.page_keys for n in replay(index, records, 4).nodes] == [[1, 2, 4, 5]]
+
+
 def test_a_page_moved_into_the_pool_keeps_its_recency_across_a_restart():
     """A `PagesTouched` record (a load) raises the page's recency, so the restored node
     is ranked by its last use, not by when it was written; a touch of a page no longer on
