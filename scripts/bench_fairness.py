@@ -24,9 +24,13 @@ Prints, per seed and policy: the prompt-token hit rate, prefill tokens computed,
 TTFT of all requests, hot and cold, the cold p99 and its ratio to the cold median and to
 the median of all, and the share of lpm's prefill saving (against fcfs) each policy keeps.
 Then where the cold requests' time went (mean simulated ms per cold request, all of them and
-the slowest 2%): waiting for the step in progress, queued (not overdue), overdue and held by
-memory / the running cap / the token budget / nothing (behind older overdue ones), and
-computing (admission to first token, prefill chunks shared with the rest of the batch).
+the slowest 2%): waiting for the step in progress; waiting, before (queued) and after
+(overdue) the bound, in steps whose admission stopped at memory / the running cap / the
+token budget / nothing (behind others in the order); and computing (admission to first
+token, prefill chunks shared with the rest of the batch).
+
+`--pool-pages` resizes the KV pool (does the tail move with memory?); `--variants
+'name:bound=8,token_budget=1024;...'` adds lpm runs with other SchedulerConfig fields.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ SYSTEMS, SYSTEM_TOKENS, SUFFIX_TOKENS, COLD_TOKENS, MAX_TOKENS = 8, 2048, 16, 51
 POOL_PAGES = 16384
 COLD_SHARE = 0.05
 MAX_RUNNING, TOKEN_BUDGET = 64, 2048
-PHASES = ("step in progress", "queued", "overdue: memory", "overdue: running cap",
-          "overdue: budget", "overdue: other", "computing")
+PHASES = ("step in progress", "queued: memory", "queued: running cap", "queued: budget",
+          "queued: other", "overdue: memory", "overdue: running cap", "overdue: budget",
+          "overdue: other", "computing")
 
 
 def workload(n: int, rate: float, seed: int) -> list[tuple[float, list[int], bool]]:
@@ -84,9 +89,9 @@ class Clock:
         stop = plan.admission_stop or "other"
         for seq in scheduler.waiting:
             overdue = scheduler.step - seq.waiting_since >= cap
-            phase = f"overdue: {stop}" if overdue else "queued"
+            phase = f"{'overdue' if overdue else 'queued'}: {stop}"
             if phase not in PHASES:
-                phase = "overdue: other"
+                phase = f"{'overdue' if overdue else 'queued'}: other"
             self.phases[seq.request.request_id][phase] += seconds
         for seq in plan.seqs:
             if seq.status is SeqStatus.RUNNING and seq.num_generated <= 1 \
@@ -95,11 +100,15 @@ class Clock:
 
 
 def run(policy: str, max_wait_steps: int, requests, seed: int, warmup_s: float = 0.0,
-        token_budget: int = TOKEN_BUDGET) -> dict:
-    core = null_core(num_pages=POOL_PAGES, max_running=MAX_RUNNING, token_budget=token_budget,
+        token_budget: int = TOKEN_BUDGET, pool_pages: int = POOL_PAGES, **settings) -> dict:
+    core = null_core(num_pages=pool_pages, max_running=MAX_RUNNING, token_budget=token_budget,
                      policy=policy)
     scheduler = core.scheduler
     scheduler.config.max_wait_steps = max_wait_steps
+    for name, value in settings.items():
+        if not hasattr(scheduler.config, name):
+            raise SystemExit(f"--variants: SchedulerConfig has no field {name!r}")
+        setattr(scheduler.config, name, value)
     runner = NullRunner(seed=seed)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
     clock = Clock()
@@ -143,10 +152,11 @@ def mean_phases(phases: dict[str, dict[str, float]], ids: list[str]) -> dict[str
     return {p: sum(phases[r][p] for r in ids) / max(1, len(ids)) for p in PHASES}
 
 
-def capacity(requests, seed: int, token_budget: int) -> float:
+def capacity(requests, seed: int, token_budget: int, pool_pages: int) -> float:
     """fcfs's requests per simulated second with every request queued at time 0."""
     queued = [(0.0, prompt, cold) for _, prompt, cold in requests]
-    return run("fcfs", 10**9, queued, seed, token_budget=token_budget)["throughput"]
+    return run("fcfs", 10**9, queued, seed, token_budget=token_budget,
+               pool_pages=pool_pages)["throughput"]
 
 
 def main() -> None:
@@ -162,25 +172,47 @@ def main() -> None:
     ap.add_argument("--bound", default="16", help="--lpm-max-wait-steps to test (comma list)")
     ap.add_argument("--token-budget", type=int, default=TOKEN_BUDGET,
                     help="tokens per step (--chunked-prefill-size): bounds a step's length")
+    ap.add_argument("--pool-pages", type=int, default=POOL_PAGES,
+                    help="KV pool size (page = 1 token); the default holds about the 8 "
+                         "system prompts and little else")
+    ap.add_argument("--variants", default="",
+                    help="more lpm runs with other SchedulerConfig fields: "
+                         "'name:bound=8,token_budget=1024;name2:...'")
     args = ap.parse_args()
     for seed in (int(x) for x in args.seeds.split(",")):
         report(args, seed)
 
 
+def parse_variants(text: str) -> list[tuple[str, dict[str, float]]]:
+    """'name:bound=8,token_budget=1024;name2:...' -> [(name, {field: number})]."""
+    out = []
+    for variant in filter(None, text.split(";")):
+        name, _, rest = variant.partition(":")
+        pairs = (kv.split("=") for kv in rest.split(",") if kv)
+        out.append((name, {k: float(v) if "." in v else int(v) for k, v in pairs}))
+    return out
+
+
 def report(args: argparse.Namespace, seed: int) -> None:
     budget = args.token_budget
-    capacity_rps = capacity(workload(min(args.requests, 3000), 1.0, seed), seed, budget)
+    pool = args.pool_pages
+    capacity_rps = capacity(workload(min(args.requests, 3000), 1.0, seed), seed, budget, pool)
     rate = args.rate or args.load * capacity_rps
     requests = workload(args.requests, rate, seed)
-    results = {"fcfs": run("fcfs", 10**9, requests, seed, args.warmup_s, budget),
-               "lpm, no bound": run("lpm", 10**9, requests, seed, args.warmup_s, budget)}
+    results = {"fcfs": run("fcfs", 10**9, requests, seed, args.warmup_s, budget, pool),
+               "lpm, no bound": run("lpm", 10**9, requests, seed, args.warmup_s, budget, pool)}
     for bound in (int(b) for b in args.bound.split(",")):
-        results[f"lpm, bound {bound}"] = run("lpm", bound, requests, seed, args.warmup_s, budget)
+        results[f"lpm, bound {bound}"] = run("lpm", bound, requests, seed, args.warmup_s,
+                                             budget, pool)
+    for name, settings in parse_variants(args.variants):
+        bound = settings.pop("bound", 16)
+        results[name] = run("lpm", bound, requests, seed, args.warmup_s, budget, pool,
+                            **settings)
     saved = results["fcfs"]["computed"] - results["lpm, no bound"]["computed"]
     print(f"seed {seed}: {args.requests} requests at {rate:.1f}/s (simulated) = "
           f"{rate / capacity_rps:.2f} x fcfs's capacity ({capacity_rps:.1f}/s), "
-          f"{COLD_SHARE:.0%} cold, {budget} tokens a step, TTFT of arrivals after "
-          f"{args.warmup_s:g} s, simulated ms")
+          f"{COLD_SHARE:.0%} cold, {budget} tokens a step, {pool} pages, "
+          f"TTFT of arrivals after {args.warmup_s:g} s, simulated ms")
     print(f"{'policy':<16} {'hit':>6} {'prefill':>10} {'all p50':>8} {'hot p50':>8} "
           f"{'cold p50':>9} {'cold p99':>9} {'/cold p50':>10} {'/all p50':>9} {'saving kept':>12}")
     for name, r in results.items():
