@@ -20,6 +20,7 @@ so the publisher's work lands in the timed step. `--forward-ms X` makes the stan
 forward wait X ms without the GIL, as a real one would (0: the plain stand-in).
 
     python scripts/bench_scheduler.py --kv-events both --forward-ms 2
+    python scripts/bench_scheduler.py --kv-events own     # the events' own CPU only
 """
 
 from __future__ import annotations
@@ -148,9 +149,9 @@ def events_round(workload: str, events: bool, steps: int, page_size: int,
             "thread_ms": thread_cpu / steps * 1e3, "finished": finished, "bytes": nbytes}
 
 
-def _timed(owner, name: str, totals: dict) -> None:
+def _timed(owner, name: str, totals: dict, calls: dict) -> None:
     """Replace owner.name (an instance's method) by one that adds its thread CPU to
-    totals[name]."""
+    totals[name] and counts its calls in calls[name]."""
     fn = getattr(owner, name)
 
     def timed(*args):
@@ -159,39 +160,93 @@ def _timed(owner, name: str, totals: dict) -> None:
             return fn(*args)
         finally:
             totals[name] += time.thread_time() - t0
+            calls[name] += 1
 
     setattr(owner, name, timed)
+
+
+def timer_cost(n: int = 20_000) -> float:
+    """The seconds `_timed` adds to each call it times, measured around a C call that does
+    nothing (a dict store, as TreeFacts.trimmed is): subtracted from the timed totals."""
+    from collections import defaultdict
+
+    class Owner:
+        pass
+
+    owner, totals, calls = Owner(), defaultdict(float), defaultdict(int)
+    owner.noop = {}.__setitem__
+    _timed(owner, "noop", totals, calls)
+    noop = owner.noop
+    for i in range(n):
+        noop(0, i)
+    return totals["noop"] / n
 
 
 def events_own_cpu(workload: str, steps: int, page_size: int) -> dict:
     """One events-on round with the events' own code timed per call (thread CPU): on the
     scheduler thread, the tree observer's calls and the flush; on the publisher's, the
-    events' computation (FactReplay) and the encode + send. Each timed call adds ~0.3 us
-    of its own, so the scheduler-thread figure is an upper bound."""
+    events' computation (FactReplay) and the encode + send. Each timed call carries some
+    of the timer's own cost (`timer_cost`, ~0.3-1 us): `sched_us` has it subtracted,
+    `sched_raw_us` not (an upper bound)."""
     from collections import defaultdict
 
     import radixserve.events.stream as stream
 
     totals: dict = defaultdict(float)
+    calls: dict = defaultdict(int)
     real = stream.KVEvents.__init__
 
     def init(kv, *args, **kwargs):
         real(kv, *args, **kwargs)
         for name in ("stored", "split", "removed", "trimmed", "moved", "cleared"):
-            _timed(kv.facts, name, totals)
-        _timed(kv, "flush", totals)
+            _timed(kv.facts, name, totals, calls)
+        _timed(kv, "flush", totals, calls)
         kv.publisher._prepare = kv.replay.batch
-        _timed(kv.publisher, "_prepare", totals)
-        _timed(kv.publisher, "_send", totals)
+        _timed(kv.publisher, "_prepare", totals, calls)
+        _timed(kv.publisher, "_send", totals, calls)
+
+    def start():
+        totals.clear()
+        calls.clear()
 
     stream.KVEvents.__init__ = init
     try:
-        r = events_round(workload, True, steps, page_size, on_start=totals.clear)
+        r = events_round(workload, True, steps, page_size, on_start=start)
     finally:
         stream.KVEvents.__init__ = real
-    sched = sum(v for k, v in totals.items() if k not in ("_prepare", "_send"))
-    return {"sched_us": sched / steps * 1e6, "thread_us": (totals["_prepare"]
-            + totals["_send"]) / steps * 1e6, "thread_ms": r["thread_ms"]}
+    names = [k for k in totals if k not in ("_prepare", "_send")]
+    sched = sum(totals[k] for k in names)
+    sched_calls = sum(calls[k] for k in names)
+    overhead = timer_cost() * sched_calls
+    return {"sched_us": max(0.0, sched - overhead) / steps * 1e6,
+            "sched_raw_us": sched / steps * 1e6, "calls": sched_calls / steps,
+            "thread_us": (totals["_prepare"] + totals["_send"]) / steps * 1e6,
+            "thread_ms": r["thread_ms"]}
+
+
+def print_own(own: list) -> None:
+    print("\nthe events' own CPU per step, timed call by call (one more round per setting):")
+    print("(sched thread: the timer's own cost per call subtracted; raw: not, an upper bound)")
+    print(f"{'workload':>9} {'page':>5} {'calls/step':>11} {'sched thread us':>16} "
+          f"{'of an off step':>15} {'raw us':>8} {'raw of off':>11} {'publisher thread us':>20}")
+    for workload, page_size, r, off_ms in own:
+        print(f"{workload:>9} {page_size:>5} {r['calls']:>11.1f} {r['sched_us']:>16.1f} "
+              f"{r['sched_us'] / (off_ms * 1e3):>15.2%} {r['sched_raw_us']:>8.1f} "
+              f"{r['sched_raw_us'] / (off_ms * 1e3):>11.2%} {r['thread_us']:>20.1f}",
+              flush=True)
+
+
+def own_only(steps: int, rounds: int) -> None:
+    """`--kv-events own`: the call-by-call rounds alone (an off round per setting gives
+    the step they are a share of), `rounds` times, for a quick look at the events' cost."""
+    own = []
+    for _ in range(rounds):
+        for workload in ("decode", "churn"):
+            for page_size in (1, 16):
+                off = events_round(workload, False, steps, page_size)
+                own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
+                            off["thread_ms"]))
+    print_own(own)
 
 
 def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None:
@@ -221,20 +276,16 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
                   f"{per:>20}", flush=True)
             own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
                         statistics.median(x["thread_ms"] for x in off)))
-    print("\nthe events' own CPU per step, timed call by call (one more round per setting):")
-    print(f"{'workload':>9} {'page':>5} {'sched thread us':>16} {'of an off step':>15} "
-          f"{'publisher thread us':>20}")
-    for workload, page_size, r, off_ms in own:
-        print(f"{workload:>9} {page_size:>5} {r['sched_us']:>16.1f} "
-              f"{r['sched_us'] / (off_ms * 1e3):>14.2%} {r['thread_us']:>20.1f}")
+    print_own(own)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="a few steps only")
-    parser.add_argument("--kv-events", choices=["off", "both"], default="off",
-                        help="both: step time with KV events on vs off at 256 running")
+    parser.add_argument("--kv-events", choices=["off", "both", "own"], default="off",
+                        help="both: step time with KV events on vs off at 256 running; "
+                             "own: only the events' own CPU, timed call by call")
     parser.add_argument("--forward-ms", type=float, default=0.0,
                         help="with --kv-events: the stand-in forward waits this long "
                              "without the GIL, as a real forward pass does")
@@ -245,6 +296,9 @@ def main() -> None:
     if args.kv_events == "both":
         print(f"stand-in forward: {args.forward_ms} ms without the GIL")
         compare_events(steps, 1 if args.quick else args.rounds, args.forward_ms)
+        return
+    if args.kv_events == "own":
+        own_only(steps, 1 if args.quick else args.rounds)
         return
     print(f"{'running':>8} {'page':>5} {'scheduler ms/step':>18} {'metadata ms/step':>17} {'target':>8}")
     for page_size in (1, 16):
