@@ -201,7 +201,6 @@ def events_own_cpu(workload: str, steps: int, page_size: int) -> dict:
         for name in ("stored", "split", "removed", "trimmed", "moved", "cleared"):
             _timed(kv.facts, name, totals, calls)
         _timed(kv, "flush", totals, calls)
-        kv.publisher._prepare = kv.replay.batch
         _timed(kv.publisher, "_prepare", totals, calls)
         _timed(kv.publisher, "_send", totals, calls)
 

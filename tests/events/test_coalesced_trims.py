@@ -152,3 +152,11 @@ def test_runs_of_evictions_are_coalesced():
     ops = [("req", 0, [1, 2, 3, 1, 2, 3, 1, 2, 3], False), ("req", 2, [3] * 9, False)]
     ops += [("evict", 1)] * 8 + [("step",)] + [("req", 1, [0] * 9, False), ("evict", 2)] * 3
     assert play(ops, page_size=1) > 0
+
+
+def test_a_child_under_a_split_then_trimmed_node_chains_from_its_cut():
+    """Found by the property test (BlockEvents, coalescing or not): a node made by a split
+    has no chain state; trimming it computed one at its old end and kept it, so a child
+    stored under it later hashed from the tokens the trim cut off."""
+    play([("req", 0, [0], False), ("req", 0, [], False), ("evict", 4), ("req", 0, [], False)],
+         page_size=1)

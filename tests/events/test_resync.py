@@ -97,6 +97,13 @@ def test_a_batch_that_fails_on_the_thread_is_followed_by_a_snapshot():
         real(facts)
 
     kv.replay.apply = failing_once
+    flush = kv.flush
+
+    def flush_alone():          # one batch per flush (a thread behind joins queued ones)
+        flush()
+        assert kv.publisher.wait_idle(30)
+
+    kv.flush = flush_alone
     try:
         got = serve_and_check(kv, tree, mem)
         assert calls["n"] > 3 and not kv.publisher.resync_wanted
@@ -138,3 +145,32 @@ def test_a_subscriber_across_a_restart_ends_with_the_new_index(tmp_path):
         for index in indexes:
             assert index.matched_blocks(p, None) == want, (type(index).__name__, p)
     assert any(trees[0].peek_prefix(p) // BLOCK for p in old_prompts)
+
+
+def test_steps_queued_behind_a_busy_thread_make_one_batch():
+    """Facts of several flushes queued while the thread was busy are replayed as one batch
+    (one encode, one send): fewer batches, the same index (serve_and_check)."""
+    kv, tree, mem = new_events()
+    pub = kv.publisher
+    busy, inside = threading.Event(), threading.Event()
+    real_send = pub._send
+
+    def busy_send(batch):               # the first send waits until released
+        inside.set()
+        busy.wait()
+        real_send(batch)
+
+    pub._send = busy_send
+    try:
+        assert inside.wait(30)          # the thread holds the start's AllBlocksCleared
+        for p in PROMPTS[:6]:
+            run(tree, mem, p)
+            kv.flush()
+        assert pub.queued() == 6
+        busy.set()
+        assert pub.wait_idle(30)
+        assert pub.stats.published_batches == 2 and pub.stats.dropped_batches == 0
+        serve_and_check(kv, tree, mem)
+    finally:
+        busy.set()
+        kv.close()
