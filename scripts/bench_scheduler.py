@@ -21,6 +21,10 @@ forward wait X ms without the GIL, as a real one would (0: the plain stand-in).
 
     python scripts/bench_scheduler.py --kv-events both --forward-ms 2
     python scripts/bench_scheduler.py --kv-events own     # the events' own CPU only
+
+Both end with the publisher's work alone (the churn's facts recorded, then replayed and
+encoded on one thread, best of 5 per step): its CPU without a second thread's GIL
+contention, the figure that moves least on a busy machine.
 """
 
 from __future__ import annotations
@@ -134,10 +138,11 @@ def events_round(workload: str, events: bool, steps: int, page_size: int,
         thread_cpu += cpu
         finished += sum(1 for out in sink if out.finished)
         sink.clear()
-    nbytes = 0
+    nbytes = nbatches = 0
     if kv is not None:
         kv.publisher.wait_idle(timeout_s=60)    # the publisher's work is part of the cost
         nbytes = kv.stats.published_bytes
+        nbatches = kv.stats.published_batches
     # CPU of every thread of the process (the publisher's included) over the loop, per step
     # (the stand-in forward pass included, alike on and off), and the scheduler thread's
     # own CPU in the timed part of the step: less sensitive than wall time to other
@@ -146,7 +151,8 @@ def events_round(workload: str, events: bool, steps: int, page_size: int,
     if kv is not None:
         kv.close()
     return {"ms": statistics.median(times) * 1e3, "cpu_ms": cpu_ms,
-            "thread_ms": thread_cpu / steps * 1e3, "finished": finished, "bytes": nbytes}
+            "thread_ms": thread_cpu / steps * 1e3, "finished": finished, "bytes": nbytes,
+            "batches": nbatches / steps}
 
 
 def _timed(owner, name: str, totals: dict, calls: dict) -> None:
@@ -235,6 +241,51 @@ def print_own(own: list) -> None:
               flush=True)
 
 
+def publisher_cpu(steps: int, page_size: int, repeats: int = 5) -> dict:
+    """The publisher's own work on a churn round, without a second thread: the tree's
+    facts of each step are recorded (no publisher), then replayed into a fresh shadow
+    and encoded, `repeats` times, on this thread; each step's best time is kept (the
+    least disturbed by other processes). Returns us per step, all steps and from step 50
+    on (the first steps admit whole prompts: bursts of stores)."""
+    import msgspec
+
+    from radixserve.events.block_events import BlockEvents, media_for
+    from radixserve.events.schema import ENCODINGS
+    from radixserve.events.tree_facts import FactReplay, TreeFacts
+
+    core, sink = build(256, page_size, prompt_len=256, shared=128, requests=1024,
+                       max_tokens=(8, 48), pages=256 * 320 // page_size)
+    facts = TreeFacts()
+    core.scheduler.memory.tree.attach_observer(facts)
+    facts.cleared()
+    runner, recorded = NullRunner(page_size=page_size), []
+    for _ in range(steps):
+        plan = core.schedule()
+        core.complete(plan, runner.execute(plan.batch))
+        recorded.append(facts.take())
+        sink.clear()
+    encoder, best = msgspec.msgpack.Encoder(), [float("inf")] * steps
+    for _ in range(repeats):
+        replay = FactReplay(BlockEvents(ENCODINGS["array"], 16, page_size, media_for("cpu")))
+        for i, step in enumerate(recorded):
+            t0 = time.thread_time()
+            batch = replay.batch(step)
+            if batch is not None:
+                encoder.encode(batch)
+            best[i] = min(best[i], time.thread_time() - t0)
+    return {"all_us": sum(best) / steps * 1e6,
+            "steady_us": sum(best[50:]) / (steps - 50) * 1e6 if steps > 50 else float("nan")}
+
+
+def print_publisher(steps: int) -> None:
+    print("\nthe publisher's work (replay + encode) per churn step, alone on one thread, "
+          "best of 5 per step:")
+    print(f"{'page':>5} {'all steps us':>13} {'from step 50 us':>16}")
+    for page_size in (1, 16):
+        r = publisher_cpu(steps, page_size)
+        print(f"{page_size:>5} {r['all_us']:>13.1f} {r['steady_us']:>16.1f}", flush=True)
+
+
 def own_only(steps: int, rounds: int) -> None:
     """`--kv-events own`: the call-by-call rounds alone (an off round per setting gives
     the step they are a share of), `rounds` times, for a quick look at the events' cost."""
@@ -246,6 +297,7 @@ def own_only(steps: int, rounds: int) -> None:
                 own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
                             off["thread_ms"]))
     print_own(own)
+    print_publisher(steps)
 
 
 def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None:
@@ -255,7 +307,7 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
           "thread's CPU in it; proc cpu: every thread of the process over the loop")
     print(f"{'workload':>9} {'page':>5} {'wall off':>9} {'on':>7} {'on/off':>7} "
           f"{'sched cpu off':>14} {'on':>7} {'on/off':>7} {'proc cpu off':>13} {'on':>7} "
-          f"{'on/off':>7} {'event bytes/request':>20}")
+          f"{'on/off':>7} {'event bytes/request':>20} {'batches/step':>13}")
     own = []
     for workload in ("decode", "churn"):
         for page_size in (1, 16):
@@ -271,11 +323,13 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
                 a, b = (statistics.median(x[key] for x in runs) for runs in (off, on))
                 cols.append(f"{a:>9.3f} {b:>7.3f} {b / a:>7.3f}")
             per = f"{statistics.median(per_request):.0f}" if per_request else "-"
+            per += f" {statistics.median(x['batches'] for x in on):>13.2f}"
             print(f"{workload:>9} {page_size:>5} {cols[0]} {cols[1]:>30} {cols[2]:>29} "
                   f"{per:>20}", flush=True)
             own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
                         statistics.median(x["thread_ms"] for x in off)))
     print_own(own)
+    print_publisher(steps)
 
 
 def main() -> None:
