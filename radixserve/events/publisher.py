@@ -107,7 +107,8 @@ class EventPublisher:
     # The least time between two wakes that handle items. Each wake takes the GIL from
     # the engine's thread (a thread switch, and the engine waits for it to end when
     # there is no forward pass to overlap), so a short step's items wait a little and
-    # go out together: fewer, larger batches, ~5 ms later at most.
+    # go out together: fewer, larger batches, ~5 ms later at most. (With `prepare` only:
+    # ready-made batches cannot join.)
     MIN_WAKE_INTERVAL_S = 0.005
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
@@ -229,7 +230,7 @@ class EventPublisher:
             except queue.Empty:
                 continue
             wait = last_wake + self.MIN_WAKE_INTERVAL_S - time.monotonic()
-            if wait > 0 and item is not _STOP:
+            if wait > 0 and self._prepare is not None and item is not _STOP:
                 time.sleep(wait)        # without the GIL: more items may come meanwhile
             last_wake = time.monotonic()
             items, stop = self._take_more([item])
