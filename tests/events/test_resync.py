@@ -56,20 +56,28 @@ def new_events(queue_batches: int = 4096):
     return kv, tree, mem
 
 
+def hold_sends(kv: KVEvents) -> threading.Event:
+    """Make the publisher's thread hang in its first send (the start's AllBlocksCleared)
+    until the returned event is set; returns once the thread is inside it."""
+    pub = kv.publisher
+    release, inside = threading.Event(), threading.Event()
+    real_send = pub._send
+
+    def held_send(batch):
+        inside.set()
+        release.wait()
+        real_send(batch)
+
+    pub._send = held_send
+    assert inside.wait(30)
+    return release
+
+
 def test_overflow_behind_a_stuck_thread_resyncs_with_a_snapshot():
     kv, tree, mem = new_events(queue_batches=3)
     pub = kv.publisher
-    stuck, inside = threading.Event(), threading.Event()
-    real_send = pub._send
-
-    def stuck_send(batch):              # the first send hangs until released
-        inside.set()
-        stuck.wait()
-        real_send(batch)
-
-    pub._send = stuck_send
+    stuck = hold_sends(kv)
     try:
-        assert inside.wait(30)          # the thread holds the start's AllBlocksCleared
         for i, p in enumerate(PROMPTS[:8]):     # 8 flushes behind a queue of 3
             run(tree, mem, p)
             kv.flush()
@@ -152,17 +160,8 @@ def test_steps_queued_behind_a_busy_thread_make_one_batch():
     (one encode, one send): fewer batches, the same index (serve_and_check)."""
     kv, tree, mem = new_events()
     pub = kv.publisher
-    busy, inside = threading.Event(), threading.Event()
-    real_send = pub._send
-
-    def busy_send(batch):               # the first send waits until released
-        inside.set()
-        busy.wait()
-        real_send(batch)
-
-    pub._send = busy_send
+    busy = hold_sends(kv)
     try:
-        assert inside.wait(30)          # the thread holds the start's AllBlocksCleared
         for p in PROMPTS[:6]:
             run(tree, mem, p)
             kv.flush()
