@@ -4,11 +4,11 @@ turned into KV events later, on the publisher's thread.
 Computing events (hashing each block, listing its token ids, building the structs) costs
 far more than the tree change behind it, and whatever runs on the scheduler's thread lengthens
 the step. So the tree's observer here (`TreeFacts`) only appends one small tuple per change:
-ids, a tier (trims: one dict for a run of them), and for a new node a reference to its token ids (a key as the node holds it:
-packed bytes, or the caller's id list and a range, which callers never change in place;
-tree_node.py). `FactReplay`, on the publisher's thread, applies the same changes in the
-same order to a shadow of the tree's shape (a TreeNode per node, no pages) and feeds
-BlockEvents from it, so the events are exactly those BlockEvents computes on the tree
+ids, a tier (trims: one dict for a run of them), and for a new node a reference to its
+token ids (a key as the node holds it: packed bytes, or the caller's id list and a range,
+which callers never change in place; tree_node.py). `FactReplay`, on the publisher's
+thread, applies the same changes in the same order to a shadow of the tree's shape (a
+TreeNode per node, no pages) and feeds BlockEvents from it, so the events are exactly those BlockEvents computes on the tree
 itself. The shadow needs the tree's splits (`TreeObserver.split`), which change no token.
 
 `snapshot` lists the whole tree as facts after a clear: what a publisher that had to drop
