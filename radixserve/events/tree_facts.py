@@ -9,7 +9,8 @@ token ids (a key as the node holds it: packed bytes, or the caller's id list and
 which callers never change in place; tree_node.py). `FactReplay`, on the publisher's
 thread, applies the same changes in the same order to a shadow of the tree's shape (a
 TreeNode per node, no pages) and feeds BlockEvents from it, so the events are exactly
-those BlockEvents computes on the tree itself. The shadow needs the tree's splits (`TreeObserver.split`), which change no token.
+those BlockEvents computes on the tree itself. The shadow needs the tree's splits
+(`TreeObserver.split`), which change no token.
 
 `snapshot` lists the whole tree as facts after a clear: what a publisher that had to drop
 facts (a stuck thread, publisher.py) sends so that consumers start over from a true index.
