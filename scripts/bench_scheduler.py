@@ -277,6 +277,66 @@ def publisher_cpu(steps: int, page_size: int, repeats: int = 5) -> dict:
             "steady_us": sum(best[50:]) / (steps - 50) * 1e6 if steps > 50 else float("nan")}
 
 
+class CallRecorder:
+    """A tree observer that only records its calls, (method name, args) per step; a
+    stored node is copied as it is then (with its parent's id and depth: it may be gone
+    from the tree when the calls are made again)."""
+
+    def __init__(self):
+        self.steps: list[list[tuple]] = [[]]
+        for name in ("split", "removed", "trimmed", "moved", "cleared"):
+            setattr(self, name, self._recorder(name))
+
+    def _recorder(self, name: str):
+        return lambda *args: self.steps[-1].append((name, args))
+
+    def stored(self, node) -> None:
+        from radixserve.cache.radix_cache import EMPTY_PAGES
+        from radixserve.cache.tree_node import TreeNode
+
+        key, pending = node.key_parts()
+        up = node.parent
+        parent = TreeNode(up.id, b"", EMPTY_PAGES, None, up.depth, up.namespace)
+        copy = TreeNode(node.id, key, EMPTY_PAGES, parent, node.depth, node.namespace,
+                        _pending=pending, tier=node.tier)
+        self.steps[-1].append(("stored", (copy,)))
+
+
+def observer_cpu(steps: int, page_size: int, repeats: int = 5) -> float:
+    """The scheduler thread's events work per churn step without a timer per call: the
+    tree's observer calls of each step are recorded, then made again on a fresh
+    TreeFacts (and its `take`, as the engine's flush does) under one timer per step,
+    `repeats` times, each step's best kept. The nodes are in their final state by then,
+    which costs the same calls. Returns us per step."""
+    from radixserve.events.tree_facts import TreeFacts
+
+    core, sink = build(256, page_size, prompt_len=256, shared=128, requests=1024,
+                       max_tokens=(8, 48), pages=256 * 320 // page_size)
+    recorder = CallRecorder()
+    core.scheduler.memory.tree.attach_observer(recorder)
+    runner = NullRunner(page_size=page_size)
+    for _ in range(steps):
+        plan = core.schedule()
+        core.complete(plan, runner.execute(plan.batch))
+        recorder.steps.append([])
+        sink.clear()
+    best = [float("inf")] * steps
+    for _ in range(repeats):
+        facts = TreeFacts()
+        methods = {name: getattr(facts, name) for name in ("stored", "split", "removed",
+                                                           "trimmed", "moved", "cleared")}
+        calls = [[(methods[name], args) for name, args in step] for step in recorder.steps]
+        take = facts.take
+        for i in range(steps):
+            step = calls[i]
+            t0 = time.thread_time()
+            for method, args in step:
+                method(*args)
+            take()
+            best[i] = min(best[i], time.thread_time() - t0)
+    return sum(best) / steps * 1e6
+
+
 def print_publisher(steps: int) -> None:
     print("\nthe publisher's work (replay + encode) per churn step, alone on one thread, "
           "best of 5 per step:")
@@ -284,6 +344,16 @@ def print_publisher(steps: int) -> None:
     for page_size in (1, 16):
         r = publisher_cpu(steps, page_size)
         print(f"{page_size:>5} {r['all_us']:>13.1f} {r['steady_us']:>16.1f}", flush=True)
+
+
+def print_observer(steps: int) -> None:
+    print("\nthe scheduler thread's events work per churn step, the step's observer calls "
+          "made again under one timer (best of 5 per step), and an off round's step:")
+    print(f"{'page':>5} {'events us':>10} {'off step us':>12} {'share':>7}")
+    for page_size in (1, 16):
+        off = events_round("churn", False, steps, page_size)["thread_ms"] * 1e3
+        us = observer_cpu(steps, page_size)
+        print(f"{page_size:>5} {us:>10.1f} {off:>12.1f} {us / off:>7.2%}", flush=True)
 
 
 def own_only(steps: int, rounds: int) -> None:
@@ -297,6 +367,7 @@ def own_only(steps: int, rounds: int) -> None:
                 own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
                             off["thread_ms"]))
     print_own(own)
+    print_observer(steps)
     print_publisher(steps)
 
 
@@ -329,6 +400,7 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
             own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
                         statistics.median(x["thread_ms"] for x in off)))
     print_own(own)
+    print_observer(steps)
     print_publisher(steps)
 
 
