@@ -22,9 +22,11 @@ forward wait X ms without the GIL, as a real one would (0: the plain stand-in).
     python scripts/bench_scheduler.py --kv-events both --forward-ms 2
     python scripts/bench_scheduler.py --kv-events own     # the events' own CPU only
 
-Both end with the publisher's work alone (the churn's facts recorded, then replayed and
-encoded on one thread, best of 5 per step): its CPU without a second thread's GIL
-contention, the figure that moves least on a busy machine.
+Both end with the events' own CPU on each thread, measured so that a busy machine moves
+it least: the scheduler thread's (a churn round's observer calls recorded, then made again
+under one timer per step, best of 5: timing each call adds the timer's own cost, ~0.4 us,
+to every one of ~100 calls a step at page 1) and the publisher's (the churn's facts
+recorded, then replayed and encoded on one thread, best of 5 per step: no GIL contention).
 """
 
 from __future__ import annotations
