@@ -385,12 +385,12 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
     for workload in ("decode", "churn"):
         for page_size in (1, 16):
             off, on, per_request = [], [], []
-            for _ in range(rounds):                 # alternated: drift hits both alike
-                off.append(events_round(workload, False, steps, page_size, forward_ms))
-                r = events_round(workload, True, steps, page_size, forward_ms)
-                on.append(r)
-                if r["finished"]:
-                    per_request.append(r["bytes"] / r["finished"])
+            for i in range(rounds):     # alternated, and which goes first too: drift
+                for events in (False, True) if i % 2 == 0 else (True, False):   # hits both
+                    r = events_round(workload, events, steps, page_size, forward_ms)
+                    (on if events else off).append(r)
+                    if events and r["finished"]:
+                        per_request.append(r["bytes"] / r["finished"])
             cols = []
             for key in ("ms", "thread_ms", "cpu_ms"):
                 a, b = (statistics.median(x[key] for x in runs) for runs in (off, on))
