@@ -104,12 +104,6 @@ class EventPublisher:
 
     IDLE_WAIT_S = 0.05          # the thread's wake-up period for replay requests when idle
     MAX_ITEMS_PER_BATCH = 64    # queued items (with `prepare`) joined into one batch
-    # The least time between two wakes that handle items. Each wake takes the GIL from
-    # the engine's thread (a thread switch, and the engine waits for it to end when
-    # there is no forward pass to overlap), so a short step's items wait a little and
-    # go out together: fewer, larger batches, ~5 ms later at most. (With `prepare` only:
-    # ready-made batches cannot join.)
-    MIN_WAKE_INTERVAL_S = 0.005
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
                  max_queue_batches: int = 4096, buffer_batches: int = 10_000,
@@ -217,7 +211,6 @@ class EventPublisher:
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
-        last_wake = -self.MIN_WAKE_INTERVAL_S
         while True:
             if self._replay is not None:
                 try:
@@ -229,10 +222,6 @@ class EventPublisher:
                 item = self._queue.get(timeout=self.IDLE_WAIT_S)
             except queue.Empty:
                 continue
-            wait = last_wake + self.MIN_WAKE_INTERVAL_S - time.monotonic()
-            if wait > 0 and self._prepare is not None and item is not _STOP:
-                time.sleep(wait)        # without the GIL: more items may come meanwhile
-            last_wake = time.monotonic()
             items, stop = self._take_more([item])
             if items:
                 try:
