@@ -20,6 +20,13 @@ so the publisher's work lands in the timed step. `--forward-ms X` makes the stan
 forward wait X ms without the GIL, as a real one would (0: the plain stand-in).
 
     python scripts/bench_scheduler.py --kv-events both --forward-ms 2
+    python scripts/bench_scheduler.py --kv-events own     # the events' own CPU only
+
+Both end with the events' own CPU on each thread, measured so that a busy machine moves
+it least: the scheduler thread's (a churn round's observer calls recorded, then made again
+under one timer per step, best of 5: timing each call adds the timer's own cost, ~0.4 us,
+to every one of ~100 calls a step at page 1) and the publisher's (the churn's facts
+recorded, then replayed and encoded on one thread, best of 5 per step: no GIL contention).
 """
 
 from __future__ import annotations
@@ -133,10 +140,11 @@ def events_round(workload: str, events: bool, steps: int, page_size: int,
         thread_cpu += cpu
         finished += sum(1 for out in sink if out.finished)
         sink.clear()
-    nbytes = 0
+    nbytes = nbatches = 0
     if kv is not None:
         kv.publisher.wait_idle(timeout_s=60)    # the publisher's work is part of the cost
         nbytes = kv.stats.published_bytes
+        nbatches = kv.stats.published_batches
     # CPU of every thread of the process (the publisher's included) over the loop, per step
     # (the stand-in forward pass included, alike on and off), and the scheduler thread's
     # own CPU in the timed part of the step: less sensitive than wall time to other
@@ -145,12 +153,13 @@ def events_round(workload: str, events: bool, steps: int, page_size: int,
     if kv is not None:
         kv.close()
     return {"ms": statistics.median(times) * 1e3, "cpu_ms": cpu_ms,
-            "thread_ms": thread_cpu / steps * 1e3, "finished": finished, "bytes": nbytes}
+            "thread_ms": thread_cpu / steps * 1e3, "finished": finished, "bytes": nbytes,
+            "batches": nbatches / steps}
 
 
-def _timed(owner, name: str, totals: dict) -> None:
+def _timed(owner, name: str, totals: dict, calls: dict) -> None:
     """Replace owner.name (an instance's method) by one that adds its thread CPU to
-    totals[name]."""
+    totals[name] and counts its calls in calls[name]."""
     fn = getattr(owner, name)
 
     def timed(*args):
@@ -159,39 +168,209 @@ def _timed(owner, name: str, totals: dict) -> None:
             return fn(*args)
         finally:
             totals[name] += time.thread_time() - t0
+            calls[name] += 1
 
     setattr(owner, name, timed)
+
+
+def timer_cost(n: int = 20_000) -> float:
+    """The seconds `_timed` adds to each call it times, measured around a C call that does
+    nothing (a dict store, as TreeFacts.trimmed is): subtracted from the timed totals."""
+    from collections import defaultdict
+
+    class Owner:
+        pass
+
+    owner, totals, calls = Owner(), defaultdict(float), defaultdict(int)
+    owner.noop = {}.__setitem__
+    _timed(owner, "noop", totals, calls)
+    noop = owner.noop
+    for i in range(n):
+        noop(0, i)
+    return totals["noop"] / n
 
 
 def events_own_cpu(workload: str, steps: int, page_size: int) -> dict:
     """One events-on round with the events' own code timed per call (thread CPU): on the
     scheduler thread, the tree observer's calls and the flush; on the publisher's, the
-    events' computation (FactReplay) and the encode + send. Each timed call adds ~0.3 us
-    of its own, so the scheduler-thread figure is an upper bound."""
+    events' computation (FactReplay) and the encode + send. Each timed call carries some
+    of the timer's own cost (`timer_cost`, ~0.3-1 us): `sched_us` has it subtracted,
+    `sched_raw_us` not (an upper bound)."""
     from collections import defaultdict
 
     import radixserve.events.stream as stream
 
     totals: dict = defaultdict(float)
+    calls: dict = defaultdict(int)
     real = stream.KVEvents.__init__
 
     def init(kv, *args, **kwargs):
         real(kv, *args, **kwargs)
         for name in ("stored", "split", "removed", "trimmed", "moved", "cleared"):
-            _timed(kv.facts, name, totals)
-        _timed(kv, "flush", totals)
-        kv.publisher._prepare = kv.replay.batch
-        _timed(kv.publisher, "_prepare", totals)
-        _timed(kv.publisher, "_send", totals)
+            _timed(kv.facts, name, totals, calls)
+        _timed(kv, "flush", totals, calls)
+        _timed(kv.publisher, "_prepare", totals, calls)
+        _timed(kv.publisher, "_send", totals, calls)
+
+    def start():
+        totals.clear()
+        calls.clear()
 
     stream.KVEvents.__init__ = init
     try:
-        r = events_round(workload, True, steps, page_size, on_start=totals.clear)
+        r = events_round(workload, True, steps, page_size, on_start=start)
     finally:
         stream.KVEvents.__init__ = real
-    sched = sum(v for k, v in totals.items() if k not in ("_prepare", "_send"))
-    return {"sched_us": sched / steps * 1e6, "thread_us": (totals["_prepare"]
-            + totals["_send"]) / steps * 1e6, "thread_ms": r["thread_ms"]}
+    names = [k for k in totals if k not in ("_prepare", "_send")]
+    sched = sum(totals[k] for k in names)
+    sched_calls = sum(calls[k] for k in names)
+    overhead = timer_cost() * sched_calls
+    return {"sched_us": max(0.0, sched - overhead) / steps * 1e6,
+            "sched_raw_us": sched / steps * 1e6, "calls": sched_calls / steps,
+            "thread_us": (totals["_prepare"] + totals["_send"]) / steps * 1e6,
+            "thread_ms": r["thread_ms"]}
+
+
+def print_own(own: list) -> None:
+    print("\nthe events' own CPU per step, timed call by call (one more round per setting):")
+    print("(sched thread: the timer's own cost per call subtracted; raw: not, an upper bound)")
+    print(f"{'workload':>9} {'page':>5} {'calls/step':>11} {'sched thread us':>16} "
+          f"{'of an off step':>15} {'raw us':>8} {'raw of off':>11} {'publisher thread us':>20}")
+    for workload, page_size, r, off_ms in own:
+        print(f"{workload:>9} {page_size:>5} {r['calls']:>11.1f} {r['sched_us']:>16.1f} "
+              f"{r['sched_us'] / (off_ms * 1e3):>15.2%} {r['sched_raw_us']:>8.1f} "
+              f"{r['sched_raw_us'] / (off_ms * 1e3):>11.2%} {r['thread_us']:>20.1f}",
+              flush=True)
+
+
+def publisher_cpu(steps: int, page_size: int, repeats: int = 5) -> dict:
+    """The publisher's own work on a churn round, without a second thread: the tree's
+    facts of each step are recorded (no publisher), then replayed into a fresh shadow
+    and encoded, `repeats` times, on this thread; each step's best time is kept (the
+    least disturbed by other processes). Returns us per step, all steps and from step 50
+    on (the first steps admit whole prompts: bursts of stores)."""
+    import msgspec
+
+    from radixserve.events.block_events import BlockEvents, media_for
+    from radixserve.events.schema import ENCODINGS
+    from radixserve.events.tree_facts import FactReplay, TreeFacts
+
+    core, sink = build(256, page_size, prompt_len=256, shared=128, requests=1024,
+                       max_tokens=(8, 48), pages=256 * 320 // page_size)
+    facts = TreeFacts()
+    core.scheduler.memory.tree.attach_observer(facts)
+    facts.cleared()
+    runner, recorded = NullRunner(page_size=page_size), []
+    for _ in range(steps):
+        plan = core.schedule()
+        core.complete(plan, runner.execute(plan.batch))
+        recorded.append(facts.take())
+        sink.clear()
+    encoder, best = msgspec.msgpack.Encoder(), [float("inf")] * steps
+    for _ in range(repeats):
+        replay = FactReplay(BlockEvents(ENCODINGS["array"], 16, page_size, media_for("cpu")))
+        for i, step in enumerate(recorded):
+            t0 = time.thread_time()
+            batch = replay.batch(step)
+            if batch is not None:
+                encoder.encode(batch)
+            best[i] = min(best[i], time.thread_time() - t0)
+    return {"all_us": sum(best) / steps * 1e6,
+            "steady_us": sum(best[50:]) / (steps - 50) * 1e6 if steps > 50 else float("nan")}
+
+
+class CallRecorder:
+    """A tree observer that only records its calls, (method name, args) per step; a
+    stored node is copied as it is then (with its parent's id and depth: it may be gone
+    from the tree when the calls are made again)."""
+
+    def __init__(self):
+        self.steps: list[list[tuple]] = [[]]
+        for name in ("split", "removed", "trimmed", "moved", "cleared"):
+            setattr(self, name, self._recorder(name))
+
+    def _recorder(self, name: str):
+        return lambda *args: self.steps[-1].append((name, args))
+
+    def stored(self, node) -> None:
+        from radixserve.cache.radix_cache import EMPTY_PAGES
+        from radixserve.cache.tree_node import TreeNode
+
+        key, pending = node.key_parts()
+        up = node.parent
+        parent = TreeNode(up.id, b"", EMPTY_PAGES, None, up.depth, up.namespace)
+        copy = TreeNode(node.id, key, EMPTY_PAGES, parent, node.depth, node.namespace,
+                        _pending=pending, tier=node.tier)
+        self.steps[-1].append(("stored", (copy,)))
+
+
+def observer_cpu(steps: int, page_size: int, repeats: int = 5) -> float:
+    """The scheduler thread's events work per churn step without a timer per call: the
+    tree's observer calls of each step are recorded, then made again on a fresh
+    TreeFacts (and its `take`, as the engine's flush does) under one timer per step,
+    `repeats` times, each step's best kept. The nodes are in their final state by then,
+    which costs the same calls. Returns us per step."""
+    from radixserve.events.tree_facts import TreeFacts
+
+    core, sink = build(256, page_size, prompt_len=256, shared=128, requests=1024,
+                       max_tokens=(8, 48), pages=256 * 320 // page_size)
+    recorder = CallRecorder()
+    core.scheduler.memory.tree.attach_observer(recorder)
+    runner = NullRunner(page_size=page_size)
+    for _ in range(steps):
+        plan = core.schedule()
+        core.complete(plan, runner.execute(plan.batch))
+        recorder.steps.append([])
+        sink.clear()
+    best = [float("inf")] * steps
+    for _ in range(repeats):
+        facts = TreeFacts()
+        methods = {name: getattr(facts, name) for name in ("stored", "split", "removed",
+                                                           "trimmed", "moved", "cleared")}
+        calls = [[(methods[name], args) for name, args in step] for step in recorder.steps]
+        take = facts.take
+        for i in range(steps):
+            step = calls[i]
+            t0 = time.thread_time()
+            for method, args in step:
+                method(*args)
+            take()
+            best[i] = min(best[i], time.thread_time() - t0)
+    return sum(best) / steps * 1e6
+
+
+def print_publisher(steps: int) -> None:
+    print("\nthe publisher's work (replay + encode) per churn step, alone on one thread, "
+          "best of 5 per step:")
+    print(f"{'page':>5} {'all steps us':>13} {'from step 50 us':>16}")
+    for page_size in (1, 16):
+        r = publisher_cpu(steps, page_size)
+        print(f"{page_size:>5} {r['all_us']:>13.1f} {r['steady_us']:>16.1f}", flush=True)
+
+
+def print_observer(steps: int) -> None:
+    print("\nthe scheduler thread's events work per churn step, the step's observer calls "
+          "made again under one timer (best of 5 per step), and an off round's step:")
+    print(f"{'page':>5} {'events us':>10} {'off step us':>12} {'share':>7}")
+    for page_size in (1, 16):
+        off = events_round("churn", False, steps, page_size)["thread_ms"] * 1e3
+        us = observer_cpu(steps, page_size)
+        print(f"{page_size:>5} {us:>10.1f} {off:>12.1f} {us / off:>7.2%}", flush=True)
+
+
+def own_only(steps: int, rounds: int) -> None:
+    """`--kv-events own`: the call-by-call rounds alone (an off round per setting gives
+    the step they are a share of), `rounds` times, for a quick look at the events' cost."""
+    own = []
+    for _ in range(rounds):
+        for workload in ("decode", "churn"):
+            for page_size in (1, 16):
+                off = events_round(workload, False, steps, page_size)
+                own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
+                            off["thread_ms"]))
+    print_own(own)
+    print_observer(steps)
+    print_publisher(steps)
 
 
 def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None:
@@ -201,40 +380,39 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
           "thread's CPU in it; proc cpu: every thread of the process over the loop")
     print(f"{'workload':>9} {'page':>5} {'wall off':>9} {'on':>7} {'on/off':>7} "
           f"{'sched cpu off':>14} {'on':>7} {'on/off':>7} {'proc cpu off':>13} {'on':>7} "
-          f"{'on/off':>7} {'event bytes/request':>20}")
+          f"{'on/off':>7} {'event bytes/request':>20} {'batches/step':>13}")
     own = []
     for workload in ("decode", "churn"):
         for page_size in (1, 16):
             off, on, per_request = [], [], []
-            for _ in range(rounds):                 # alternated: drift hits both alike
-                off.append(events_round(workload, False, steps, page_size, forward_ms))
-                r = events_round(workload, True, steps, page_size, forward_ms)
-                on.append(r)
-                if r["finished"]:
-                    per_request.append(r["bytes"] / r["finished"])
+            for i in range(rounds):     # alternated, and which goes first too: drift
+                for events in (False, True) if i % 2 == 0 else (True, False):   # hits both
+                    r = events_round(workload, events, steps, page_size, forward_ms)
+                    (on if events else off).append(r)
+                    if events and r["finished"]:
+                        per_request.append(r["bytes"] / r["finished"])
             cols = []
             for key in ("ms", "thread_ms", "cpu_ms"):
                 a, b = (statistics.median(x[key] for x in runs) for runs in (off, on))
                 cols.append(f"{a:>9.3f} {b:>7.3f} {b / a:>7.3f}")
             per = f"{statistics.median(per_request):.0f}" if per_request else "-"
+            per += f" {statistics.median(x['batches'] for x in on):>13.2f}"
             print(f"{workload:>9} {page_size:>5} {cols[0]} {cols[1]:>30} {cols[2]:>29} "
                   f"{per:>20}", flush=True)
             own.append((workload, page_size, events_own_cpu(workload, steps, page_size),
                         statistics.median(x["thread_ms"] for x in off)))
-    print("\nthe events' own CPU per step, timed call by call (one more round per setting):")
-    print(f"{'workload':>9} {'page':>5} {'sched thread us':>16} {'of an off step':>15} "
-          f"{'publisher thread us':>20}")
-    for workload, page_size, r, off_ms in own:
-        print(f"{workload:>9} {page_size:>5} {r['sched_us']:>16.1f} "
-              f"{r['sched_us'] / (off_ms * 1e3):>14.2%} {r['thread_us']:>20.1f}")
+    print_own(own)
+    print_observer(steps)
+    print_publisher(steps)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="a few steps only")
-    parser.add_argument("--kv-events", choices=["off", "both"], default="off",
-                        help="both: step time with KV events on vs off at 256 running")
+    parser.add_argument("--kv-events", choices=["off", "both", "own"], default="off",
+                        help="both: step time with KV events on vs off at 256 running; "
+                             "own: only the events' own CPU, timed call by call")
     parser.add_argument("--forward-ms", type=float, default=0.0,
                         help="with --kv-events: the stand-in forward waits this long "
                              "without the GIL, as a real forward pass does")
@@ -245,6 +423,9 @@ def main() -> None:
     if args.kv_events == "both":
         print(f"stand-in forward: {args.forward_ms} ms without the GIL")
         compare_events(steps, 1 if args.quick else args.rounds, args.forward_ms)
+        return
+    if args.kv_events == "own":
+        own_only(steps, 1 if args.quick else args.rounds)
         return
     print(f"{'running':>8} {'page':>5} {'scheduler ms/step':>18} {'metadata ms/step':>17} {'target':>8}")
     for page_size in (1, 16):

@@ -21,7 +21,8 @@ it sees a gap instead, asks for a replay and gets the new stream from its start.
 
 The engine's step only appends an item to a bounded queue (`publish`); a thread turns it
 into a batch (`prepare`: the engine queues its tree's raw changes and the thread computes
-the events, events/tree_facts.py), encodes and sends it. When the queue is full (no thread
+the events, events/tree_facts.py), encodes and sends it; items queued while it was busy
+join into one batch (one encode, one send). When the queue is full (no thread
 progress: a stuck send, a busy machine) the oldest item is dropped and counted
 (`dropped_batches`, in /metrics) and `publish` says so, so that a producer whose items
 depend on each other can put one self-contained item in place of the queue
@@ -98,14 +99,16 @@ class EventPublisher:
     """Publishes KVEventBatch structs on `endpoint` (and serves replays on
     `replay_endpoint`) from its own thread; `publish` never blocks. With `prepare`, the
     queued items are whatever it turns into a batch (or None: nothing to send) on the
-    thread."""
+    thread: it gets a list of them, every item queued when the thread woke (up to
+    MAX_ITEMS_PER_BATCH), in order, and makes one batch of them all."""
 
     IDLE_WAIT_S = 0.05          # the thread's wake-up period for replay requests when idle
+    MAX_ITEMS_PER_BATCH = 64    # queued items (with `prepare`) joined into one batch
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
                  max_queue_batches: int = 4096, buffer_batches: int = 10_000,
                  hwm: int = 100_000, context: zmq.Context | None = None,
-                 prepare: Callable[[object], object | None] | None = None,
+                 prepare: Callable[[list], object | None] | None = None,
                  first_seq: int | None = None):
         self._ctx = context or zmq.Context.instance()
         self._pub, self.endpoint = open_socket(self._ctx, zmq.PUB, endpoint, SNDHWM=hwm)
@@ -216,22 +219,42 @@ class EventPublisher:
                 except zmq.ZMQError as exc:
                     log.warning("kv-events replay socket: %s", exc)
             try:
-                batch = self._queue.get(timeout=self.IDLE_WAIT_S)
+                item = self._queue.get(timeout=self.IDLE_WAIT_S)
             except queue.Empty:
                 continue
-            if batch is _STOP:
+            items, stop = self._take_more([item])
+            if items:
+                try:
+                    batch = items[0] if self._prepare is None else self._prepare(items)
+                    if batch is not None:
+                        self._send(batch)
+                except Exception:           # never let one batch stop the thread
+                    log.exception("kv-events: publishing a batch failed")
+                    self.resync_wanted = True
+                with self._sent:
+                    self._handled += len(items)
+                    self._sent.notify_all()
+            if stop:
                 return
+
+    def _take_more(self, items: list) -> tuple[list, bool]:
+        """With `prepare`, every item queued behind the first (up to MAX_ITEMS_PER_BATCH)
+        joins it: a thread that fell behind (a busy machine, the engine's thread holding
+        the GIL) catches up with one batch, one encode and one send. Returns the items
+        and whether close's stop came."""
+        if items[0] is _STOP:
+            return [], True
+        if self._prepare is None:
+            return items, False
+        while len(items) < self.MAX_ITEMS_PER_BATCH:
             try:
-                if self._prepare is not None:
-                    batch = self._prepare(batch)
-                if batch is not None:
-                    self._send(batch)
-            except Exception:           # never let one batch stop the thread
-                log.exception("kv-events: publishing a batch failed")
-                self.resync_wanted = True
-            with self._sent:
-                self._handled += 1
-                self._sent.notify_all()
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return items, True
+            items.append(item)
+        return items, False
 
     def _send(self, batch) -> None:
         payload = self._encoder.encode(batch)

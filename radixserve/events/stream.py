@@ -3,7 +3,8 @@
 Ties the tree to the publisher (publisher.py): on the engine's thread the tree's observer
 only records its changes as raw facts (tree_facts.py); `flush` hands the step's facts to
 the publisher's queue (the engine calls it after each step and after admin changes such
-as a flush or a restore), and the publisher's thread turns them into one batch of events
+as a flush or a restore), and the publisher's thread turns them (with any other steps'
+facts queued meanwhile, when it fell behind) into one batch of events
 (tree_facts.FactReplay, block_events.py), encodes and sends it. If the queue ever
 overflows (a stuck thread), or a batch fails, dropped facts would leave the events wrong
 for good, so the queue is replaced by a snapshot of the whole tree: consumers get
@@ -67,10 +68,15 @@ class KVEvents:
         self.facts = TreeFacts()
         self.publisher = EventPublisher(config.endpoint, config.replay_endpoint, config.topic,
                                         max_queue_batches=queue_batches,
-                                        prepare=self.replay.batch)
+                                        prepare=self._batch)
         tree.attach_observer(self.facts)
         self.facts.cleared()        # a fresh engine holds nothing: consumers start over
         self.flush()
+
+    def _batch(self, items: list[list[tuple]]):
+        """(On the publisher's thread.) One batch of every queued step's facts."""
+        facts = items[0] if len(items) == 1 else [fact for step in items for fact in step]
+        return self.replay.batch(facts)
 
     def flush(self) -> None:
         """Queue the facts gathered since the last flush (none: nothing), for one batch;

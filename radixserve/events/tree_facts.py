@@ -4,12 +4,13 @@ turned into KV events later, on the publisher's thread.
 Computing events (hashing each block, listing its token ids, building the structs) costs
 far more than the tree change behind it, and whatever runs on the scheduler's thread lengthens
 the step. So the tree's observer here (`TreeFacts`) only appends one small tuple per change:
-ids, a tier, and for a new node a reference to its token ids (a key as the node holds it:
-packed bytes, or the caller's id list and a range, which callers never change in place;
-tree_node.py). `FactReplay`, on the publisher's thread, applies the same changes in the
-same order to a shadow of the tree's shape (a TreeNode per node, no pages) and feeds
-BlockEvents from it, so the events are exactly those BlockEvents computes on the tree
-itself. The shadow needs the tree's splits (`TreeObserver.split`), which change no token.
+ids, a tier (trims: one dict for a run of them), and for a new node a reference to its
+token ids (a key as the node holds it: packed bytes, or the caller's id list and a range,
+which callers never change in place; tree_node.py). `FactReplay`, on the publisher's
+thread, applies the same changes in the same order to a shadow of the tree's shape (a
+TreeNode per node, no pages) and feeds BlockEvents from it, so the events are exactly
+those BlockEvents computes on the tree itself. The shadow needs the tree's splits
+(`TreeObserver.split`), which change no token.
 
 `snapshot` lists the whole tree as facts after a clear: what a publisher that had to drop
 facts (a stuck thread, publisher.py) sends so that consumers start over from a true index.
@@ -18,6 +19,7 @@ facts (a stuck thread, publisher.py) sends so that consumers start over from a t
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from radixserve.cache.radix_cache import EMPTY_PAGES
@@ -43,39 +45,65 @@ def _stored(node: TreeNode) -> tuple:
 
 
 class TreeFacts:
-    """A TreeObserver that appends each change as a tuple to `facts` (see FactReplay)."""
+    """A TreeObserver that appends each change as a tuple to `facts` (see FactReplay).
+
+    Trims are coalesced: at page size 1 the scheduler trims the LRU leaf once per page it
+    allocates (~90 times a churn step), so `trimmed` is one C call (a dict store: the
+    node -> the tokens it keeps, the last trim of a node winning) and the trims since the
+    last other fact become one TRIMMED fact, appended before the next fact or at `take`.
+    Only pool leaves are trimmed and nothing else happens in between, so applying them
+    together, each at its final length, changes the shadow as the single trims did."""
 
     def __init__(self):
         self.facts: list[tuple] = []
         self.marks = 0
+        self._trims: dict[TreeNode, int] = {}
+        # TreeObserver.trimmed(node, keep_tokens), bound to the dict: no Python frame.
+        self.trimmed: Callable[[TreeNode, int], None] = self._trims.__setitem__
+
+    def _end_trims(self) -> None:
+        """Append the trims gathered so far as one fact (the publisher reads the ids)."""
+        self.facts.append((TRIMMED, self._trims.copy()))
+        self._trims.clear()
 
     def stored(self, node: TreeNode) -> None:
+        if self._trims:
+            self._end_trims()
         self.facts.append(_stored(node))
 
     def split(self, upper: TreeNode, lower: TreeNode) -> None:
+        if self._trims:
+            self._end_trims()
         self.facts.append((SPLIT, upper.id, lower.id, upper.num_tokens))
 
-    def trimmed(self, node: TreeNode, keep_tokens: int) -> None:
-        self.facts.append((TRIMMED, node.id, keep_tokens))
-
     def removed(self, node: TreeNode) -> None:
+        if self._trims:
+            self._end_trims()
         self.facts.append((REMOVED, node.id))
 
     def moved(self, node: TreeNode, src: Tier) -> None:
+        if self._trims:
+            self._end_trims()
         self.facts.append((MOVED, node.id, src, node.tier))
 
     def cleared(self) -> None:
+        if self._trims:
+            self._end_trims()
         self.facts.append((CLEARED,))
 
     def mark(self) -> int:
         """A place in the stream (BlockEvents.mark, taken when the facts are replayed):
         returns its number; FactReplay.positions[number] is its event index in its batch."""
+        if self._trims:
+            self._end_trims()
         self.facts.append((MARK,))
         self.marks += 1
         return self.marks - 1
 
     def take(self) -> list[tuple]:
         """The facts since the last call."""
+        if self._trims:
+            self._end_trims()
         facts, self.facts = self.facts, []
         return facts
 
@@ -137,10 +165,11 @@ class FactReplay:
             elif kind == REMOVED:
                 blocks.removed(nodes.pop(fact[1]))
             elif kind == TRIMMED:
-                node, keep = nodes[fact[1]], fact[2]
-                blocks.trimmed(node, keep)
-                node.depth -= node.num_tokens - keep
-                node.truncate(keep)
+                for leaf, keep in fact[1].items():
+                    node = nodes[leaf.id]
+                    blocks.trimmed(node, keep)
+                    node.depth -= node.num_tokens - keep
+                    node.truncate(keep)
             elif kind == SPLIT:
                 _, uid, lid, m = fact
                 lower = nodes[lid]

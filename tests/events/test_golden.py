@@ -11,7 +11,9 @@ import xxhash
 
 from radixserve.cache import PagedMemory, RadixCache
 from radixserve.cache.prefix_lease import PrefixLease
-from radixserve.events.block_events import BlockEvents, media_for
+from radixserve.cache.path_hash import block_int, chain_blocks, namespace_seed
+from radixserve.cache.token_keys import pack
+from radixserve.events.block_events import BlockEvents, block_ints, media_for
 from radixserve.events.schema import ENCODINGS
 from radixserve.events.subscriber import EventSubscriber
 from tests.events.conftest import drain
@@ -103,3 +105,8 @@ def test_stream_decodes_with_vllm_schema_and_consumer_keys(publisher, encoding):
     seq1 = xxhash.xxh3_64_intdigest(local0.to_bytes(8, "little") + local1.to_bytes(8, "little"),
                                     seed=1337)
     assert DynamoIndex(block).request_keys(a, None) == [local0, seq1]
+
+
+def test_block_ints_read_each_hash_as_block_int():
+    hashes = chain_blocks(namespace_seed("t"), pack(list(range(64))), 4)
+    assert block_ints(hashes) == [block_int(h) for h in hashes] and len(hashes) == 16

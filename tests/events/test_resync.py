@@ -56,20 +56,28 @@ def new_events(queue_batches: int = 4096):
     return kv, tree, mem
 
 
+def hold_sends(kv: KVEvents) -> threading.Event:
+    """Make the publisher's thread hang in its first send (the start's AllBlocksCleared)
+    until the returned event is set; returns once the thread is inside it."""
+    pub = kv.publisher
+    release, inside = threading.Event(), threading.Event()
+    real_send = pub._send
+
+    def held_send(batch):
+        inside.set()
+        release.wait()
+        real_send(batch)
+
+    pub._send = held_send
+    assert inside.wait(30)
+    return release
+
+
 def test_overflow_behind_a_stuck_thread_resyncs_with_a_snapshot():
     kv, tree, mem = new_events(queue_batches=3)
     pub = kv.publisher
-    stuck, inside = threading.Event(), threading.Event()
-    real_send = pub._send
-
-    def stuck_send(batch):              # the first send hangs until released
-        inside.set()
-        stuck.wait()
-        real_send(batch)
-
-    pub._send = stuck_send
+    stuck = hold_sends(kv)
     try:
-        assert inside.wait(30)          # the thread holds the start's AllBlocksCleared
         for i, p in enumerate(PROMPTS[:8]):     # 8 flushes behind a queue of 3
             run(tree, mem, p)
             kv.flush()
@@ -97,6 +105,13 @@ def test_a_batch_that_fails_on_the_thread_is_followed_by_a_snapshot():
         real(facts)
 
     kv.replay.apply = failing_once
+    flush = kv.flush
+
+    def flush_alone():          # one batch per flush (a thread behind joins queued ones)
+        flush()
+        assert kv.publisher.wait_idle(30)
+
+    kv.flush = flush_alone
     try:
         got = serve_and_check(kv, tree, mem)
         assert calls["n"] > 3 and not kv.publisher.resync_wanted
@@ -138,3 +153,23 @@ def test_a_subscriber_across_a_restart_ends_with_the_new_index(tmp_path):
         for index in indexes:
             assert index.matched_blocks(p, None) == want, (type(index).__name__, p)
     assert any(trees[0].peek_prefix(p) // BLOCK for p in old_prompts)
+
+
+def test_steps_queued_behind_a_busy_thread_make_one_batch():
+    """Facts of several flushes queued while the thread was busy are replayed as one batch
+    (one encode, one send): fewer batches, the same index (serve_and_check)."""
+    kv, tree, mem = new_events()
+    pub = kv.publisher
+    busy = hold_sends(kv)
+    try:
+        for p in PROMPTS[:6]:
+            run(tree, mem, p)
+            kv.flush()
+        assert pub.queued() == 6
+        busy.set()
+        assert pub.wait_idle(30)
+        assert pub.stats.published_batches == 2 and pub.stats.dropped_batches == 0
+        serve_and_check(kv, tree, mem)
+    finally:
+        busy.set()
+        kv.close()
