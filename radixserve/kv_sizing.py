@@ -173,7 +173,7 @@ def group_pool_pages(groups: Sequence[LayerGroup], *, page_size: int,
     what is left, so both pools together never pass the budget (ValueError naming the
     flags when not even one full page is left). The windowed pool never has more pages
     than there are full pages (each full page has at most one window). One window group
-    only (the model's windowed layers share one window)."""
+    group's bytes: several window sizes share one pool (window_pools)."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"--kv-window-pool-fraction must be in (0, 1], got {fraction}")
     full_bytes = sum(g.bytes_per_token for g in groups if g.window is None)
@@ -205,9 +205,10 @@ def window_pools(groups: Sequence[LayerGroup], *, page_size: int, kv_cache_token
                  chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
                  fraction: float = DEFAULT_WINDOW_POOL_FRACTION,
                  checkpoint: int | None = None) -> GroupPools:
-    """The per-group pools of a model whose windowed layers share one window: what the
-    server allocates and `radixserve plan` reports (one function for both)."""
-    window = next(g.window for g in groups if g.window is not None)
+    """The per-group pools of a model with windowed layers: what the server allocates and
+    `radixserve plan` reports (one function for both). Several window sizes share the
+    windowed pool, which keeps the largest window."""
+    window = max(g.window for g in groups if g.window is not None)
     floor = window_pool_floor(window, page_size, chunk_tokens, max_model_len,
                               checkpoint or window * DEFAULT_CHECKPOINT_WINDOWS)
     return group_pool_pages(groups, page_size=page_size, kv_cache_tokens=kv_cache_tokens,
