@@ -148,6 +148,7 @@ class KVPersistence:
             return None
         found = self.store.recovery
         return {**vars(found), "restored_pages": self.restored.pages,
+                "restored_windows": self.restored.windows,
                 "seconds": found.seconds + self.restored.seconds}
 
     @property

@@ -90,6 +90,7 @@ def test_after_a_restart_the_saved_windows_let_the_path_hit(gemma3, uncached, tm
     again = make_engine(gemma3, **save(gemma3, tmp_path, PROMPTS[:1]))
     (got,) = run_in_turn(again, PROMPTS[-1:])
     assert again.persistence.restored.windows > 0
+    assert again.stats().kv_disk.recovery["restored_windows"] == again.persistence.restored.windows
     assert got.token_ids[0] == uncached[-1]
     assert got.final.usage.cached_tokens == 6 * WINDOW
     assert again.stats().tiers.l3.loaded_tokens >= 6 * WINDOW
