@@ -28,8 +28,9 @@ With host/disk tiers (`follow`), a node's windows stay in the windowed pool when
 full-attention pages go down a tier: they follow the node's ids (`moved`), come back with
 a load, and go when its lower-tier ids are released. So the lower tiers hold the large
 full-attention part, the windowed pool the small part that makes a match point usable,
-and its LRU drops apply to those windows like any other tree window. Windows are not
-written to disk: after a restart the restored paths have none, and a match on them backs
+and its drops apply to those windows like any other tree window. The disk tier does not
+write windows; a save does (engine/window_persistence.py), and a restart attaches them to
+the restored disk-tier ids (`windows.attach_lower`); a restored path without them backs
 off (docs/models.md).
 
 Which windows a lease drops while it runs, and where a match may end, is WindowedLease's
