@@ -31,7 +31,7 @@ def test_a_floor_that_leaves_no_full_page_is_refused_naming_the_flags():
                          fraction=0.09, floor=10_000)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(windows=st.lists(st.sampled_from([None, 64]), min_size=1, max_size=8),
        budget=st.integers(1 << 10, 1 << 26), fraction=st.floats(0.01, 1.0),
        floor=st.integers(1, 4000))
