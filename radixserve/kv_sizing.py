@@ -168,24 +168,36 @@ def group_pool_pages(groups: Sequence[LayerGroup], *, page_size: int,
 
     --kv-cache-tokens T: T tokens of full-attention KV, and `fraction` of that (at least
     `floor` pages) for the windowed layers. A byte budget: the most full pages P with
-    P * full bytes + ceil(P * fraction) * windowed bytes within it. One window group only
-    (the model's windowed layers share one window)."""
+    P * full bytes + ceil(P * fraction) * windowed bytes within it; when `floor` pages
+    are more than that fraction, the windowed pool takes its floor and the full pages
+    what is left, so both pools together never pass the budget (ValueError naming the
+    flags when not even one full page is left). The windowed pool never has more pages
+    than there are full pages (each full page has at most one window). One window group
+    group's bytes: several window sizes share one pool (window_pools)."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"--kv-window-pool-fraction must be in (0, 1], got {fraction}")
     full_bytes = sum(g.bytes_per_token for g in groups if g.window is None)
     win_bytes = sum(g.bytes_per_token for g in groups if g.window is not None)
-    if kv_cache_tokens is None:
-        per_page = page_size * (full_bytes + fraction * win_bytes)
-        usable = budget - page_size * win_bytes         # the windowed pool's null page
-        if usable < per_page * max(floor, 1):
-            raise ValueError(f"KV budget of {int(budget)} bytes is less than the windowed "
-                             f"pool's floor of {floor} pages")
-        full = int(usable // per_page)
-    else:
+    if kv_cache_tokens is not None:
         full = pool_pages(token_bytes=1, page_size=page_size,
                           kv_cache_tokens=kv_cache_tokens, budget=0)
-    window = min(full, max(floor, int(full * fraction)))
-    return GroupPools(full, window)
+        return GroupPools(full, min(full, max(floor, int(full * fraction))))
+    usable = budget - page_size * win_bytes         # the windowed pool's null page
+    full = int(max(usable, 0) // (page_size * (full_bytes + fraction * win_bytes)))
+    window = int(full * fraction)
+    if window < floor and full_bytes:
+        window = floor                  # the floor's bytes first, the full pages the rest
+        full = int(max(usable - floor * page_size * win_bytes, 0) // (page_size * full_bytes))
+    window = min(full, max(window, floor))
+    pools = GroupPools(full, window)
+    if full < 1 or pools.pool_bytes(groups, page_size) > budget:
+        raise ValueError(
+            f"KV budget of {int(budget)} bytes cannot hold the windowed pool's floor of "
+            f"{floor} pages (one request of --max-model-len tokens, a --chunked-prefill-size "
+            f"chunk and its --kv-window-checkpoint windows) beside one full-attention page: "
+            f"lower --max-model-len, or give a larger budget (--kv-cache-tokens, "
+            f"--kv-cache-memory-fraction)")
+    return pools
 
 
 def window_pools(groups: Sequence[LayerGroup], *, page_size: int, kv_cache_tokens: int | None,
@@ -193,9 +205,10 @@ def window_pools(groups: Sequence[LayerGroup], *, page_size: int, kv_cache_token
                  chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
                  fraction: float = DEFAULT_WINDOW_POOL_FRACTION,
                  checkpoint: int | None = None) -> GroupPools:
-    """The per-group pools of a model whose windowed layers share one window: what the
-    server allocates and `radixserve plan` reports (one function for both)."""
-    window = next(g.window for g in groups if g.window is not None)
+    """The per-group pools of a model with windowed layers: what the server allocates and
+    `radixserve plan` reports (one function for both). Several window sizes share the
+    windowed pool, which keeps the largest window."""
+    window = max(g.window for g in groups if g.window is not None)
     floor = window_pool_floor(window, page_size, chunk_tokens, max_model_len,
                               checkpoint or window * DEFAULT_CHECKPOINT_WINDOWS)
     return group_pool_pages(groups, page_size=page_size, kv_cache_tokens=kv_cache_tokens,

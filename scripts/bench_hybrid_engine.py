@@ -10,11 +10,12 @@ Measured side by side, alternating the two engines round by round:
 - TTFT p50 from turn 2 on: 4 conversations of 6 turns (80-token user messages, 16-token
   greedy answers, prompts growing past 500 tokens), cache on (per-group pools) vs off;
 - throughput on a workload with no reuse at all: 16 concurrent distinct 300-token prompts,
-  16 tokens each, cache on (per-group pools) vs off; per round the wall time and the
+  16 tokens each, cache on (per-group pools) vs off, both engines live in a round and
+  their batches alternated (`--batches` each); per batch the wall time and the
   process's CPU time (`time.process_time`, every thread: steadier than wall time on a busy
   machine), each as generated tokens per second.
 
-    PYTHONPATH=$PWD python scripts/bench_hybrid_engine.py [--rounds 3]
+    PYTHONPATH=$PWD python scripts/bench_hybrid_engine.py [--rounds 3] [--batches 1]
 """
 
 from __future__ import annotations
@@ -86,18 +87,25 @@ async def no_reuse(eng: Engine, rng: np.random.Generator) -> tuple[float, float]
     return (tokens / (time.perf_counter() - started), tokens / (time.process_time() - cpu))
 
 
-async def measure(loaded, rounds: int) -> None:
+async def measure(loaded, rounds: int, batches: int) -> None:
     results = {c: {"ttft": [], "tps": [], "cpu_tps": []} for c in (True, False)}
     for r in range(rounds):
-        for cache in ((True, False) if r % 2 else (False, True)):     # alternate the order
-            eng = engine(loaded, cache)
+        # Both engines live through the round; their no-reuse batches alternate (ABBA...),
+        # so a burst of load elsewhere on the machine falls on both sides alike.
+        engines = {c: engine(loaded, c) for c in (True, False)}
+        for eng in engines.values():
             await eng.start()
-            try:
+        try:
+            for cache, eng in engines.items():
                 results[cache]["ttft"] += await ttft_turns(eng, np.random.default_rng(r))
-                tps, cpu_tps = await no_reuse(eng, np.random.default_rng(100 + r))
-                results[cache]["tps"].append(tps)
-                results[cache]["cpu_tps"].append(cpu_tps)
-            finally:
+            for b in range(batches):
+                for cache in ((True, False) if (r + b) % 2 else (False, True)):
+                    seed = 100 + r * batches + b        # both sides get the same prompts
+                    tps, cpu_tps = await no_reuse(engines[cache], np.random.default_rng(seed))
+                    results[cache]["tps"].append(tps)
+                    results[cache]["cpu_tps"].append(cpu_tps)
+        finally:
+            for eng in engines.values():
                 await eng.shutdown()
     on, off = results[True], results[False]
     p50_on, p50_off = statistics.median(on["ttft"]), statistics.median(off["ttft"])
@@ -109,17 +117,23 @@ async def measure(loaded, rounds: int) -> None:
     cpu_on, cpu_off = statistics.median(on["cpu_tps"]), statistics.median(off["cpu_tps"])
     print(f"no reuse (CPU time): cache on {cpu_on:.1f} tok/CPU-s, off {cpu_off:.1f} tok/CPU-s "
           f"({(cpu_on / cpu_off - 1) * 100:+.1f}%)")
-    for r, (a, b, c, d) in enumerate(zip(on["tps"], off["tps"], on["cpu_tps"], off["cpu_tps"])):
-        print(f"  round {r}: wall on/off {a / b:.3f}, CPU on/off {c / d:.3f}")
+    pairs = [(a / b, c / d) for a, b, c, d in zip(on["tps"], off["tps"], on["cpu_tps"],
+                                                     off["cpu_tps"])]
+    print(f"  per batch pair, on/off: median wall {statistics.median(p[0] for p in pairs):.3f}"
+          f", median CPU {statistics.median(p[1] for p in pairs):.3f} over {len(pairs)} pairs")
+    for i, (wall, cpu) in enumerate(pairs):
+        print(f"  batch {i}: wall on/off {wall:.3f}, CPU on/off {cpu:.3f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=1,
+                    help="no-reuse batches per engine and round, alternated between them")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as root:
         loaded = build_model(Path(root))
-        asyncio.run(measure(loaded, args.rounds))
+        asyncio.run(measure(loaded, args.rounds, args.batches))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,19 @@ class WindowPages(FreeListPool):
         out[~in_pool] = [self.lower.get(i, self.null) for i in ids[~in_pool].tolist()]
         return out
 
+    def window_of(self, ids: np.ndarray) -> np.ndarray:
+        """The windowed page of each id, a pool page or a lower-tier slot (`null`: none)."""
+        return self._get(ids)
+
+    def attach_lower(self, ids: list[int]) -> np.ndarray:
+        """A windowed page for each lower-tier id (a restored disk node's page: its saved
+        window is read into it); OutOfPages when the pool has too few free."""
+        if any(i < len(self.of_page) or i in self.lower for i in ids):
+            raise ValueError("attach_lower takes lower-tier ids without a window")
+        pages = self._free_list.alloc(len(ids))
+        self.lower.update(zip(ids, pages.tolist()))
+        return pages
+
     def present(self, full_pages: np.ndarray) -> np.ndarray:
         """bool per id (a pool page or a lower-tier slot): its windowed KV is held."""
         return self._get(full_pages) != self.null

@@ -26,6 +26,7 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
 from radixserve.engine.cache_stats import CacheStats
 from radixserve.engine.kv_persistence import KVPersistence, open_store
+from radixserve.engine.window_persistence import SavedWindows
 from radixserve.engine.errors import (CacheBusy, EngineStopped, EngineUnhealthy, InvalidRequest,
                                       NoDiskStore, PinConflict, QueueFull)
 from radixserve.engine.output_processor import OutputProcessor
@@ -66,7 +67,8 @@ class Engine(OneProcessStats):
             self.runner.windowed.attach(self.memory.windows.of_page)
         self.kv_events = self._kv_events(config)
         self.persistence = (KVPersistence(store, self.tree, self.tiers, self.runner.mover,
-                                          self._on_compute, self._step_lock)
+                                          self._on_compute, self._step_lock,
+                                          self._saved_windows(store))
                             if store is not None else None)
         self.peers = make_peer_share(config, self.runner, self.tiers)    # --kv-share
         self.seq_memory = SequenceMemory(self.memory, use_cache=not config.disable_radix_cache,
@@ -118,6 +120,12 @@ class Engine(OneProcessStats):
                                 rule)
         self.runner.windowed.attach(memory.windows.of_page)
         return memory
+
+    def _saved_windows(self, store) -> SavedWindows | None:
+        """With per-group pools, the windows a save writes beside the pages."""
+        if not isinstance(self.memory, WindowedMemory):
+            return None
+        return SavedWindows(self.memory, self.runner.windowed, store)
 
     async def _on_compute(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

@@ -21,6 +21,10 @@ A budget under one page file means no disk tier: nothing is saved or restored.
 A saved copy is known by the hash of its page's whole token path (namespace, then every
 token from the root to the page's end): the same prefix saved twice is written once, and
 a page of the tree maps to its copy however the tree's edges were split since.
+
+A hybrid model's sliding-window KV (the windowed pool) is saved and restored beside the
+pages by `windows` (engine/window_persistence.py), so a restored path hits as far as its
+windows reach.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from radixserve.engine.cache_stats import DiskStats
 from radixserve.engine.config import DEFAULT_KV_DISK_BYTES, EngineConfig
 from radixserve.engine.errors import DiskUnwritable
 from radixserve.engine.tier_runtime import TierRuntime
+from radixserve.engine.window_persistence import RestoredWindow, SavedWindows
 from radixserve.cache.token_keys import ITEM_BYTES, unpack
 from radixserve.storage import DiskPageStore, DiskStoreFull, IndexNode, TierPages
 from radixserve.storage.journal import PagePlace
@@ -64,6 +69,7 @@ class SaveReport:
     nodes: int = 0              # in the index written
     complete: bool = True       # False: the deadline or the disk budget cut it short
     seconds: float = 0.0
+    windows_written: int = 0    # sliding-window pages saved beside them (hybrid models)
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -76,6 +82,7 @@ class RestoreReport:
     pages: int = 0
     skipped_nodes: int = 0      # lost parent, or no disk-tier slots left
     seconds: float = 0.0
+    windows: int = 0            # sliding-window pages read back (hybrid models)
 
 
 @dataclass
@@ -95,11 +102,14 @@ class _Node:                    # a tree node as one save pass saw it
 class KVPersistence:
     """Saves and restores through the engine's tiers (`tiers`: None or without a disk tier,
     nothing is saved or restored) and the owner of the KV data (`kv`: the runner's
-    TierMover, which holds the pool and the host slots; None without tiers)."""
+    TierMover, which holds the pool and the host slots; None without tiers). `windows`:
+    a hybrid model's windowed pool, saved beside the pages (None: no windowed pool)."""
 
     def __init__(self, store: DiskPageStore, tree: RadixCache, tiers: TierRuntime | None,
-                 kv: TierMover | None, compute: Compute, step_lock: asyncio.Lock):
+                 kv: TierMover | None, compute: Compute, step_lock: asyncio.Lock,
+                 windows: SavedWindows | None = None):
         self.store = store
+        self.windows = windows
         self.tree = tree
         self.tiers = tiers
         self.kv = kv
@@ -138,6 +148,7 @@ class KVPersistence:
             return None
         found = self.store.recovery
         return {**vars(found), "restored_pages": self.restored.pages,
+                "restored_windows": self.restored.windows,
                 "seconds": found.seconds + self.restored.seconds}
 
     @property
@@ -209,6 +220,12 @@ class KVPersistence:
                     await self._run_pending_moves()
                     nodes = self._walk()
                     index_nodes = self._index_nodes(tiers, nodes)
+                    window_ids = self._window_ids(nodes, index_nodes)
+                    window_bytes = (await self._compute(self.windows.copy_out, window_ids)
+                                    if len(window_ids) else [])
+                if window_bytes:
+                    window_keys = await asyncio.to_thread(self.windows.write, window_bytes)
+                    report.windows_written = self._name_windows(index_nodes, window_keys)
                 new_keys = {tiers.disk.key_of(s) for s in new_slots}
                 report.nodes = len(index_nodes)
                 report.pages_kept = sum(k not in new_keys
@@ -216,6 +233,8 @@ class KVPersistence:
                 try:
                     await asyncio.to_thread(self.store.write_index,
                                             self.store.new_index(index_nodes), mark)
+                    if self.windows is not None:
+                        self.windows.saved({k for n in index_nodes for k in n.window_keys if k})
                 except OSError as e:            # read-only, full, failing: a disk fault
                     kind = self.store.faults.write_failed(e, self.store.directory)
                     raise DiskUnwritable(f"the cache could not be saved: the KV disk "
@@ -328,6 +347,25 @@ class KVPersistence:
         tiers.return_disk_slots(slots)
         return len(gone)
 
+    def _window_ids(self, nodes: list[_Node], index_nodes: list[IndexNode]) -> np.ndarray:
+        """The tree ids of the indexed nodes' pages, in index order (empty without a
+        windowed pool): whose windows the save copies."""
+        if self.windows is None or not index_nodes:
+            return np.zeros(0, dtype=np.int64)
+        pages = {n.node_id: n.pages for n in nodes}
+        return np.concatenate([np.asarray(pages[n.node_id][:len(n.page_keys)], np.int64)
+                               for n in index_nodes])
+
+    @staticmethod
+    def _name_windows(index_nodes: list[IndexNode], keys: list[int]) -> int:
+        """Give each index node the keys of its pages' saved windows; -> how many."""
+        at = 0
+        for n in index_nodes:
+            mine = keys[at:at + len(n.page_keys)]
+            at += len(n.page_keys)
+            n.window_keys = mine if any(mine) else []
+        return sum(1 for k in keys if k)
+
     def _index_nodes(self, tiers: LowerTiers, nodes: list[_Node]) -> list[IndexNode]:
         """Index records of the nodes whose pages, and whose ancestors' pages, are on
         disk: pool/host nodes by their saved copies, disk nodes by their own files."""
@@ -371,6 +409,7 @@ class KVPersistence:
         placed: dict[int, TreeNode] = {}
         last_hash: dict[int, bytes | None] = {}
         adopted: set[int] = set()
+        windows: list[RestoredWindow] = []
         for node in index.nodes if index and tiers else []:
             parent = placed.get(node.parent_id) if node.parent_id is not None else None
             made = None
@@ -386,10 +425,18 @@ class KVPersistence:
                 tiers.disk.adopt(slot, place[0], place[1])
                 adopted.add(place[0])
             placed[node.node_id] = made
+            if len(node.window_keys) == len(made.pages):
+                windows.extend(RestoredWindow(int(i), k, node.last_access)
+                               for i, k in zip(made.pages.tolist(), node.window_keys) if k)
             last_hash[node.node_id] = node.page_hashes[-1] if node.page_hashes else None
             report.nodes += 1
             report.pages += len(node.page_keys)
             report.tokens += made.num_tokens
+        if self.windows is not None and windows:
+            # Read back now, then dropped with the other unadopted files below: the
+            # next save writes the windows the tree holds then.
+            ids, payloads = await asyncio.to_thread(self.windows.read, windows)
+            report.windows = await self._compute(self.windows.place, ids, payloads)
         for key in self.store.page_keys():
             if key not in adopted:
                 self.store.drop_page(key)

@@ -126,7 +126,9 @@ class ModelRunner:
             num_pages = pools.full_pages
             full_layers = [i for i, w in enumerate(mc.windows) if w is None]
             win_layers = [i for i, w in enumerate(mc.windows) if w is not None]
-            win_backend = self._backend((self.window,) * mc.num_layers)
+            # Each windowed layer attends within its own window (several sizes share the
+            # pool, which keeps the largest).
+            win_backend = self._backend(mc.windows)
             self.windowed = WindowedKV(self._pool(pools.window_pages + 1, win_layers,
                                                   win_backend), win_backend, self.window)
         self.kv_pool = self._pool(num_pages, full_layers, self.backend)

@@ -179,9 +179,9 @@ def _windows(spec: ModelSpec, plan: Plan) -> None:
 
 def _window_pools(spec: ModelSpec, plan: Plan, fmt: KVFormat, opts: PlanOptions,
                   budget: float | None) -> None:
-    """One window size: the server's per-group pools (kv_sizing.window_pools), the pool
+    """Windowed layers: the server's per-group pools (kv_sizing.window_pools), the pool
     figures then being the full-attention page ids and both pools' bytes."""
-    if spec.mla is not None or len(spec.windows) != 1:
+    if spec.mla is not None or not spec.windows:
         return
     groups = layer_groups(fmt, spec.layer_windows, spec.num_kv_heads, spec.head_dim)
     try:
@@ -224,16 +224,13 @@ def _notes(spec: ModelSpec, plan: Plan) -> None:
     if spec.mla is not None:
         plan.notes.append("MLA: the cache holds one latent per token and layer, shared by "
                           "all heads (what vLLM and SGLang store for DeepSeek models)")
-    if len(spec.windows) == 1 and spec.served_context is not None and spec.mla is None:
+    if spec.windows and spec.served_context is not None and spec.mla is None:
         plan.notes.append(
             "radixserve keeps the windowed layers in their own pool (--kv-window-pool auto): "
             "the full-attention pool above holds every token, the window pool the windows "
-            "running requests and cached match points need (docs/models.md)")
-    elif spec.windows and spec.served_context is not None:
-        plan.notes.append(
-            "radixserve attends within each layer's window but keeps every token's KV in "
-            "every layer (one full-KV pool: several window sizes); a window-aware cache "
-            "would keep min(context, window) tokens per windowed layer")
+            "running requests and cached match points need (docs/models.md)"
+            + (f"; windows {spec.windows} share it at the largest" if len(spec.windows) > 1
+               else ""))
     if spec.served_context is not None and plan.context > spec.served_context:
         plan.notes.append(f"--context {plan.context} exceeds the {spec.served_context} "
                           f"tokens radixserve serves for this model")

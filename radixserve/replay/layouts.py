@@ -36,7 +36,8 @@ class ModelLayout:
 
     @property
     def window(self) -> int:
-        return next(g.window for g in self.groups if g.window is not None)
+        """The window the windowed pool keeps: the largest of the layers'."""
+        return max(g.window for g in self.groups if g.window is not None)
 
     @property
     def bytes_per_token(self) -> int:
@@ -45,7 +46,7 @@ class ModelLayout:
 
 def read_layout(model: str) -> ModelLayout:
     """The layer groups of MODEL (as `radixserve plan` takes it), bf16 KV; ValueError when
-    its windowed layers do not share exactly one window (what the window pools need)."""
+    it has no windowed layers (or MLA's latent pages)."""
     from radixserve.planner.model_spec import PlanInputError, read_model_spec
 
     try:
@@ -53,9 +54,9 @@ def read_layout(model: str) -> ModelLayout:
     except PlanInputError as exc:
         raise ValueError(f"--model-layout: {exc}") from None
     windows = {w for w in spec.layer_windows if w is not None}
-    if len(windows) != 1 or spec.mla is not None:
+    if not windows or spec.mla is not None:
         raise ValueError(f"--model-layout {model}: a window-aware layout needs layers with "
-                         f"one sliding window (found windows {sorted(windows)})")
+                         f"a sliding window and no MLA")
     groups = layer_groups(KVFormat("bfloat16", "bfloat16"), spec.layer_windows,
                           spec.num_kv_heads, spec.head_dim)
     return ModelLayout(spec.name, tuple(groups))

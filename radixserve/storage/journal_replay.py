@@ -29,6 +29,7 @@ class _Page:
     namespace: str | None
     token_ids: list[int]
     last_access: int
+    window_key: int = 0             # its saved window's page file (IndexNode.window_keys)
 
 
 def replay(index: StoreIndex, records: Iterable[Record], page_size: int,
@@ -65,6 +66,8 @@ def replay(index: StoreIndex, records: Iterable[Record], page_size: int,
     named = {k for n in nodes for k in n.page_keys}
     serials = {p.key: p.serial for p in pages.values()
                if p.serial is not None and p.key in named}
+    serials.update((p.window_key, index.page_serials[p.window_key]) for p in pages.values()
+                   if p.key in named and p.window_key in index.page_serials)
     return StoreIndex(index.version, index.fingerprint, nodes, serials)
 
 
@@ -82,10 +85,11 @@ def _index_pages(index: StoreIndex, page_size: int) -> dict[bytes, _Page]:
         parent = last_hash.get(node.parent_id) if node.parent_id is not None else None
         if node.parent_id is not None and parent is None:
             continue                            # its parent was left out: so is it
+        windows = node.window_keys if len(node.window_keys) == n else [0] * n
         for i, (h, key) in enumerate(zip(hashes, node.page_keys)):
             pages[h] = _Page(key, index.page_serials.get(key), parent, node.namespace,
                              node.token_ids[i * page_size:(i + 1) * page_size],
-                             node.last_access)
+                             node.last_access, windows[i])
             parent = h
         last_hash[node.node_id] = hashes[-1]
     return pages
@@ -107,7 +111,14 @@ def _regroup(pages: dict[bytes, _Page]) -> list[IndexNode]:
         node = IndexNode(len(nodes) + 1, parent_id, run_pages[0].namespace,
                          [t for p in run_pages for t in p.token_ids],
                          [p.key for p in run_pages],
-                         max(p.last_access for p in run_pages), page_hashes=run)
+                         max(p.last_access for p in run_pages), page_hashes=run,
+                         window_keys=_window_keys(run_pages))
         nodes.append(node)
         stack.extend((h, node.node_id) for h in reversed(children.get(run[-1], ())))
     return nodes
+
+
+def _window_keys(run: list[_Page]) -> list[int]:
+    """IndexNode.window_keys of a run of pages ([] when none has a saved window)."""
+    keys = [p.window_key for p in run]
+    return keys if any(keys) else []

@@ -36,6 +36,9 @@ class IndexNode(msgspec.Struct, array_like=True):
     # Each page's path hash (cache/path_hash.py), so journal records can hang pages from
     # this node (journal_replay.py); [] in indexes written before the journal.
     page_hashes: list[bytes] = []
+    # Per page, the key of the page file holding its sliding-window layers' KV (hybrid
+    # models, engine/window_persistence.py; 0: none saved); [] when none was saved.
+    window_keys: list[int] = []
 
 
 class StoreIndex(msgspec.Struct):
@@ -50,7 +53,8 @@ class StoreIndex(msgspec.Struct):
     journal_from: int = 0
 
     def page_keys(self) -> set[int]:
-        return {k for n in self.nodes for k in n.page_keys}
+        """Every page file the index names: the nodes' pages and their saved windows."""
+        return {k for n in self.nodes for k in (*n.page_keys, *n.window_keys) if k}
 
 
 def encode_index(index: StoreIndex) -> list[bytes]:
@@ -94,7 +98,7 @@ def restorable(index: StoreIndex, page_size: int, stored: Collection[int]) -> Re
         kept.append(node)
         namespaces[node.node_id] = node.namespace
         used.update(node.page_keys)
-    keys = {k for n in kept for k in n.page_keys}
+    keys = StoreIndex(index.version, index.fingerprint, kept).page_keys()
     serials = {k: v for k, v in index.page_serials.items() if k in keys}
     return Restorable(StoreIndex(index.version, index.fingerprint, kept, serials,
                                  index.journal_from), dropped)

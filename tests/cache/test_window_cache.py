@@ -142,6 +142,32 @@ def test_a_second_request_refills_the_branch_window():
     mem.check_conservation()
 
 
+def test_a_short_windowed_pool_keeps_the_windows_at_leaf_and_branch_ends():
+    """Windows inside a path (a turn's old end) go before those at a leaf's end (the next
+    turn) or a branch node's end (a shared system prompt), even when used more recently:
+    plain LRU dropped the system prompt's window, so a conversation the tree lost matched
+    0 tokens instead of the prompt (the thrash case of scripts/bench_hybrid.py)."""
+    mem = make_memory(128, 40, window=4, page_size=2, checkpoint=64)
+    system = list(range(100, 124))                    # 24 tokens: a branch point at 24
+    a1, b1, a2 = [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17, 18]
+    for tokens in (system + a1, system + b1, system + b1, system + a1 + a2):
+        run_request(mem, tokens)        # the 2nd B refills 24's window; A's turn 2 reads 30's
+    (a1_node,) = [n for n in mem.tree.iter_nodes() if n.depth == 30 and n.children]
+    old_end = a1_node.pages[-2:]                      # the window of A's turn-1 end, [26, 30)
+    assert mem.windows.present(old_end).all()
+    held = mem.alloc(mem.windows.num_free + 4)         # 4 tree windows must go
+    assert mem.dropped_windows == 4
+    assert not mem.windows.present(old_end).any()      # inside A's path now
+    for tokens, hit in ((system + [99], 24), (system + b1 + [99], 30),
+                        (system + a1 + a2 + [99], 36)):
+        lease = WindowedLease(mem)
+        lease.acquire(tokens, max_tokens=len(tokens) - 1)
+        assert lease.matched_tokens == hit and window_present(mem, lease)
+        lease.release()
+    mem.free(held)
+    mem.check_conservation()
+
+
 class WindowTree(RuleBasedStateMachine):
     """Requests over a small alphabet (many shared prefixes and divergences inside pages),
     a tight windowed pool, window and full evictions."""

@@ -6,6 +6,7 @@ says (docs/models.md, "Window-aware cache"), and every page of both pools is acc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -108,6 +109,27 @@ def test_quantized_kv_cached_equals_uncached_with_window_pools(gemma3):
     assert [r.token_ids[0] for r in got] == expected
     assert [r.final.usage.cached_tokens for r in got[1:len(HITS) + 1]] == [
         first_round_hit(h) for h in HITS]
+
+
+def test_two_window_sizes_share_one_windowed_pool_at_the_larger(gemma3):
+    """Layers of windows 16 and 8 (written by hand: no served family has two): one
+    windowed pool kept at 16 for both, each layer attending within its own window. Greedy
+    tokens equal the one-full-pool run's (every token's KV in every layer, the reference
+    path for per-layer windows) with the cache on and off; the hits are the rule's at 16;
+    both pools conserved."""
+    two = dataclasses.replace(gemma3, config=dataclasses.replace(
+        gemma3.config, layer_windows=(WINDOW, None, WINDOW // 2)))
+    expected = [r.token_ids[0] for r in run_in_order(
+        make_engine(two, page_size=4, kv_window_pool="off", disable_radix_cache=True))]
+    engine = make_engine(two, page_size=4, kv_window_checkpoint=CHECKPOINT)
+    assert isinstance(engine.memory, WindowedMemory) and engine.memory.rule.window == WINDOW
+    assert engine.runner.windowed.backend.layer_windows[2] == WINDOW // 2
+    got = run_in_order(engine)
+    assert [r.token_ids[0] for r in got] == expected
+    assert [r.final.usage.cached_tokens for r in got[1:len(HITS) + 1]] == [
+        first_round_hit(h) for h in HITS]
+    uncached = run_in_order(make_engine(two, page_size=4, disable_radix_cache=True))
+    assert [r.token_ids[0] for r in uncached] == expected
 
 
 def test_full_kv_pool_when_off(gemma3):

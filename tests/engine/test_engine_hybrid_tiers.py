@@ -1,7 +1,8 @@
 """A hybrid model's window pools with host/disk tiers and persistence (tiny Gemma 3, window
 16, page 4): a path demoted to host memory or disk keeps its windows in the windowed pool
 under its new ids and is loaded back with them, so the hit reaches past the first window;
-after a restart the saved paths have no windows and the match backs off. Greedy tokens
+after a restart the saved windows come back with the paths (without them the match backs
+off). Greedy tokens
 always equal the cache-off run's, and every page of both pools is accounted for."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from engine_helpers import check_pages, collect, make_engine, run_scenario
 from radixserve.cache.miss_reasons import MissReason
 from radixserve.cache.window_memory import WindowedMemory
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.storage.store_index import decode_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from hybrid_models import WINDOW, build_family  # noqa: E402
@@ -70,17 +72,45 @@ def test_a_demoted_path_comes_back_with_its_windows(gemma3, uncached, tmp_path, 
     assert got[-1].final.usage.cached_tokens == 6 * WINDOW
 
 
-def test_after_a_restart_the_saved_paths_have_no_windows(gemma3, uncached, tmp_path):
-    """Windows are not saved: the restored path is matched, found without windows, not
+def save(gemma3, tmp_path, prompts) -> dict:
+    """Serve `prompts` with --kv-disk-dir (its shutdown saves); -> the flags to restart."""
+    flags = dict(page_size=4, kv_disk_dir=str(tmp_path), kv_disk_bytes=DISK_BYTES,
+                 kv_window_checkpoint=CHECKPOINT)
+    first = make_engine(gemma3, **flags)
+    run_in_turn(first, prompts)
+    report = first.persistence.last_save
+    assert report.pages_written > 0 and report.windows_written > 0
+    return flags
+
+
+def test_after_a_restart_the_saved_windows_let_the_path_hit(gemma3, uncached, tmp_path):
+    """The save writes the windows beside the pages; the restart reads them into the
+    windowed pool under the restored disk-tier ids, so the match loads the path and ends
+    at the checkpoint at 96, as it did before the restart."""
+    again = make_engine(gemma3, **save(gemma3, tmp_path, PROMPTS[:1]))
+    (got,) = run_in_turn(again, PROMPTS[-1:])
+    assert again.persistence.restored.windows > 0
+    assert again.stats().kv_disk.recovery["restored_windows"] == again.persistence.restored.windows
+    assert got.token_ids[0] == uncached[-1]
+    assert got.final.usage.cached_tokens == 6 * WINDOW
+    assert again.stats().tiers.l3.loaded_tokens >= 6 * WINDOW
+
+
+def test_a_restart_without_the_window_files_backs_off(gemma3, uncached, tmp_path):
+    """Window files gone (as after a kill the disk tier's journal recovers: windows are
+    saved by a save only): the restored path is matched, found without windows, not
     loaded, and recomputed (reason window_missing)."""
-    first = make_engine(gemma3, page_size=4, kv_disk_dir=str(tmp_path),
-                        kv_disk_bytes=DISK_BYTES)
-    run_in_turn(first, PROMPTS[:1])
-    assert first.persistence.last_save.pages_written > 0
-    again = make_engine(gemma3, page_size=4, kv_disk_dir=str(tmp_path),
-                        kv_disk_bytes=DISK_BYTES)
+    flags = save(gemma3, tmp_path, PROMPTS[:1])
+    index = decode_index((tmp_path / "index.bin").read_bytes())
+    window_keys = {k for n in index.nodes for k in n.window_keys if k}
+    assert window_keys
+    for path in (tmp_path / "pages").iterdir():
+        if int(path.name.split(".")[0], 16) in window_keys:
+            path.unlink()
+    again = make_engine(gemma3, **flags)
     (got,) = run_in_turn(again, PROMPTS[-1:])
     assert got.token_ids[0] == uncached[-1]
+    assert again.persistence.restored.windows == 0
     assert again.stats().tiers.l3.cached_tokens >= len(DONOR)     # restored on disk
     assert got.final.usage.cached_tokens == 0
     assert got.final.usage.miss.reason == MissReason.WINDOW_MISSING

@@ -72,11 +72,11 @@ def test_window_aware_tree_against_full_kv_at_the_same_bytes(tmp_path, capsys):
     assert "full-KV hit" in text and f"window {WINDOW}: 5 layers" in text
 
 
-def test_a_layout_without_one_window_is_refused(tmp_path, capsys):
+def test_a_layout_without_a_window_is_refused(tmp_path, capsys):
     from tiny_models import hf_config
     path = tmp_path / "config.json"
     hf_config("llama").to_json_file(str(path))
     trace = write_jsonl(tmp_path / "t.jsonl", conversations(1, 2))
     assert replay_main([str(trace), "--block-size", "4", "--model-layout", str(path),
                         "--capacity-tokens", "256", "--no-progress"]) == 2
-    assert "one sliding window" in capsys.readouterr().err
+    assert "needs layers with a sliding window" in capsys.readouterr().err

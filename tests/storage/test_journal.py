@@ -49,6 +49,23 @@ def test_replay_hangs_pages_from_the_index_and_drops_by_file():
         [(None, [1, 2]), (1, [3, 4]), (1, [5])]
 
 
+def test_replay_keeps_each_pages_saved_window_until_the_page_is_rewritten():
+    """A hybrid model's saved windows (IndexNode.window_keys) ride with their pages
+    through the journal's replay, serials included; a page written again by the disk
+    tier has no saved window (its old window file is named no more)."""
+    base = node(1, None, [1, 2, 3])
+    base.page_hashes, base.window_keys = [b"h1", b"h2", b"h3"], [0, 8, 9]
+    index = StoreIndex(INDEX_VERSION, fingerprint(), [base], {1: 11, 2: 12, 3: 13, 8: 18,
+                                                              9: 19})
+    out = replay(index, [added(4, b"h4", b"h3", 4)], 4)
+    assert [(n.page_keys, n.window_keys) for n in out.nodes] == [([1, 2, 3, 4], [0, 8, 9, 0])]
+    assert out.page_serials == {1: 11, 2: 12, 3: 13, 8: 18, 9: 19, 4: 104}
+    assert out.page_keys() == {1, 2, 3, 4, 8, 9}
+    out = replay(index, [added(5, b"h2", b"h1", 2), added(6, b"h3", b"h2", 3)], 4)
+    assert [(n.page_keys, n.window_keys) for n in out.nodes] == [([1, 5, 6], [])]
+    assert out.page_keys() == {1, 5, 6}
+
+
 def test_a_record_whose_file_never_completed_leaves_the_older_file_in_place():
     """Records are written ahead of their files: a crash mid-write leaves a record naming
     a file that is not on disk. Recovery skips it, so the older file for the same path
