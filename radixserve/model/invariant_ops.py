@@ -209,6 +209,8 @@ def row_invariant_model(model: nn.Module) -> nn.Module:
     chosen: dict[tuple, RowBlocks] = {}
 
     def convert(module: nn.Module) -> nn.Module:
+        if hasattr(module, "row_invariant_form"):      # a layer that picks by row count
+            return convert(module.row_invariant_form())
         if isinstance(module, nn.Linear):
             w = module.weight
             if (reason := deterministic_dtype_error(w.dtype, w.device)) is not None:

@@ -1,0 +1,67 @@
+"""A linear layer held twice, int4 and float, each used at the row counts where it is faster
+(``--weights-dtype int4+float``).
+
+Why: on a CPU without native bf16 (where ``--dtype auto`` picks float32), the int4 kernel
+computes in bf16 that the CPU emulates, so its cost grows with the rows: it reads 8x fewer
+bytes than fp32 weights and wins while a step streams weights (one to a few sequences), but
+loses to fp32 ``F.linear`` (MKL sgemm) from a few dozen rows on (one thread, CPU time, hot
+weights, SmolLM2's gate/up 3072x576: int4 138 / 509 / 1,836 us at 1 / 8 / 32 rows, fp32 283
+/ 784 / 1,238 us). Keeping both forms costs the int4 bytes on top of the float ones (about
+1/7 more in a float32 model) and makes no step slower than float weights.
+
+The float form is the model's own linear (the same module, parameters and names: loaders,
+the weights cache and tied embeddings see what they saw before); rows above
+``max_int4_rows`` give exactly the float model's results. Deterministic mode needs a
+row's result not to depend on the step's other rows, so it takes the int4 form alone
+(``row_invariant_form``: the int4 kernel is row-invariant).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .quantized_linear import Int4Linear
+
+__all__ = ["DEFAULT_MAX_INT4_ROWS", "DualLinear"]
+
+# Rows up to which the int4 kernel runs. Chosen from SmolLM2's float32 decode step, CPU
+# time, int4 against fp32 weights (scripts/bench_decode_step.py --weights-dtypes
+# bf16,int4,int4+float --batch N; docs/benchmarks.md, "int4 at 32+ rows"): 1.70x at 1
+# sequence, 1.62x at 8, 1.16x at 16, 0.89x at 32.
+DEFAULT_MAX_INT4_ROWS = 16
+
+
+class DualLinear(nn.Module):
+    """``int4`` for inputs of at most ``max_int4_rows`` rows, ``dense`` (the float linear)
+    above."""
+
+    def __init__(self, int4: Int4Linear, dense: nn.Linear,
+                 max_int4_rows: int = DEFAULT_MAX_INT4_ROWS) -> None:
+        super().__init__()
+        self.int4, self.dense = int4, dense
+        self.max_int4_rows = max_int4_rows
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The float weight (for code that reads a linear's dtype or shape)."""
+        return self.dense.weight
+
+    @property
+    def in_features(self) -> int:
+        return self.dense.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.dense.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        return self.int4(x) if rows <= self.max_int4_rows else self.dense(x)
+
+    def row_invariant_form(self) -> nn.Module:
+        """The form deterministic mode uses: int4 at every row count."""
+        return self.int4
+
+    def extra_repr(self) -> str:
+        return f"max_int4_rows={self.max_int4_rows}"
