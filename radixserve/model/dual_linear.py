@@ -1,5 +1,5 @@
-"""A linear layer held twice, int4 and float, each used at the row counts where it is faster
-(``--weights-dtype int4+float``).
+"""A linear layer held twice, quantized (int4; int8 for the LM head) and float, each used at
+the row counts where it is faster (``--weights-dtype int4+float``).
 
 Why: on a CPU without native bf16 (where ``--dtype auto`` picks float32), the int4 kernel
 computes in bf16 that the CPU emulates, so its cost grows with the rows: it reads 8x fewer
@@ -11,9 +11,12 @@ weights, SmolLM2's gate/up 3072x576: int4 138 / 509 / 1,836 us at 1 / 8 / 32 row
 
 The float form is the model's own linear (the same module, parameters and names: loaders,
 the weights cache and tied embeddings see what they saw before); rows above
-``max_int4_rows`` give exactly the float model's results. Deterministic mode needs a
-row's result not to depend on the step's other rows, so it takes the int4 form alone
-(``row_invariant_form``: the int4 kernel is row-invariant).
+``max_quantized_rows`` give exactly the float model's results. Deterministic mode needs a
+row's result not to depend on the step's other rows, so it takes the quantized form alone
+(``row_invariant_form``: the kernels are row-invariant). The LM head's quantized form is
+int8 (per-row scales), as in ``int4``: with an int4 head (re-quantized from the float
+table) greedy agreement with the fp32 reference was 4.5 tokens of 16, against 15.0 for
+``int4`` (scripts/bench_weights.py, 8 prompts).
 """
 
 from __future__ import annotations
@@ -21,26 +24,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .quantized_linear import Int4Linear
 
-__all__ = ["DEFAULT_MAX_INT4_ROWS", "DualLinear"]
+__all__ = ["DEFAULT_MAX_QUANTIZED_ROWS", "DualLinear"]
 
-# Rows up to which the int4 kernel runs. Chosen from SmolLM2's float32 decode step, CPU
+# Rows up to which the quantized kernel runs. Chosen from SmolLM2's float32 decode step, CPU
 # time, int4 against fp32 weights (scripts/bench_decode_step.py --weights-dtypes
 # bf16,int4,int4+float --batch N; docs/benchmarks.md, "int4 at 32+ rows"): 1.70x at 1
 # sequence, 1.62x at 8, 1.16x at 16, 0.89x at 32.
-DEFAULT_MAX_INT4_ROWS = 16
+DEFAULT_MAX_QUANTIZED_ROWS = 16
 
 
 class DualLinear(nn.Module):
-    """``int4`` for inputs of at most ``max_int4_rows`` rows, ``dense`` (the float linear)
-    above."""
+    """``quantized`` (an Int4Linear or Int8Linear) for inputs of at most
+    ``max_quantized_rows`` rows, ``dense`` (the float linear) above."""
 
-    def __init__(self, int4: Int4Linear, dense: nn.Linear,
-                 max_int4_rows: int = DEFAULT_MAX_INT4_ROWS) -> None:
+    def __init__(self, quantized: nn.Module, dense: nn.Linear,
+                 max_quantized_rows: int = DEFAULT_MAX_QUANTIZED_ROWS) -> None:
         super().__init__()
-        self.int4, self.dense = int4, dense
-        self.max_int4_rows = max_int4_rows
+        self.quantized, self.dense = quantized, dense
+        self.max_quantized_rows = max_quantized_rows
 
     @property
     def weight(self) -> torch.Tensor:
@@ -57,11 +59,11 @@ class DualLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        return self.int4(x) if rows <= self.max_int4_rows else self.dense(x)
+        return self.quantized(x) if rows <= self.max_quantized_rows else self.dense(x)
 
     def row_invariant_form(self) -> nn.Module:
-        """The form deterministic mode uses: int4 at every row count."""
-        return self.int4
+        """The form deterministic mode uses: the quantized one at every row count."""
+        return self.quantized
 
     def extra_repr(self) -> str:
-        return f"max_int4_rows={self.max_int4_rows}"
+        return f"max_quantized_rows={self.max_quantized_rows}"

@@ -94,14 +94,15 @@ def quantize_model(model: nn.Module, kind: str, groups_for: GroupsFor | None = N
 
 def _add_int4_forms(model: nn.Module, dtype: torch.dtype, groups_for: GroupsFor | None,
                     fill: bool) -> None:
-    """Every nn.Linear -> a DualLinear of an int4 copy and itself; the LM head too where
-    the kernel can pack it (else it stays float: a vocabulary that is no multiple of 16);
-    the embeddings stay as they are (float)."""
+    """Every nn.Linear -> a DualLinear of an int4 copy and itself; the LM head of an int8
+    copy and itself (int8 as in ``int4``: an int4 head lost quality; kept float where the
+    kernel cannot take its width); the embeddings stay as they are (float)."""
     head = getattr(model, "lm_head", None)
     for name, module in list(model.named_modules()):
-        if module is head and not can_pack("int4", head.out_features, head.in_features):
-            continue
-        if isinstance(module, nn.Linear):
+        if module is head:
+            if can_pack("int8", head.out_features, head.in_features):
+                model.lm_head = DualLinear(_int8(head, "lm_head", dtype, fill), head)
+        elif isinstance(module, nn.Linear):
             int4 = _quantized_linear(name, module, "int4", dtype, groups_for, fill)
             _replace(model, name, DualLinear(int4, module))
 
@@ -109,7 +110,8 @@ def _add_int4_forms(model: nn.Module, dtype: torch.dtype, groups_for: GroupsFor 
 def describe_form(kind: str, dtype: torch.dtype) -> str:
     """The weights form for the start-up line."""
     if kind == DUAL:
-        return f"int4 linears (LM head too) for steps of few rows, beside the {_name(dtype)} ones"
+        return (f"int4 linears and int8 LM head for steps of few rows, beside the "
+                f"{_name(dtype)} ones")
     if kind in QUANTIZED:
         return f"{kind} linears, int8 LM head/embeddings"
     return _name(dtype)

@@ -162,7 +162,7 @@ def test_packed_weights_cache_round_trip(tmp_path, kind):
 
 
 def test_dual_linear_routes_by_rows(weight):
-    """Up to max_int4_rows rows the int4 kernel's exact output, above it the float
+    """Up to max_quantized_rows rows the int4 kernel's exact output, above it the float
     linear's, whatever the leading dims."""
     from radixserve.model.dual_linear import DualLinear
 
@@ -170,7 +170,7 @@ def test_dual_linear_routes_by_rows(weight):
     dense.weight.data.copy_(weight)
     int4 = Int4Linear(128, 96, torch.float32)
     int4.load(int4_groups_from_float(weight))
-    dual = DualLinear(int4, dense, max_int4_rows=4)
+    dual = DualLinear(int4, dense, max_quantized_rows=4)
     g = torch.Generator().manual_seed(4)
     for shape in ((1, 128), (4, 128), (2, 2, 128), (5, 128), (3, 7, 128)):
         x = torch.randn(shape, generator=g)
@@ -181,10 +181,9 @@ def test_dual_linear_routes_by_rows(weight):
 
 def test_int4_plus_float_picks_its_form_by_rows(tmp_path):
     """int4+float: a prefill (rows above the threshold) gives the float model's logits bit
-    for bit; a one-row decode goes through the int4 kernels (not equal to the float
-    model's; their accuracy is tested above); deterministic mode's copy is int4 at every row count; the
-    weights cache stores both forms. The tiny vocabulary (261) is no multiple of 16, so
-    its LM head stays float."""
+    for bit; a one-row decode goes through the int4 kernels and the int8 LM head (not equal
+    to the float model's; their accuracy is tested above); deterministic mode's copy is
+    quantized at every row count; the weights cache stores both forms."""
     from model_helpers import PagedRunner
 
     from radixserve.model.dual_linear import DualLinear
@@ -202,9 +201,10 @@ def test_int4_plus_float_picks_its_form_by_rows(tmp_path):
                        weights_cache=cache, timer=timer)
     assert "weights cache: hit" in timer.notes
     m = again.model
-    assert type(m.lm_head) is Linear and m.lm_head.weight is m.embed_tokens.weight
+    assert isinstance(m.lm_head, DualLinear) and m.lm_head.weight is m.embed_tokens.weight
+    assert type(m.lm_head.quantized) is Int8Linear and type(m.lm_head.dense) is Linear
     assert {type(layer.gate_up_proj) for layer in m.layers} == {DualLinear}
-    assert again.describe_weights().startswith("weights: int4 linears")
+    assert again.describe_weights().startswith("weights: int4 linears and int8 LM head")
     a, b = model_tensors(dual.model), model_tensors(again.model)
     assert all(torch.equal(a[n], b[n]) for n in a)
 
@@ -219,4 +219,4 @@ def test_int4_plus_float_picks_its_form_by_rows(tmp_path):
 
     invariant = row_invariant_model(m)
     assert {type(layer.gate_up_proj) for layer in invariant.layers} == {Int4Linear}
-    assert type(invariant.layers[0].qkv_proj) is Int4Linear
+    assert type(invariant.lm_head) is Int8Linear
