@@ -6,8 +6,8 @@ computes in bf16 that the CPU emulates, so its cost grows with the rows: it read
 bytes than fp32 weights and wins while a step streams weights (one to a few sequences), but
 loses to fp32 ``F.linear`` (MKL sgemm) from a few dozen rows on (one thread, CPU time, hot
 weights, SmolLM2's gate/up 3072x576: int4 138 / 509 / 1,836 us at 1 / 8 / 32 rows, fp32 283
-/ 784 / 1,238 us). Keeping both forms costs the int4 bytes on top of the float ones (about
-1/7 more in a float32 model) and makes no step slower than float weights.
+/ 784 / 1,238 us). Keeping both forms costs the quantized bytes on top of the float ones
+(SmolLM2 in float32: 1.18x the float bytes) and makes no step slower than float weights.
 
 The float form is the model's own linear (the same module, parameters and names: loaders,
 the weights cache and tied embeddings see what they saw before); rows above
