@@ -18,6 +18,8 @@ cancels the load other processes put on the machine.
     python scripts/bench_decode_step.py --profile            # top operators, this checkout
     python scripts/bench_decode_step.py --batch 1 --groups 1 --dtype float32 \
         --weights-dtypes bf16,int8,int4 --threads 1 --clock cpu    # weights forms side by side
+    python scripts/bench_decode_step.py --batch 32 --groups 1 --dtype float32 \
+        --weights-dtypes bf16,int4,int4+float --threads 1 --clock cpu  # int4 by rows
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ PROMPT = ("You are a helpful assistant. Explain, step by step, how a radix tree 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--weights-dtypes", default="auto,bf16,int8,int4")
+    p.add_argument("--weights-dtypes", default="auto,bf16,int8,int4,int4+float")
     p.add_argument("--output-tokens", default="128,512")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="llama-server -t")

@@ -47,6 +47,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--text-tokens", type=int, default=512, help="held-out text length")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--text", type=Path, default=HELD_OUT,
+                   help="the held-out text (e.g. ../shared/seeds/003_63bccb1d10f28eb2.txt)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:
@@ -106,7 +108,7 @@ def main() -> None:
     tok = ref.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": q + t}])
                for t in TOPICS for q in QUESTIONS][:args.prompts]
-    text = tok.encode(HELD_OUT.read_text())[:args.text_tokens]
+    text = tok.encode(args.text.read_text())[:args.text_tokens]
     ref_tokens = [greedy(ref, p, args.new_tokens) for p in prompts]
     ref_lp = text_logprobs(ref, text)
     targets = torch.tensor(text[1:])
@@ -115,7 +117,7 @@ def main() -> None:
         return math.exp(-lp.gather(1, targets[:, None]).mean().item())
 
     print(f"model {args.model}; {len(prompts)} prompts x {args.new_tokens} greedy tokens; "
-          f"held-out text {len(text)} tokens ({HELD_OUT.name}); threads "
+          f"held-out text {len(text)} tokens ({args.text.name}); threads "
           f"{torch.get_num_threads()}")
     print("| weights | activations | greedy tokens matching fp32 ref (mean of "
           f"{args.new_tokens}) | prompts fully equal | KL(ref‖w) mean | perplexity |")

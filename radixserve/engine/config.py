@@ -162,11 +162,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         f"the disk tier and the saved cache together (default "
                         f"{DEFAULT_KV_DISK_BYTES // 2**30}GiB)")
     g.add_argument("--weights-dtype", default=d.weights_dtype,
-                   choices=["auto", "bf16", "int8", "int4"],
+                   choices=["auto", "bf16", "int8", "int4", "int4+float"],
                    help="how linear weights are held and multiplied: int8 (per row) or int4 "
                         "(groups of 32) through torch's CPU weight-only kernels, bf16 as "
                         "--dtype; auto: the GGUF's own precision (a Q4 file runs int4, a "
-                        "Q8_0 one int8, float files bf16; CUDA: bf16). docs/configuration.md")
+                        "Q8_0 one int8, float files bf16; CUDA: bf16); int4+float: int4 for "
+                        "steps of few rows beside the float weights. docs/configuration.md")
     g.add_argument("--grammar-cache-dir", default=None,
                    help="where compiled grammars (response_format, tools) are kept between "
                         "starts (default: <weights cache dir>/grammars)")

@@ -202,18 +202,34 @@ def deterministic_dtype_error(dtype: torch.dtype, device: torch.device | str) ->
     return None
 
 
+# Row blocks already chosen in this process, by what decides the kernels (weight shape,
+# dtype, device, bias, packed or not, thread count), never by the weights' values. Checking
+# costs real time (an fp16 LM head's 2,149-row calls are emulated GEMMs: most of
+# tests/engine/test_deterministic.py's fp16 test went here, once per engine), so engines
+# built on the same kind of model check once.
+_CHOSEN: dict[tuple, RowBlocks] = {}
+
+
+def _kernel_key(linear: nn.Linear) -> tuple:
+    w = linear.weight
+    return (tuple(w.shape), w.dtype, str(w.device), linear.bias is not None,
+            getattr(linear, "_packed", None) is not None, torch.get_num_threads())
+
+
 def row_invariant_model(model: nn.Module) -> nn.Module:
     """A copy of ``model``'s module tree whose nn.Linear layers are RowInvariantLinear; the
     parameters and buffers are shared with ``model`` (no memory), which is left unchanged.
-    Row blocks are chosen once per weight shape (``choose_row_blocks``)."""
-    chosen: dict[tuple, RowBlocks] = {}
+    Row blocks are chosen once per kind of weight and process (``choose_row_blocks``)."""
+    chosen = _CHOSEN
 
     def convert(module: nn.Module) -> nn.Module:
+        if hasattr(module, "row_invariant_form"):      # a layer that picks by row count
+            return convert(module.row_invariant_form())
         if isinstance(module, nn.Linear):
             w = module.weight
             if (reason := deterministic_dtype_error(w.dtype, w.device)) is not None:
                 raise ValueError(reason)
-            key = (tuple(w.shape), w.dtype, w.device)
+            key = _kernel_key(module)
             if key not in chosen:
                 chosen[key] = choose_row_blocks(module)
             return RowInvariantLinear(module, chosen[key])

@@ -24,7 +24,7 @@ from .quantized_linear import Int4Groups
 from .registry import resolve_model_path
 from .tokenizer import Tokenizer
 from .weights_cache import WeightsCache
-from .weights_dtype import QUANTIZED, GroupsFor, precision_class, quantize_model, \
+from .weights_dtype import GroupsFor, describe_form, precision_class, quantize_model, \
     resolve_weights_dtype, weight_bytes
 
 
@@ -34,7 +34,7 @@ class LoadedModel:
     config: ModelConfig
     model: LlamaForCausalLM
     tokenizer: Tokenizer
-    weights_dtype: str = "bf16"          # bf16 (the model's dtype), int8 or int4
+    weights_dtype: str = "bf16"          # bf16 (the model's dtype), int8, int4, int4+float
     file_tensor_bytes: int | None = None   # a GGUF's tensor data, for the memory line
 
     @property
@@ -48,8 +48,7 @@ class LoadedModel:
     def describe_weights(self) -> str:
         """The start-up line: weights form and resident bytes (vs the GGUF's tensors)."""
         size = weight_bytes(self.model)
-        form = (f"{self.weights_dtype} linears, int8 LM head/embeddings"
-                if self.weights_dtype in QUANTIZED else str(self.dtype).removeprefix("torch."))
+        form = describe_form(self.weights_dtype, self.dtype)
         line = f"weights: {form}, {size / 2**20:.1f} MiB ({size} bytes)"
         if self.file_tensor_bytes:
             line += (f", {size / self.file_tensor_bytes:.2f}x the GGUF's "

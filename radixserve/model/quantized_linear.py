@@ -36,7 +36,8 @@ from torch import nn
 from .errors import ModelLoadError
 
 __all__ = ["GROUP_SIZE", "Int4Groups", "Int4Linear", "Int8Linear", "Int8Embedding",
-           "QuantizationError", "int4_groups_from_float", "int8_from_float", "kernel_dtype"]
+           "QuantizationError", "can_pack", "int4_groups_from_float", "int8_from_float",
+           "kernel_dtype"]
 
 GROUP_SIZE = 32          # GGUF's block size; the int4 kernel takes 32, 64, 128 or 256
 _INT4_ROWS = 16          # _convert_weight_to_int4pack_for_cpu packs rows in 16s
@@ -84,10 +85,20 @@ def int8_from_float(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8), scale
 
 
+def _tiles(kind: str) -> tuple[int, int]:
+    return (_INT4_ROWS, GROUP_SIZE) if kind == "int4" else (1, _INT8_COLS)
+
+
+def can_pack(kind: str, out_features: int, in_features: int) -> bool:
+    """Whether the ``kind`` kernel takes an [out, in] weight."""
+    rows, cols = _tiles(kind)
+    return out_features % rows == 0 and in_features % cols == 0
+
+
 def check_shape(name: str, kind: str, out_features: int, in_features: int) -> None:
     """QuantizationError unless the ``kind`` kernel takes an [out, in] weight."""
-    rows, cols = (_INT4_ROWS, GROUP_SIZE) if kind == "int4" else (1, _INT8_COLS)
-    if out_features % rows or in_features % cols:
+    rows, cols = _tiles(kind)
+    if not can_pack(kind, out_features, in_features):
         raise QuantizationError(
             f"--weights-dtype {kind}: layer {name} ({out_features}x{in_features}) cannot be "
             f"packed: the {kind} kernel needs out_features a multiple of {rows} and "

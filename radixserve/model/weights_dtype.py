@@ -25,11 +25,13 @@ import torch
 from torch import nn
 
 from .errors import ModelLoadError
+from .dual_linear import DualLinear
 from .quantized_linear import Int4Groups, Int4Linear, Int8Embedding, Int8Linear, \
-    int4_groups_from_float
+    can_pack, int4_groups_from_float
 
-WEIGHTS_DTYPES = ("auto", "bf16", "int8", "int4")
-QUANTIZED = ("int8", "int4")
+WEIGHTS_DTYPES = ("auto", "bf16", "int8", "int4", "int4+float")
+QUANTIZED = ("int8", "int4", "int4+float")
+DUAL = "int4+float"      # int4 and float forms side by side, by rows (dual_linear.py)
 
 # GGML type names -> precision class (gguf.GGMLQuantizationType names)
 _INT8_TYPES = {"Q8_0", "Q8_1", "Q8_K"}
@@ -74,6 +76,9 @@ def quantize_model(model: nn.Module, kind: str, groups_for: GroupsFor | None = N
     if kind not in QUANTIZED:
         return
     dtype = _activation_dtype(model)
+    if kind == DUAL:
+        _add_int4_forms(model, dtype, groups_for, fill)
+        return
     head, embed = getattr(model, "lm_head", None), getattr(model, "embed_tokens", None)
     tied = head is not None and embed is not None and head.weight is embed.weight
     for name, module in list(model.named_modules()):
@@ -85,6 +90,35 @@ def quantize_model(model: nn.Module, kind: str, groups_for: GroupsFor | None = N
         if embed is not None:
             model.embed_tokens = Int8Embedding(head_q if tied else _int8(
                 _as_linear(embed), "embed_tokens", dtype, fill))
+
+
+def _add_int4_forms(model: nn.Module, dtype: torch.dtype, groups_for: GroupsFor | None,
+                    fill: bool) -> None:
+    """Every nn.Linear -> a DualLinear of an int4 copy and itself; the LM head of an int8
+    copy and itself (int8 as in ``int4``: an int4 head lost quality; kept float where the
+    kernel cannot take its width); the embeddings stay as they are (float)."""
+    head = getattr(model, "lm_head", None)
+    for name, module in list(model.named_modules()):
+        if module is head:
+            if can_pack("int8", head.out_features, head.in_features):
+                model.lm_head = DualLinear(_int8(head, "lm_head", dtype, fill), head)
+        elif isinstance(module, nn.Linear):
+            int4 = _quantized_linear(name, module, "int4", dtype, groups_for, fill)
+            _replace(model, name, DualLinear(int4, module))
+
+
+def describe_form(kind: str, dtype: torch.dtype) -> str:
+    """The weights form for the start-up line."""
+    if kind == DUAL:
+        return (f"int4 linears and int8 LM head for steps of few rows, beside the "
+                f"{_name(dtype)} ones")
+    if kind in QUANTIZED:
+        return f"{kind} linears, int8 LM head/embeddings"
+    return _name(dtype)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def weight_bytes(model: nn.Module) -> int:

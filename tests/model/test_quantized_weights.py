@@ -159,3 +159,64 @@ def test_packed_weights_cache_round_trip(tmp_path, kind):
     assert len(list(cache.directory.glob("*.safetensors"))) == 2
 
 
+
+
+def test_dual_linear_routes_by_rows(weight):
+    """Up to max_quantized_rows rows the int4 kernel's exact output, above it the float
+    linear's, whatever the leading dims."""
+    from radixserve.model.dual_linear import DualLinear
+
+    dense = torch.nn.Linear(128, 96, bias=False)
+    dense.weight.data.copy_(weight)
+    int4 = Int4Linear(128, 96, torch.float32)
+    int4.load(int4_groups_from_float(weight))
+    dual = DualLinear(int4, dense, max_quantized_rows=4)
+    g = torch.Generator().manual_seed(4)
+    for shape in ((1, 128), (4, 128), (2, 2, 128), (5, 128), (3, 7, 128)):
+        x = torch.randn(shape, generator=g)
+        want = int4(x) if x.numel() // 128 <= 4 else dense(x)
+        assert torch.equal(dual(x), want), shape
+    assert not torch.equal(int4(x), dense(x))
+
+
+def test_int4_plus_float_picks_its_form_by_rows(tmp_path):
+    """int4+float: a prefill (rows above the threshold) gives the float model's logits bit
+    for bit; a one-row decode goes through the int4 kernels and the int8 LM head (not equal
+    to the float model's; their accuracy is tested above); deterministic mode's copy is
+    quantized at every row count; the weights cache stores both forms."""
+    from model_helpers import PagedRunner
+
+    from radixserve.model.dual_linear import DualLinear
+    from radixserve.model.invariant_ops import row_invariant_model
+    from radixserve.model.packed_linear import Linear
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, random_hf_model(hf_config("llama", tie_word_embeddings=True)))
+    cache = WeightsCache.at(tmp_path / "cache")
+    plain = load_model(str(path), dtype="float32", weights_dtype="bf16")
+    dual = load_model(str(path), dtype="float32", weights_dtype="int4+float",
+                      weights_cache=cache)
+    timer = PhaseTimer()
+    again = load_model(str(path), dtype="float32", weights_dtype="int4+float",
+                       weights_cache=cache, timer=timer)
+    assert "weights cache: hit" in timer.notes
+    m = again.model
+    assert isinstance(m.lm_head, DualLinear) and m.lm_head.weight is m.embed_tokens.weight
+    assert type(m.lm_head.quantized) is Int8Linear and type(m.lm_head.dense) is Linear
+    assert {type(layer.gate_up_proj) for layer in m.layers} == {DualLinear}
+    assert again.describe_weights().startswith("weights: int4 linears and int8 LM head")
+    a, b = model_tensors(dual.model), model_tensors(again.model)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+    prompt = [int(t) for t in torch.randint(3, 200, (20,), generator=torch.Generator()
+                                            .manual_seed(3))]
+    runners = [PagedRunner(x, page_size=4, num_tokens=64) for x in (plain, again)]
+    seqs = [r.new_seq(24) for r in runners]
+    prefill = [r.step([(s, prompt)], torch.arange(20)) for r, s in zip(runners, seqs)]
+    assert torch.equal(prefill[0], prefill[1])                 # 20 rows: the float form
+    decode = [r.step([(s, [prompt[-1]])]) for r, s in zip(runners, seqs)]
+    assert not torch.equal(decode[0], decode[1])               # 1 row: the int4 kernel
+
+    invariant = row_invariant_model(m)
+    assert {type(layer.gate_up_proj) for layer in invariant.layers} == {Int4Linear}
+    assert type(invariant.lm_head) is Int8Linear
