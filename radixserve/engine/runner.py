@@ -208,7 +208,8 @@ class ModelRunner:
             if peer is not None:            # pages to publish: read before anything below
                 for order in peer.publish:
                     self.share_publisher.submit(order.keys,
-                                                pages_to_bytes(self.kv_pool, order.pages))
+                                                pages_to_bytes(self.kv_pool, order.pages),
+                                                order.release)
             moves = self.mover.run(batch.moves) if batch.moves else MoveTimes()
             if peer is not None:            # peer pages into pool pages taken after `moves`
                 for load in peer.loads:
