@@ -203,11 +203,11 @@ class PeerShare:
             return 0
         ticket = seq.share = seq.share or ShareTicket()
         look = ticket.lookup
-        if look is None or look.have != have:
+        if look is not None and not look.done:
+            raise ReadPending
+        if look is None or look.have != have:       # first ask, or the pool matched more
             keys = self.keys(seq.token_ids, want, seq.request.namespace)[have:]
             self._ask(ticket, tuple(keys), have)
-        if not look.done:
-            raise ReadPending
         if look.waits_on_peer and not ticket.gave_up:
             if self._keep_waiting(ticket, look):
                 if time.monotonic() < ticket.retry_at:
@@ -219,7 +219,10 @@ class PeerShare:
         return self._take_answer(lease, seq, ticket, look)
 
     def _ask(self, ticket: ShareTicket, keys: tuple[bytes, ...], have: int) -> None:
-        """Send a lookup for `keys` to the lookup thread; the request waits (ReadPending)."""
+        """Send a lookup for `keys` to the lookup thread; the request waits (ReadPending).
+        Claims an earlier answer made stay the sequence's (released when it ends)."""
+        if ticket.lookup is not None:
+            self._settle(ticket, ticket.lookup)
         ticket.lookup = look = Lookup(keys, have, not ticket.gave_up,
                                       self._claim_ttl(len(keys)))
         ticket.retry_at = time.monotonic() + POLL_S
@@ -273,10 +276,7 @@ class PeerShare:
         """Apply an answered lookup: its claims are the sequence's, its pages loaded."""
         s = self._stats
         if not look.counted:
-            look.counted = True
-            ticket.add_claims(look.claimed_keys)
-            s.claimed_pages += look.claim.claimed
-            s.skipped_slow += look.slow
+            self._settle(ticket, look)
             if ticket.wait_started is not None:
                 s.wait_seconds += time.time() - ticket.wait_started
                 ticket.wait_started = None
@@ -291,6 +291,15 @@ class PeerShare:
         s.loads += 1
         s.load_seconds += look.seconds
         return n * self.page_size
+
+    def _settle(self, ticket: ShareTicket, look: Lookup) -> None:
+        """Once per answered lookup: its claims become the sequence's, its figures count."""
+        if look.counted or not look.done:
+            return
+        look.counted = True
+        ticket.add_claims(look.claimed_keys)
+        self._stats.claimed_pages += look.claim.claimed
+        self._stats.skipped_slow += look.slow
 
     def retire(self, seq: SeqState) -> None:
         """The sequence ended (finished, aborted, failed): claims it still holds go (their

@@ -33,6 +33,23 @@ async def finish(*engines_):
         check_pages(e)
 
 
+def run(engines_, gate: threading.Event, scenario):
+    """Start the engines, run `scenario()`, finish them; `gate` (what a held store call
+    waits on) opens whatever happens, so a failed scenario never hangs the shutdown."""
+    async def main():
+        for e in engines_:
+            await e.start()
+        try:
+            got = await scenario()
+            await finish(*engines_)
+            return got
+        finally:
+            gate.set()
+            for e in engines_:
+                await e.shutdown()
+    return asyncio.run(main())
+
+
 def test_a_replica_waits_for_a_peers_prefill_in_flight_and_loads_it(model_fp32,
                                                                     share_prompts, tmp_path):
     """A computes the prompt and has claimed its pages; its publication is held until B
@@ -48,25 +65,16 @@ def test_a_replica_waits_for_a_peers_prefill_in_flight_and_loads_it(model_fp32,
 
     use_store(a, HeldPublish(a.peers.store))
 
-    async def main():
-        await a.start()
-        await b.start()
-        try:
-            ta = asyncio.create_task(collect(a.generate(ps[0], GREEDY)))
-            await until(lambda: claims(tmp_path))       # A claimed the prompt's pages
-            tb = asyncio.create_task(collect(b.generate(ps[0], GREEDY)))
-            await until(lambda: b.peers.stats().waits == 1)     # B saw the claim: waits
-            assert b.peers.stats().loaded_tokens == 0 and not tb.done()
-            gate.set()
-            got = await ta, await tb
-            await finish(a, b)
-            return got
-        finally:
-            gate.set()
-            await a.shutdown()
-            await b.shutdown()
+    async def scenario():
+        ta = asyncio.create_task(collect(a.generate(ps[0], GREEDY)))
+        await until(lambda: claims(tmp_path))       # A claimed the prompt's pages
+        tb = asyncio.create_task(collect(b.generate(ps[0], GREEDY)))
+        await until(lambda: b.peers.stats().waits == 1)     # B saw the claim: waits
+        assert b.peers.stats().loaded_tokens == 0 and not tb.done()
+        gate.set()
+        return await ta, await tb
 
-    ra, rb = asyncio.run(main())
+    ra, rb = run((a, b), gate, scenario)
     assert ra.token_ids[0] == rb.token_ids[0] == expected[0]
     pages = (len(ps[0]) - 1) // 16
     sb = b.stats().share
@@ -113,26 +121,17 @@ def test_an_aborted_claimers_claims_go_and_the_waiter_computes(model_fp32, share
 
     use_store(a, HeldClaim(a.peers.store))
 
-    async def main():
-        await a.start()
-        await b.start()
-        try:
-            ta = asyncio.create_task(collect(a.generate(ps[0], GREEDY, request_id="a")))
-            await until(claimed.is_set)
-            tb = asyncio.create_task(collect(b.generate(ps[0], GREEDY)))
-            await until(lambda: b.peers.stats().waits == 1)
-            a.abort("a")
-            await until(lambda: a.scheduler.num_live == 0)
-            gate.set()
-            got = await ta, await tb
-            await finish(a, b)
-            return got
-        finally:
-            gate.set()
-            await a.shutdown()
-            await b.shutdown()
+    async def scenario():
+        ta = asyncio.create_task(collect(a.generate(ps[0], GREEDY, request_id="a")))
+        await until(claimed.is_set)
+        tb = asyncio.create_task(collect(b.generate(ps[0], GREEDY)))
+        await until(lambda: b.peers.stats().waits == 1)
+        a.abort("a")
+        await until(lambda: a.scheduler.num_live == 0)
+        gate.set()
+        return await ta, await tb
 
-    ra, rb = asyncio.run(main())
+    ra, rb = run((a, b), gate, scenario)
     assert ra.final.finish_reason == "abort"
     assert rb.token_ids[0] == expected[0]
     sb = b.stats().share
@@ -159,26 +158,19 @@ def test_a_slow_store_holds_up_no_other_requests_steps(model_fp32, share_prompts
 
     use_store(b, store := HeldLookup(b.peers.store))
 
-    async def main():
-        await b.start()
-        try:
-            await collect(b.generate(ps[0], GREEDY))        # now in B's pool
-            await wait_idle(b)
-            store.armed = True
-            # The same prompt in another namespace: a pool miss, so the store is asked.
-            held = asyncio.create_task(collect(b.generate(ps[0], GREEDY, namespace="t2")))
-            await until(asked.is_set)                       # its lookup is in the store
-            other = await collect(b.generate(ps[0], GREEDY))
-            assert not held.done() and not gate.is_set()
-            gate.set()
-            got = other, await held
-            await finish(b)
-            return got
-        finally:
-            gate.set()
-            await b.shutdown()
+    async def scenario():
+        await collect(b.generate(ps[0], GREEDY))        # now in B's pool
+        await wait_idle(b)
+        store.armed = True
+        # The same prompt in another namespace: a pool miss, so the store is asked.
+        held = asyncio.create_task(collect(b.generate(ps[0], GREEDY, namespace="t2")))
+        await until(asked.is_set)                       # its lookup is in the store
+        other = await collect(b.generate(ps[0], GREEDY))
+        assert not held.done() and not gate.is_set()
+        gate.set()
+        return other, await held
 
-    other, held = asyncio.run(main())
+    other, held = run((b,), gate, scenario)
     assert other.token_ids[0] == held.token_ids[0] == expected[0]
     assert len(other.token_ids[0]) == GREEDY.max_tokens
 
