@@ -10,9 +10,14 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
+import pytest
 from engine_helpers import check_pages, collect, make_engine, wait_idle
 from share_helpers import GREEDY, StoreWrapper, serve, until, use_store
 
+from radixserve.attention.page_bytes import pages_to_bytes
+from radixserve.engine.batch import StepBatch
+from radixserve.engine.peer_share import PeerLoadOrder, PeerOrders, PublishOrder
 from radixserve.share.dir_claims import CLAIM_SUFFIX
 from radixserve.share.dir_store import DirSharedStore
 
@@ -215,3 +220,24 @@ def test_an_abort_between_a_peer_load_and_its_fill_loses_nothing(model_fp32, sha
     assert b.stats().share.loaded_tokens == pages * 16      # loaded once, by the first
     assert later.final.usage.cached_tokens == pages * 16
     assert later.token_ids[0] == expected[0]
+
+
+def test_a_step_that_fails_before_a_peer_load_still_fills_its_pages(model_fp32):
+    """Peer-loaded pages join the tree at admission; the step that writes their bytes must
+    write them even when something before it in that step raises (here a publish)."""
+    b = make_engine(model_fp32, page_size=16)
+    pool = b.runner.kv_pool
+    src, dst = np.array([1, 2]), np.array([5, 6])
+    payloads = tuple(bytes((i * 7 + j) % 251 for j in range(len(p)))
+                     for i, p in enumerate(pages_to_bytes(pool, src)))
+
+    class Broken:
+        def submit(self, *args):
+            raise OSError("the publisher failed")
+
+    b.runner.share_publisher = Broken()
+    batch = StepBatch(peer=PeerOrders(publish=[PublishOrder((b"k" * 16,), src)],
+                                      loads=[PeerLoadOrder(dst, payloads)]))
+    with pytest.raises(OSError, match="publisher failed"):
+        b.runner.execute(batch)
+    assert tuple(pages_to_bytes(pool, dst)) == payloads
