@@ -35,10 +35,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-
-from typing import TYPE_CHECKING
 
 from radixserve.cache.path_hash import prompt_path_hashes
 from radixserve.cache.prefix_lease import PrefixLease
