@@ -157,11 +157,17 @@ async def share_figures(client, before: dict | None) -> dict:
     share = sum_stats(list((await client.refresh_stats()).values())).share
     total = {k: getattr(share, k) for k in ("loaded_tokens", "bytes_fetched", "load_seconds",
                                             "published_pages", "refused_pages",
-                                            "forgotten_pages")}
+                                            "forgotten_pages", "claimed_pages", "waits",
+                                            "wait_seconds", "waits_expired", "skipped_slow")}
     delta = {k: v - (before or {}).get(k, 0) for k, v in total.items()}
     delta["load_ms_per_token"] = (1e3 * delta["load_seconds"] / delta["loaded_tokens"]
                                   if delta["loaded_tokens"] else None)
     return {**delta, "total": total}
+
+
+def waits_column(share: dict | None) -> str:
+    """Claims: admissions that waited for a peer's pages / those whose wait ran out."""
+    return "-" if not share else f"{share['waits']}/{share['waits_expired']}"
 
 
 def fmt(v, spec: str) -> str:
@@ -174,7 +180,7 @@ def report(results: list[dict], workload_names: list[str]) -> str:
         lines.append(f"\n{w}")
         lines.append(f"  {'configuration':<38}{'computed':>10}{'hit rate':>10}{'TTFT p50':>10}"
                      f"{'TTFT p90':>10}{'req/replica max/mean':>24}{'us/decision':>13}"
-                     f"{'loaded':>9}{'ms/tok':>8}")
+                     f"{'loaded':>9}{'ms/tok':>8}{'waits/expired':>15}")
         for r in results:
             m = r["workloads"][w]
             per = m["requests_per_replica"]
@@ -185,7 +191,8 @@ def report(results: list[dict], workload_names: list[str]) -> str:
                          f"{fmt(m['ttft_p50_ms'], '.0f'):>10}{fmt(m['ttft_p90_ms'], '.0f'):>10}"
                          f"{spread:>24}{fmt(m['decision_us'], '.0f'):>13}"
                          f"{fmt(m.get('share', {}).get('loaded_tokens'), '.0f'):>9}"
-                         f"{fmt(m.get('share', {}).get('load_ms_per_token'), '.3f'):>8}")
+                         f"{fmt(m.get('share', {}).get('load_ms_per_token'), '.3f'):>8}"
+                         f"{waits_column(m.get('share')):>15}")
     for r in results:
         if "view_lag" in r:
             lag = r["view_lag"]

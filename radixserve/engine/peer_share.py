@@ -8,13 +8,22 @@ What moves, and when:
   step (compute thread, before anything can reuse them), and a publisher thread hands them
   to the store: the step never waits for the store.
 - **Load on a miss.** At admission, after the pool and the host/disk tiers matched what
-  they could, the store is asked how far the prompt's pages continue there; while the
-  measured cost per token of a peer load is below recompute's (engine/tier_costs.py), the
-  pages are fetched (each CRC- and key-checked: a bad one ends the run and is counted),
-  new pool pages join the tree on the lease (`PrefixLease.take_loaded`), and a
-  `PeerLoadOrder` writes their bytes in before the step's forward pass. The fetch runs on
-  the event loop's thread at admission: a local directory read, or a Ray get bounded by a
-  timeout.
+  they could, the rest of the prompt's keys go to the lookup thread (engine/peer_lookup.py)
+  and the request waits in the queue, so a slow store never holds up other requests'
+  steps. That thread asks how far the prompt's pages continue in the store and, while the
+  measured cost per token of a peer load is below recompute's (engine/tier_costs.py),
+  fetches them (each CRC- and key-checked: a bad one ends the run and is counted). The
+  next admission takes the answer: new pool pages join the tree on the lease
+  (`PrefixLease.take_loaded`), and a `PeerLoadOrder` writes their bytes in before the
+  step's forward pass.
+- **Claims: a prefix computed once, even in a burst.** The lookup also claims the pages
+  this replica will compute (SharedStore.claim: a claim file, or an entry in the Ray
+  directory, with a deadline). A replica whose first missing page is claimed by a live
+  peer waits for that peer's publication instead of computing it (polling its lookup
+  every `POLL_S`), then loads it. The wait is bounded: by the claim's deadline (a dead
+  claimer's claim expires) or by the measured time to compute those tokens, whichever is
+  first; then it computes. Claims are released once the pages are published, or when the
+  sequence ends without publishing them (an abort, an error).
 
 Orders run in this order at the start of a step: publishes (they read pages a finished
 request left unlocked, before an eviction can reuse them), the tiers' moves, peer loads
@@ -26,28 +35,39 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from radixserve.cache.path_hash import prompt_path_hashes
 from radixserve.cache.prefix_lease import PrefixLease
+from radixserve.cache.tiers import ReadPending
 from radixserve.cache.token_keys import TokenIds, prefix
+from radixserve.engine.peer_lookup import Lookup, LookupThread, ShareTicket
 from radixserve.engine.tier_costs import TierCosts
 from radixserve.share.keys import ShareScope, entry_key
 from radixserve.share.store import SharedStore
 from radixserve.storage.queue_worker import QueueWorker
 
+if TYPE_CHECKING:
+    from radixserve.engine.request import SeqState
+
 __all__ = ["PeerLoadOrder", "PeerOrders", "PeerShare", "PublishOrder", "ShareStats"]
 
 KNOWN_KEYS = 65536      # keys remembered as in the store (published or fetched here)
+POLL_S = 0.02           # a request waiting on a peer's claim asks the store this often
+CLAIM_TTL_S = 30.0      # a claim's length before this replica has measured its prefill
+MIN_CLAIM_S = 2.0       # ... and its bounds once it has (4x the measured compute time)
 
 
 @dataclass(frozen=True, slots=True)
 class PublishOrder:
-    """Copy pool `pages` to bytes and publish them under `keys` (one each)."""
+    """Copy pool `pages` to bytes and publish them under `keys` (one each); then drop
+    this replica's claims on `release`."""
 
     keys: tuple[bytes, ...]
     pages: np.ndarray
+    release: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +103,10 @@ class ShareStats:
     refused_pages: int = 0          # CRC or key mismatch: recomputed, never served
     skipped_slow: int = 0           # misses not loaded: the store was slower than compute
     pending_publishes: int = 0
+    claimed_pages: int = 0          # pages claimed before computing them (peers wait)
+    waits: int = 0                  # admissions that waited for a peer's claimed pages
+    wait_seconds: float = 0.0       # their time waiting
+    waits_expired: int = 0          # waits ended by their bound: computed after all
 
     @property
     def load_s_per_token(self) -> float | None:
@@ -101,36 +125,49 @@ class ShareStats:
         return out
 
 
-class Publisher(QueueWorker[tuple[tuple[bytes, ...], list[bytes]]]):
-    """The thread that hands copied pages to the store, off the step."""
+PublishItem = tuple[tuple[bytes, ...], list[bytes], tuple[bytes, ...]]
 
-    def __init__(self, store: SharedStore):
+
+class Publisher(QueueWorker[PublishItem]):
+    """The thread that hands copied pages to the store, off the step, and then releases
+    the claims they answer (peers waiting on them find the pages published first)."""
+
+    def __init__(self, store: SharedStore, owner: str):
         self.store = store
+        self.owner = owner
         self.queued = 0
         super().__init__("kv-share-publisher")
 
-    def submit(self, keys: tuple[bytes, ...], payloads: list[bytes]) -> None:
+    def submit(self, keys: tuple[bytes, ...], payloads: list[bytes],
+               release: tuple[bytes, ...] = ()) -> None:
         with self._lock:
             self.queued += 1
-        self._put((keys, payloads))
+        self._put((keys, payloads, release))
 
-    def _handle(self, item) -> None:
-        keys, payloads = item
+    def _handle(self, item: PublishItem) -> None:
+        keys, payloads, release = item
         try:
-            self.store.publish_many(keys, payloads)
+            if keys:
+                self.store.publish_many(keys, payloads)
         finally:
-            with self._lock:
-                self.queued -= 1
+            try:
+                if release:
+                    self.store.release_claims(release, self.owner)
+            finally:
+                with self._lock:
+                    self.queued -= 1
 
 
 class PeerShare:
     def __init__(self, store: SharedStore, scope: ShareScope, page_size: int,
-                 costs: TierCosts | None = None):
+                 costs: TierCosts | None = None, owner: str = "local"):
         self.store = store
         self.scope = scope
         self.page_size = page_size
+        self.owner = owner              # this replica, in claims (and the Ray directory)
         self.costs = costs if costs is not None else TierCosts()
-        self.publisher = Publisher(store)
+        self.publisher = Publisher(store, owner)
+        self.lookups = LookupThread(self._answer, self._release)
         self._known: OrderedDict[bytes, None] = OrderedDict()
         self._orders = PeerOrders()
         self._stats = ShareStats(store=store.name)
@@ -149,52 +186,158 @@ class PeerShare:
             self._known.popitem(last=False)
 
     # ------------------------------------------------------------------ load on a miss
-    def load(self, lease: PrefixLease, tokens: TokenIds, namespace: str | None,
-             max_tokens: int) -> int:
+    def pending(self, seq: SeqState) -> bool:
+        """The sequence waits on the store (its lookup in flight, or a peer's claim):
+        admission skips it without taking a lease."""
+        return seq.share is not None and seq.share.pending()
+
+    def load(self, lease: PrefixLease, seq: SeqState) -> int:
         """Extend a fresh lease's match with the store's pages of this prompt, when loading
-        beats computing. Returns the tokens loaded (0: none; the lease is unchanged)."""
+        beats computing. Returns the tokens loaded (0: none; the lease is unchanged).
+        Raises ReadPending (the lease unchanged) while the store is being asked, or while
+        a live peer computes the prompt's next pages (their claim)."""
         ps = self.page_size
-        have, want = lease.num_tree_pages, max_tokens // ps
+        have, want = lease.num_tree_pages, (len(seq.token_ids) - 1) // ps
         if want <= have or len(lease.pages) != have:
             return 0
-        keys = self.keys(tokens, want, namespace)[have:]
-        started = time.perf_counter()
-        if not self.store.published(keys):
-            return 0
+        ticket = seq.share = seq.share or ShareTicket()
+        look = ticket.lookup
+        if look is not None and not look.done:
+            raise ReadPending
+        if look is None or look.have != have:       # first ask, or the pool matched more
+            keys = self.keys(seq.token_ids, want, seq.request.namespace)[have:]
+            self._ask(ticket, tuple(keys), have)
+        if look.waits_on_peer and not ticket.gave_up:
+            if self._keep_waiting(ticket, look):
+                if time.monotonic() < ticket.retry_at:
+                    raise ReadPending
+                self._ask(ticket, look.keys, have)      # asks again: published yet?
+            ticket.gave_up = True                       # waited long enough: compute
+            self._stats.waits_expired += 1
+            self._ask(ticket, look.keys, have)
+        return self._take_answer(lease, seq, ticket, look)
+
+    def _ask(self, ticket: ShareTicket, keys: tuple[bytes, ...], have: int) -> None:
+        """Send a lookup for `keys` to the lookup thread; the request waits (ReadPending).
+        Claims an earlier answer made stay the sequence's (released when it ends)."""
+        if ticket.lookup is not None:
+            self._settle(ticket, ticket.lookup)
+        ticket.lookup = look = Lookup(keys, have, not ticket.gave_up,
+                                      self._claim_ttl(len(keys)))
+        ticket.retry_at = time.monotonic() + POLL_S
+        self.lookups.ask(look)
+        raise ReadPending
+
+    def _claim_ttl(self, num_pages: int) -> float:
+        """How long a claim lasts: 4x this replica's measured time to compute the pages."""
+        per_token = self.costs.prefill_s_per_token
+        if per_token is None:
+            return CLAIM_TTL_S
+        return min(CLAIM_TTL_S, max(MIN_CLAIM_S, 4 * per_token * num_pages * self.page_size))
+
+    def _keep_waiting(self, ticket: ShareTicket, look: Lookup) -> bool:
+        """Within the wait's bound: the claim's deadline, or as long as computing the
+        pages would take (measured), whichever comes first."""
+        now = time.time()
+        if ticket.wait_started is None:
+            ticket.wait_started = now
+            self._stats.waits += 1
+        bound = look.claim.held_until
+        per_token = self.costs.prefill_s_per_token
+        if per_token is not None:
+            bound = min(bound, ticket.wait_started
+                        + per_token * len(look.keys) * self.page_size)
+        return now < bound
+
+    def _answer(self, look: Lookup) -> None:
+        """On the lookup thread: how far the store has the prompt; claim the pages after
+        that (or find them claimed by a live peer: then wait, fetch nothing); fetch the
+        published ones while loading beats computing."""
+        keys = look.keys
+        look.published = n = self.store.published(keys)
+        if n < len(keys):
+            look.claim = self.store.claim(keys[n:], self.owner, look.claim_ttl_s)
+            if look.waits_on_peer:
+                return
+        if not n:
+            return
         if not self.costs.peer_worth_loading():
-            self._stats.skipped_slow += 1
-            return 0
-        got = self.store.fetch(keys)
-        seconds = time.perf_counter() - started
-        n = len(got.payloads)
-        if n:
-            self.costs.observe_peer_load(n * ps, seconds)
-        pages = lease.take_loaded(tokens, n) if n else None
+            look.slow = True
+            return
+        started = time.perf_counter()
+        look.fetched = got = self.store.fetch(keys[:n])
+        look.seconds = time.perf_counter() - started
+        if got.payloads:
+            self.costs.observe_peer_load(len(got.payloads) * self.page_size, look.seconds)
+
+    def _take_answer(self, lease: PrefixLease, seq: SeqState, ticket: ShareTicket,
+                     look: Lookup) -> int:
+        """Apply an answered lookup: its claims are the sequence's, its pages loaded."""
+        s = self._stats
+        if not look.counted:
+            self._settle(ticket, look)
+            if ticket.wait_started is not None:
+                s.wait_seconds += time.time() - ticket.wait_started
+                ticket.wait_started = None
+        payloads = look.fetched.payloads
+        n = len(payloads)
+        pages = lease.take_loaded(seq.token_ids, n) if n else None
         if pages is None:
             return 0
-        self._orders.loads.append(PeerLoadOrder(pages, tuple(got.payloads)))
-        self._remember(keys[:n])
-        s = self._stats
-        s.loaded_tokens += n * ps
+        self._orders.loads.append(PeerLoadOrder(pages, tuple(payloads)))
+        self._remember(look.keys[:n])
+        s.loaded_tokens += n * self.page_size
         s.loads += 1
-        s.load_seconds += seconds
-        return n * ps
+        s.load_seconds += look.seconds
+        return n * self.page_size
+
+    def _settle(self, ticket: ShareTicket, look: Lookup) -> None:
+        """Once per answered lookup: its claims become the sequence's, its figures count."""
+        if look.counted or not look.done:
+            return
+        look.counted = True
+        ticket.add_claims(look.claimed_keys)
+        self._stats.claimed_pages += look.claim.claimed
+        self._stats.skipped_slow += look.slow
+
+    def retire(self, seq: SeqState) -> None:
+        """The sequence ended (finished, aborted, failed): claims it still holds go (their
+        pages will not be published by it), so waiting peers compute at once. A lookup
+        still in flight releases its own claims when it is answered."""
+        ticket, seq.share = seq.share, None
+        if ticket is None:
+            return
+        claimed = ticket.claimed
+        look = ticket.lookup
+        if look is not None and not look.counted:
+            look.abandoned = True
+            if look.done:
+                claimed += look.claimed_keys
+        self._release(claimed)
+
+    def _release(self, keys: tuple[bytes, ...]) -> None:
+        """Drop this replica's claims on `keys`, on the publisher's thread (after any
+        publish queued before: a claim goes once its pages are in the store)."""
+        if keys:
+            self.publisher.submit((), [], keys)
 
     # ------------------------------------------------------------------ publish
-    def publish(self, lease: PrefixLease, tokens: TokenIds, prompt_len: int,
-                namespace: str | None) -> None:
+    def publish(self, seq: SeqState) -> None:
         """After a prompt's prefill: its loadable pages that the store may lack, queued
-        for copying at the next step."""
-        n = min((prompt_len - 1) // self.page_size, lease.num_tree_pages)
-        if n <= 0:
-            return
-        keys = self.keys(tokens, n, namespace)
+        for copying at the next step; its claims released once they are published."""
+        lease, ticket = seq.lease, seq.share
+        release = ticket.claimed if ticket is not None else ()
+        if ticket is not None:
+            ticket.claimed = ()
+        n = min((seq.prompt_len - 1) // self.page_size, lease.num_tree_pages)
+        keys = self.keys(seq.token_ids, n, seq.request.namespace) if n > 0 else []
         new = [i for i, key in enumerate(keys) if key not in self._known]
         if not new:
+            self._release(release)
             return
         self._remember(keys[i] for i in new)
         self._orders.publish.append(PublishOrder(tuple(keys[i] for i in new),
-                                                 lease.pages[new].copy()))
+                                                 lease.pages[new].copy(), release))
 
     # ------------------------------------------------------------------ the step
     def take_orders(self) -> PeerOrders | None:
@@ -219,5 +362,6 @@ class PeerShare:
         return s
 
     def close(self) -> None:
+        self.lookups.close()
         self.publisher.close()
         self.store.close()

@@ -25,6 +25,8 @@ from radixserve.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from radixserve.engine.peer_lookup import ShareTicket
+
     from radixserve.engine.grammar import Matcher
     from radixserve.cache.miss_reasons import MissReport
 
@@ -85,6 +87,7 @@ class SeqState:
     miss: "MissReport | None" = None       # why the prompt was not all cached (first admission)
     waiting_since: int = 0                 # scheduler step its wait began (lpm's wait bound)
     shared: bool = False                    # --kv-share: its prompt's pages were published
+    share: "ShareTicket | None" = None      # --kv-share: its lookups, wait and claims
 
     @property
     def params(self) -> SamplingParams:

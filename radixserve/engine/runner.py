@@ -207,14 +207,19 @@ class ModelRunner:
         with guard:
             # tiers: demotions and loads, in issue order
             peer = batch.peer
-            if peer is not None:            # pages to publish: read before anything below
-                for order in peer.publish:
-                    self.share_publisher.submit(order.keys,
-                                                pages_to_bytes(self.kv_pool, order.pages))
-            moves = self.mover.run(batch.moves) if batch.moves else MoveTimes()
-            if peer is not None:            # peer pages into pool pages taken after `moves`
-                for load in peer.loads:
-                    bytes_to_pages(self.kv_pool, load.pages.tolist(), load.payloads)
+            try:
+                if peer is not None:        # pages to publish: read before anything below
+                    for order in peer.publish:
+                        self.share_publisher.submit(order.keys,
+                                                    pages_to_bytes(self.kv_pool, order.pages),
+                                                    order.release)
+                moves = self.mover.run(batch.moves) if batch.moves else MoveTimes()
+            finally:
+                # Peer pages into pool pages taken after `moves`, even when a publish or a
+                # move raised: they are in the tree already, and must never be read unfilled.
+                if peer is not None:
+                    for load in peer.loads:
+                        bytes_to_pages(self.kv_pool, load.pages.tolist(), load.payloads)
             if not batch.spans:
                 return StepResult(SampleResult(token_ids=[], logprobs=[]), moves)
             started = time.perf_counter()

@@ -474,7 +474,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
-        self.memory.release(seq, keep=keep)
+        self.memory.retire(seq, keep=keep)
         seq.status = SeqStatus.FINISHED
         if seq.matcher is not None:
             seq.matcher.release()

@@ -76,9 +76,12 @@ class SequenceMemory:
         computing): the scheduler's way out when the hit itself blocks admission. With tiers, the
         part of the prefix in host memory / on disk is loaded into pool pages (LoadOrders
         for the next step) when `costs` say loading beats computing it. Raises ReadPending
-        (nothing held) while disk pages it would load are being read off this thread.
+        (nothing held) while disk pages it would load are being read off this thread, or
+        while the cluster store is asked about the rest (--kv-share: engine/peer_share.py).
         """
         assert seq.lease is None
+        if self.peers is not None and self.peers.pending(seq):
+            raise ReadPending           # the cluster store is being asked: nothing taken
         lease = new_lease(self.pool, seq.request.namespace, self.use_cache)
         match = lease.acquire(seq.token_ids,
                               max_tokens=len(seq.token_ids) - 1 if reuse_cache else 0)
@@ -90,8 +93,11 @@ class SequenceMemory:
                 self.release(seq, keep=False)
                 raise
         if match is not None and reuse_cache and self.peers is not None:
-            self.peers.load(lease, seq.token_ids, seq.request.namespace,
-                            len(seq.token_ids) - 1)
+            try:
+                self.peers.load(lease, seq)
+            except ReadPending:         # asked off this thread, or a peer computes it
+                self.release(seq, keep=False)
+                raise
         seq.num_computed = lease.matched_tokens
         return seq.num_computed
 
@@ -133,7 +139,7 @@ class SequenceMemory:
         if self.peers is not None and not seq.shared and self.use_cache \
                 and seq.num_computed // self.page_size >= (seq.prompt_len - 1) // self.page_size:
             seq.shared = True       # every page a later request could load is computed
-            self.peers.publish(seq.lease, seq.token_ids, seq.prompt_len, seq.request.namespace)
+            self.peers.publish(seq)
 
     def release(self, seq: SeqState, keep: bool) -> None:
         """Give back everything the sequence holds; `keep` first caches its computed KV."""
@@ -145,6 +151,12 @@ class SequenceMemory:
                 lease.release()
         seq.lease = None
         seq.num_computed = 0
+
+    def retire(self, seq: SeqState, keep: bool) -> None:
+        """The sequence's last release (finished, aborted, failed): also its store claims."""
+        self.release(seq, keep)
+        if self.peers is not None:
+            self.peers.retire(seq)
 
     def check(self, live: Iterable[SeqState]) -> None:
         """Page conservation: free + tree + private pages of live sequences == total."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import uuid
 from typing import TYPE_CHECKING
 
 from radixserve.attention.page_bytes import page_payload_bytes
@@ -89,11 +90,12 @@ def make_peer_share(config: EngineConfig, runner: ModelRunner,
         return None
     from radixserve.engine.kv_persistence import engine_fingerprint
 
-    owner = f"{socket.gethostname()}:{os.getpid()}"
+    # This engine (several may share a process): its claims are its own (peer_share.py).
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     store = open_shared_store(config.kv_share, config.kv_share_bytes or DEFAULT_KV_SHARE_BYTES,
                               owner)
     peers = PeerShare(store, ShareScope.of(engine_fingerprint(config, runner)),
-                      config.page_size, tiers.costs if tiers is not None else None)
+                      config.page_size, tiers.costs if tiers is not None else None, owner)
     runner.share_publisher = peers.publisher
     log.info("KV sharing: %s store (%s)", store.name, config.kv_share)
     return peers

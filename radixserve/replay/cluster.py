@@ -10,11 +10,14 @@ the cache-aware router also sees the prompt tokens each replica holds at that mo
 
 With sharing (`share_tokens`: --share, as `--kv-share` serves it), one more cache stands for
 the cluster store: a request's prompt is published into it when its prefill ends on its
-replica (write-through; requests arriving before that cannot load it: a burst of requests
-for a new prefix that arrive together each compute it, as the serving replicas do), and a
-replica that misses part of a prompt the store holds loads that part instead of computing
-it, at `share_load_fraction` of its prefill time. Loaded tokens count as hits
-(`loaded_tokens` says how many); the cache-aware router scores them as loadable.
+replica (write-through), and a replica that misses part of a prompt the store holds loads
+that part instead of computing it, at `share_load_fraction` of its prefill time. A prompt
+part another replica is computing (claimed, not yet published: a burst for a new prefix)
+is waited for and then loaded, as the serving replicas do (engine/peer_share.py), when the
+wait is no longer than computing the prompt would take (the serving replicas' bound); the
+replica is held meanwhile. Loaded tokens
+count as hits (`loaded_tokens` says how many); the cache-aware router scores them as
+loadable.
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ class _Replicas:
         self.item = None          # the request being routed (its keys, for cached_tokens)
         self.store = (_Run(workload, ReplayConfig(config.share_tokens, "lru", 1))
                       if config.share_tokens else None)     # the cluster store
+        self.items = list(workload) if config.share_tokens else []
 
     def queued_requests(self) -> list[int]:
         now = self.now
@@ -170,6 +174,25 @@ class _Replicas:
     def shared_tokens(self, request: RouteRequest) -> int:
         """The prompt tokens the cluster store holds (0 without one)."""
         return self._held(self.store, self.item) if self.store is not None else 0
+
+    def claimed_tokens(self, item, in_flight: Sequence[tuple[float, int, int]],
+                       replica: int) -> tuple[int, float]:
+        """The longest part of `item`'s prompt that another replica is computing (its
+        prefill not yet published), and when that one is published: (tokens, time)."""
+        space, L = self.space, item.prompt_len
+        mine = np.asarray(item.prompt_keys)[:space.max_match_keys(L)]
+        best, until = 0, 0.0
+        for end, j, r in in_flight:
+            if r == replica:
+                continue
+            theirs = np.asarray(self.items[j].prompt_keys)[:len(mine)]
+            same = mine[:len(theirs)] == theirs
+            n = len(same) if same.all() else int(np.argmin(same))
+            tokens = space.hit_tokens(n, n // space.tree_page_size,
+                                      n % space.tree_page_size > 0, L)
+            if tokens > best or (tokens == best and end < until):
+                best, until = tokens, end
+        return best, until
 
     def _held(self, run: _Run, item) -> int:
         space, L = self.space, item.prompt_len
@@ -232,30 +255,38 @@ def simulate_cluster(workload: Workload, config: ClusterConfig,
     ttfts: list[float] = []
     warmup = int(config.warmup_fraction * len(workload))
     start_clock = time.perf_counter()
-    published: list[tuple[float, int]] = []     # (prefill end, request index): to publish
-    items = list(workload) if cluster.store is not None else []
+    # (prefill end, request index, replica): published at its end; claimed until then
+    published: list[tuple[float, int, int]] = []
     for i, item in enumerate(workload):
         now = arrivals[i]
         while published and published[0][0] <= now:
-            cluster.store.serve(items[heapq.heappop(published)[1]])     # write-through
+            cluster.store.serve(cluster.items[heapq.heappop(published)[1]])  # write-through
         cluster.now, cluster.item = now, item
         request = requests[i]
         r = router.choose(request, cluster)
         router.routed(request, r)
         shared = cluster.shared_tokens(request)
         hit = cluster.runs[r].serve(item)
+        waited = 0.0
+        if cluster.store is not None and hit is not None:
+            claimed, until = cluster.claimed_tokens(item, published, r)
+            if claimed > max(shared, hit):      # a peer computes more of it: wait, load
+                wait = max(0.0, until - max(now, cluster.busy_until[r]))
+                if wait <= (item.prompt_len - max(shared, hit)) \
+                        * service.prefill_seconds_per_token:
+                    shared, waited = claimed, wait
         loaded = max(0, shared - hit) if hit is not None else 0
         computed = item.prompt_len - (hit or 0) - loaded
         seconds = service.seconds(computed, outputs[i]) + \
             loaded * service.prefill_seconds_per_token * config.share_load_fraction
         if cluster.store is not None and hit is not None:
             hit += loaded
-        begin = max(now, cluster.busy_until[r])
+        begin = max(now, cluster.busy_until[r]) + waited
         cluster.busy_until[r] = begin + seconds
         cluster.finishes[r].append(begin + seconds)
         if cluster.store is not None and hit is not None:
             prefill = seconds - service.seconds(0, outputs[i])
-            heapq.heappush(published, (begin + prefill, i))
+            heapq.heappush(published, (begin + prefill, i, r))
         counts[r] += 1
         busy[r] += seconds
         if i >= warmup:

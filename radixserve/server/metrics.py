@@ -221,6 +221,10 @@ SHARE_COUNTERS = (
                       "(recomputed, never served)"),
     ("skipped_slow", "Misses recomputed because the store was slower than computing"),
     ("load_seconds", "Seconds spent fetching pages from the cluster store"),
+    ("claimed_pages", "Pages claimed in the cluster store before computing them"),
+    ("waits", "Admissions that waited for a peer's claimed pages instead of computing"),
+    ("wait_seconds", "Seconds admissions waited for peers' claimed pages"),
+    ("waits_expired", "Waits for a peer's pages ended by their bound (then computed)"),
 )
 
 

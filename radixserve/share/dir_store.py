@@ -14,6 +14,9 @@ processes may publish and read at once:
 No fsync: a shared page is a copy of what a replica can compute again, so a power loss
 that loses some costs only recompute (CRC refuses a torn one).
 
+Claims (pages a replica is computing, not yet published: dir_claims.py) are `.claim` files
+in the same directory.
+
 Bounded by `capacity_bytes`: past it, the publisher that notices removes the least recently
 used files (a read refreshes a file's mtime) down to 90% of the bound.
 """
@@ -26,8 +29,9 @@ import uuid
 from pathlib import Path
 from typing import Sequence
 
+from .dir_claims import DirClaims
 from .framing import frame
-from .store import Fetched, ShareCounters
+from .store import Claim, Fetched, ShareCounters
 
 __all__ = ["DirSharedStore"]
 
@@ -47,6 +51,7 @@ class DirSharedStore:
         self._lock = threading.Lock()
         self._added_since_scan = 0      # bytes this process added since its last size scan
         self._scanned_bytes = self._scan_total()
+        self.claims = DirClaims(self.root)
 
     def _path(self, key: bytes) -> Path:
         return self.root / f"{key.hex()}{SUFFIX}"
@@ -106,6 +111,13 @@ class DirSharedStore:
         with self._lock:
             self.counters.add_fetch(got)
         return got
+
+    # ------------------------------------------------------------------ claims
+    def claim(self, keys: Sequence[bytes], owner: str, ttl_s: float) -> Claim:
+        return self.claims.claim(keys, owner, ttl_s)
+
+    def release_claims(self, keys: Sequence[bytes], owner: str) -> None:
+        self.claims.release(keys, owner)
 
     # ------------------------------------------------------------------ bound
     def _entries(self) -> list[tuple[float, int, Path]]:

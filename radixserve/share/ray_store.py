@@ -28,7 +28,7 @@ from collections import OrderedDict
 from typing import Sequence
 
 from .framing import frame
-from .store import Fetched, ShareCounters
+from .store import Claim, Fetched, ShareCounters
 
 __all__ = ["ACTOR_NAME", "RaySharedStore", "ShareDirectory"]
 
@@ -47,6 +47,26 @@ class ShareDirectory:
         self.entries: OrderedDict[bytes, tuple[list, str, int]] = OrderedDict()
         self.used_bytes = 0
         self.evicted = 0
+        self.claims: dict[bytes, tuple[str, float]] = {}
+
+    def claim(self, keys: Sequence[bytes], owner: str, ttl_s: float
+              ) -> tuple[int, float | None]:
+        """SharedStore.claim, as (claimed, seconds the other owner's claim has left): the
+        time left, not a deadline, since the caller's clock may differ from this one's."""
+        now = time.time()
+        for i, key in enumerate(keys):
+            held = self.claims.get(key)
+            if held is None or held[0] == owner or held[1] <= now:
+                self.claims[key] = (owner, now + ttl_s)
+                continue
+            return i, (held[1] - now if i == 0 else None)
+        return len(keys), None
+
+    def release_claims(self, keys: Sequence[bytes], owner: str) -> None:
+        for key in keys:
+            held = self.claims.get(key)
+            if held is not None and held[0] == owner:
+                del self.claims[key]
 
     def publish(self, key: bytes, boxed_ref: list, owner: str, nbytes: int) -> bool:
         """Register a page (False: one copy is there already, and it wins)."""
@@ -112,6 +132,7 @@ class ShareDirectory:
         """Forget every page (a benchmark between configurations)."""
         n = len(self.entries)
         self.entries.clear()
+        self.claims.clear()
         self.used_bytes = 0
         return n
 
@@ -221,6 +242,17 @@ class RaySharedStore:
         with self._lock:
             self.counters.add_fetch(got)
         return got
+
+    def claim(self, keys: Sequence[bytes], owner: str, ttl_s: float) -> Claim:
+        """(With the actor down: nothing claimed and nothing held, so the caller computes.)"""
+        if not keys:
+            return Claim()
+        claimed, left = self._call("claim", list(keys), owner, ttl_s, default=(0, None))
+        return Claim(claimed, None if left is None else time.time() + left)
+
+    def release_claims(self, keys: Sequence[bytes], owner: str) -> None:
+        if keys:
+            self._call("release_claims", list(keys), owner, default=None)
 
     def close(self) -> None:
         """The actor stays (detached, shared by the cluster); this replica's objects go

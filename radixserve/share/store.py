@@ -13,7 +13,8 @@ from typing import Protocol, Sequence
 
 from .framing import BadBlob, unframe
 
-__all__ = ["Fetched", "ShareCounters", "SharedStore", "open_shared_store", "parse_share"]
+__all__ = ["Claim", "Fetched", "ShareCounters", "SharedStore", "open_shared_store",
+           "parse_share"]
 
 
 @dataclass
@@ -38,6 +39,19 @@ class Fetched:
         self.payloads.append(payload)
         self.bytes_moved += len(blob)
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The answer to a claim on a prompt's unpublished pages (SharedStore.claim).
+
+    `claimed`: leading keys this owner now claims (new, or its own already). `held_until`:
+    set when the first key is claimed by another live owner: the wall-clock time
+    (`time.time()`) its claim expires. A replica that sees it may wait for that owner's
+    publication instead of computing the same pages (engine/peer_share.py)."""
+
+    claimed: int = 0
+    held_until: float | None = None
 
 
 @dataclass
@@ -72,6 +86,14 @@ class SharedStore(Protocol):
 
     def fetch(self, keys: Sequence[bytes]) -> Fetched:
         """The leading pages of `keys`, each checked; stops at the first missing or bad."""
+
+    def claim(self, keys: Sequence[bytes], owner: str, ttl_s: float) -> Claim:
+        """Announce that `owner` is computing these pages (not yet published), for `ttl_s`
+        seconds at most: the leading keys nobody else claims live are claimed (an expired
+        claim is taken over); a key claimed by another live owner ends the run."""
+
+    def release_claims(self, keys: Sequence[bytes], owner: str) -> None:
+        """Drop `owner`'s claims on these keys (published, or it will not compute them)."""
 
     def close(self) -> None: ...
 

@@ -8,57 +8,21 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-from engine_helpers import QUESTIONS, chat_ids, check_pages, collect, make_engine, wait_idle
+from engine_helpers import check_pages, collect, make_engine, wait_idle
+from share_helpers import GREEDY, StoreWrapper, serve, use_store
 
 from prometheus_client import generate_latest
 
 from radixserve.cluster.client import sum_stats
-from radixserve.engine.sampling_params import SamplingParams
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.native_api import stats_body
 from radixserve.share.dir_store import SUFFIX
 
-GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
 
-
-def serve(engine, prompts, drain=True):
-    """Start, run the prompts one after another, wait for the publishes, check pages, stop."""
-    async def main():
-        await engine.start()
-        try:
-            out = [await collect(engine.generate(p, GREEDY)) for p in prompts]
-            await wait_idle(engine)
-            if drain:
-                await engine.share_published()
-            check_pages(engine)
-            return out
-        finally:
-            await engine.shutdown()
-    return asyncio.run(main())
-
-
-@pytest.fixture(scope="module")
-def prompts(model_fp32):
-    engine = make_engine(model_fp32, disable_radix_cache=True)
-    ps = [chat_ids(engine, q) for q in QUESTIONS[:2]]
-    expected = [r.token_ids[0] for r in serve(engine, ps, drain=False)]
-    return ps, expected
-
-
-@pytest.fixture(scope="module")
-def published(model_fp32, prompts, tmp_path_factory):
-    """A directory holding the pages engine A computed for the first prompt."""
-    root = tmp_path_factory.mktemp("share")
-    a = make_engine(model_fp32, page_size=16, kv_share=f"dir:{root}")
-    serve(a, prompts[0][:1])
-    assert a.stats().share.published_pages == (len(prompts[0][0]) - 1) // 16
-    return root
-
-
-def test_a_peer_computed_prefix_is_loaded_not_recomputed(model_fp32, prompts, published):
-    ps, expected = prompts
-    b = make_engine(model_fp32, page_size=16, kv_share=f"dir:{published}")
+def test_a_peer_computed_prefix_is_loaded_not_recomputed(model_fp32, share_prompts,
+                                                        share_published):
+    ps, expected = share_prompts
+    b = make_engine(model_fp32, page_size=16, kv_share=f"dir:{share_published}")
     results = serve(b, ps)
     assert [r.token_ids[0] for r in results] == expected
     share = b.stats().share
@@ -78,8 +42,8 @@ def test_a_peer_computed_prefix_is_loaded_not_recomputed(model_fp32, prompts, pu
     assert total.loaded_tokens == 2 * share.loaded_tokens and share.loads == 1
 
 
-def test_a_damaged_page_is_refused_and_recomputed(model_fp32, prompts, tmp_path):
-    ps, expected = prompts
+def test_a_damaged_page_is_refused_and_recomputed(model_fp32, share_prompts, tmp_path):
+    ps, expected = share_prompts
     a = make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}")
     serve(a, ps[:1])
     files = sorted(tmp_path.glob(f"*{SUFFIX}"))
@@ -96,35 +60,27 @@ def test_a_damaged_page_is_refused_and_recomputed(model_fp32, prompts, tmp_path)
     assert results[0].final.usage.cached_tokens == 0
 
 
-class SlowStore:
+class SlowStore(StoreWrapper):
     """A store that answers correctly but takes `delay` per fetch."""
 
     def __init__(self, inner, delay: float):
-        self.inner, self.delay = inner, delay
-        self.name, self.counters = inner.name, inner.counters
+        super().__init__(inner)
+        self.delay = delay
         self.fetches = 0
-
-    def publish(self, key, payload):
-        return self.inner.publish(key, payload)
-
-    def published(self, keys):
-        return self.inner.published(keys)
 
     def fetch(self, keys):
         self.fetches += 1
         time.sleep(self.delay)
         return self.inner.fetch(keys)
 
-    def close(self):
-        self.inner.close()
 
-
-def test_a_store_slower_than_computing_is_not_used(model_fp32, prompts, published):
+def test_a_store_slower_than_computing_is_not_used(model_fp32, share_prompts,
+                                                  share_published):
     """The first load measures the store (slow); once its cost per token is above
     computing's, a miss recomputes and the store is not asked for pages again."""
-    ps, expected = prompts
-    b = make_engine(model_fp32, page_size=16, kv_share=f"dir:{published}")
-    b.peers.store = slow = SlowStore(b.peers.store, delay=0.5)
+    ps, expected = share_prompts
+    b = make_engine(model_fp32, page_size=16, kv_share=f"dir:{share_published}")
+    use_store(b, slow := SlowStore(b.peers.store, delay=0.5))
     # Computing the whole prompt is taken to cost 0.2 s, so a fetch of any part of it that
     # takes >= 0.5 s is slower per token whatever the machine's speed (the first request's
     # own prefill, under 32 tokens after the load, is not measured).
@@ -151,10 +107,10 @@ def test_a_store_slower_than_computing_is_not_used(model_fp32, prompts, publishe
     assert b.peers.costs.peer_s_per_token >= 0.5 / len(ps[0])
 
 
-def test_two_engines_publish_the_same_prefix_at_once(model_fp32, prompts, tmp_path):
+def test_two_engines_publish_the_same_prefix_at_once(model_fp32, share_prompts, tmp_path):
     """Both compute and publish the same prompt concurrently: one copy of each page stays,
     both serve correctly, and a third engine loads the prefix from it."""
-    ps, expected = prompts
+    ps, expected = share_prompts
     a, b = (make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}")
             for _ in range(2))
 

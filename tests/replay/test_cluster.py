@@ -243,18 +243,24 @@ def test_with_a_cluster_store_a_published_prefix_is_computed_once(tmp_path, rout
     assert off.loaded_tokens == 0 and off.hit_tokens == (16 - used) * FEWSHOT_PREFIX
 
 
-def test_a_burst_for_a_new_prefix_cannot_load_what_is_not_published_yet(tmp_path):
-    # All 16 arrive at t = 0: no replica's prefill of the prefix has ended when the others
-    # start, so each replica the burst reaches computes it, with or without a store (the
-    # serving replicas publish at the end of a prefill too: docs/scale-out.md).
-    work = fewshot_burst(tmp_path, 16)
-    for router, bound in (("cache-aware", "2+2"), ("cache-aware", "1+1"), ("round-robin", "2+2")):
-        config = dict(load_bound=LoadBound.parse(bound), check_every=1)
-        got = simulate_cluster(work, ClusterConfig(4, router, 3072, share_tokens=4 * 3072,
-                                                   **config))
-        off = simulate_cluster(work, ClusterConfig(4, router, 3072, **config))
-        assert got.loaded_tokens == 0
-        assert (got.hit_tokens, got.replica_requests) == (off.hit_tokens, off.replica_requests)
+@pytest.mark.parametrize("router,bound", [("cache-aware", "2+2"), ("cache-aware", "1+1"),
+                                          ("round-robin", "2+2")])
+def test_a_burst_waits_for_the_prefix_a_peer_is_computing(tmp_path, router, bound):
+    # The 16 arrive 10 ms apart, well within the first prefill of the prefix (~66 ms): no
+    # replica has published it when the others start. With a store they wait for the
+    # claimer's publication and load it (claims, as the serving replicas do), so the
+    # prefix is computed once; without one, each replica the burst reaches computes it.
+    work = fewshot_spaced(tmp_path, 16, gap_ms=10)
+    config = dict(load_bound=LoadBound.parse(bound), check_every=1)
+    got = simulate_cluster(work, ClusterConfig(4, router, 3072, share_tokens=4 * 3072,
+                                               **config))
+    off = simulate_cluster(work, ClusterConfig(4, router, 3072, **config))
+    used = sum(1 for n in got.replica_requests if n)
+    assert got.prefill_tokens == FEWSHOT_PREFIX + 16 * FEWSHOT_OWN
+    assert got.loaded_tokens == (used - 1) * FEWSHOT_PREFIX
+    assert got.hit_tokens == 15 * FEWSHOT_PREFIX
+    off_used = sum(1 for n in off.replica_requests if n)
+    assert off.hit_tokens == (16 - off_used) * FEWSHOT_PREFIX and off.loaded_tokens == 0
 
 
 def test_the_cache_aware_score_ranks_held_then_loadable_then_miss():

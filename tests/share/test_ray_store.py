@@ -122,3 +122,15 @@ def test_the_directory_is_bounded(actor):
     size = ray.get(actor.size.remote())
     assert size["used_bytes"] <= 64 * 1100 and size["evicted"] > 0
     assert store.published(ks[-5:]) == 5 and store.published(ks[:1]) == 0
+
+
+def test_claims_go_through_the_directory_actor(actor):
+    """Two replicas claim the same pages: one holds them, the other is told how long; a
+    release lets the other claim them."""
+    a, b = (RaySharedStore(0, owner, actor=actor) for owner in ("claim-a", "claim-b"))
+    ks = keys(3, start=2000)
+    assert a.claim(ks, "claim-a", 30.0).claimed == 3
+    held = b.claim(ks, "claim-b", 30.0)
+    assert held.claimed == 0 and time.time() < held.held_until <= time.time() + 30
+    a.release_claims(ks, "claim-a")
+    assert b.claim(ks, "claim-b", 30.0).claimed == 3

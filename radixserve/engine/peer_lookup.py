@@ -1,0 +1,95 @@
+"""Asking the cluster store at admission, off the event loop (`--kv-share`).
+
+The store may be slow (a file read on NFS, a Ray get bounded by a 5 s timeout), and the
+event-loop thread that admits requests also drives every other request's steps. So an
+admission that misses part of its prompt in the pool only *asks* (`Lookup`) and the
+request waits in the queue (`ReadPending`, as for a disk-tier read); the lookup thread asks
+the store how far the prompt is published, claims the pages this replica will compute, and
+fetches the published ones; a later admission takes the answer (engine/peer_share.py).
+
+A `ShareTicket` is one sequence's dealings with the store across its admissions: its
+current lookup, its wait for a peer's claim, and the keys it claimed (released once its
+pages are published, or when it ends without publishing them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from radixserve.share.store import Claim, Fetched
+from radixserve.storage.queue_worker import QueueWorker
+
+__all__ = ["Lookup", "LookupThread", "ShareTicket"]
+
+
+@dataclass
+class Lookup:
+    """One question to the store about a prompt's pages after the pool's match."""
+
+    keys: tuple[bytes, ...]         # the prompt's page keys from page `have` on
+    have: int                       # pages the pool matched when this was asked
+    may_wait: bool                  # a live peer claim on the first missing page: wait
+    claim_ttl_s: float              # how long this replica's claims last
+    # The answer, written by the lookup thread before `done`.
+    published: int = 0              # leading keys the store listed
+    fetched: Fetched = field(default_factory=Fetched)
+    seconds: float = 0.0            # the fetch's time
+    slow: bool = False              # published, but not fetched: slower than computing
+    claim: Claim = Claim()          # on keys[published:]
+    done: bool = False
+    counted: bool = False           # its figures are in ShareStats (once per answer)
+    abandoned: bool = False         # its sequence ended before the answer was taken
+
+    @property
+    def claimed_keys(self) -> tuple[bytes, ...]:
+        return self.keys[self.published:self.published + self.claim.claimed]
+
+    @property
+    def waits_on_peer(self) -> bool:
+        return self.may_wait and self.claim.held_until is not None
+
+
+@dataclass
+class ShareTicket:
+    """A sequence's store state (SeqState.share)."""
+
+    lookup: Lookup | None = None
+    retry_at: float = 0.0               # time.monotonic() a waiting lookup is asked again
+    wait_started: float | None = None   # time.time() its wait for a peer's claim began
+    gave_up: bool = False               # the wait's bound passed: compute, wait no more
+    claimed: tuple[bytes, ...] = ()     # keys it claimed and has not released
+
+    def pending(self) -> bool:
+        """Its lookup is in flight, or it waits on a peer and is not due to ask again."""
+        look = self.lookup
+        return look is not None and (not look.done or (
+            look.waits_on_peer and not self.gave_up and time.monotonic() < self.retry_at))
+
+    def add_claims(self, keys: tuple[bytes, ...]) -> None:
+        self.claimed += tuple(k for k in keys if k not in self.claimed)
+
+
+class LookupThread(QueueWorker[Lookup]):
+    """The thread that answers lookups in order (`answer` does the store calls; `release`
+    drops the claims of a lookup whose sequence ended while it was being answered)."""
+
+    def __init__(self, answer: Callable[[Lookup], None],
+                 release: Callable[[tuple[bytes, ...]], None]):
+        self.answer = answer
+        self.release = release
+        super().__init__("kv-share-lookup")
+
+    def ask(self, lookup: Lookup) -> None:
+        self._put(lookup)
+
+    def _handle(self, lookup: Lookup) -> None:
+        try:
+            self.answer(lookup)
+        except Exception:       # a store failure is a miss: the prompt is computed
+            lookup.fetched, lookup.claim = Fetched(), Claim()
+        finally:
+            lookup.done = True
+            if lookup.abandoned and lookup.claimed_keys:
+                self.release(lookup.claimed_keys)

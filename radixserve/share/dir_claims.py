@@ -1,0 +1,85 @@
+"""DirClaims: "I am computing this page" as claim files beside the shared pages.
+
+A replica that starts computing pages nobody has published claims them, so that another
+replica missing the same prefix waits for the publication instead of computing it too
+(the few-shot burst: every replica starts the same prefix at once). One file per page,
+`<key>.claim`, created with O_EXCL: of several replicas claiming a page at once exactly one
+creates it. The file holds its owner and deadline (`time.time()`; replicas on several hosts
+need clocks in step to within the claim's length). A claim whose deadline passed (its owner
+died, or was slower than it said) is taken over; two replicas taking over the same expired
+claim at once may both compute the page, which costs a recompute, never a wrong page.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .store import Claim
+
+__all__ = ["CLAIM_SUFFIX", "DirClaims"]
+
+CLAIM_SUFFIX = ".claim"
+
+
+class DirClaims:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _path(self, key: bytes) -> Path:
+        return self.root / f"{key.hex()}{CLAIM_SUFFIX}"
+
+    def _create(self, path: Path, owner: str, deadline: float) -> bool:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{deadline!r} {owner}")
+        return True
+
+    def _read(self, path: Path, ttl_s: float) -> tuple[str, float] | None:
+        """(owner, deadline) of a claim file; None when it is gone. A file still being
+        written (empty) counts as a fresh claim by nobody we know."""
+        try:
+            text = path.read_text()
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        deadline, _, owner = text.partition(" ")
+        try:
+            return owner, float(deadline)
+        except ValueError:
+            return "", mtime + ttl_s
+
+    def claim(self, keys: Sequence[bytes], owner: str, ttl_s: float) -> Claim:
+        now = time.time()
+        deadline = now + ttl_s
+        for i, key in enumerate(keys):
+            path = self._path(key)
+            if self._create(path, owner, deadline):
+                continue
+            held = self._read(path, ttl_s)
+            if held is None:                    # released meanwhile: ours, unless taken
+                if self._create(path, owner, deadline):
+                    continue
+                held = self._read(path, ttl_s)
+            if held is not None and held[0] == owner:
+                continue                        # ours already
+            if held is not None and held[1] <= now:
+                path.unlink(missing_ok=True)    # expired: taken over
+                if self._create(path, owner, deadline):
+                    continue
+                held = self._read(path, ttl_s)
+            until = held[1] if held is not None else deadline
+            return Claim(i, until if i == 0 else None)
+        return Claim(len(keys))
+
+    def release(self, keys: Sequence[bytes], owner: str) -> None:
+        for key in keys:
+            path = self._path(key)
+            held = self._read(path, 0.0)
+            if held is not None and held[0] == owner:
+                path.unlink(missing_ok=True)

@@ -1,0 +1,243 @@
+"""--kv-share in a burst and under faults: a replica whose prompt a peer is computing waits
+for the peer's publication and loads it instead of computing it (the claim); a dead or
+aborted claimer does not hold it (the claim expires, or is released); a slow store holds
+up no other request's steps (the lookup runs off the event loop); an abort between a peer
+load's order and the step that fills its pages loses nothing. Greedy tokens equal the
+cache-off run's (fp32) and pages are conserved after every scenario."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+from engine_helpers import check_pages, collect, make_engine, wait_idle
+from share_helpers import GREEDY, StoreWrapper, serve, until, use_store
+
+from radixserve.attention.page_bytes import pages_to_bytes
+from radixserve.engine.batch import StepBatch
+from radixserve.engine.peer_share import PeerLoadOrder, PeerOrders, PublishOrder
+from radixserve.share.dir_claims import CLAIM_SUFFIX
+from radixserve.share.dir_store import DirSharedStore
+
+
+def engines(model, root, n=2):
+    return [make_engine(model, page_size=16, kv_share=f"dir:{root}") for _ in range(n)]
+
+
+def claims(root):
+    return list(root.glob(f"*{CLAIM_SUFFIX}"))
+
+
+async def finish(*engines_):
+    """Idle, every publish in the store, pages conserved."""
+    for e in engines_:
+        await wait_idle(e)
+        await e.share_published()
+        check_pages(e)
+
+
+def run(engines_, gate: threading.Event, scenario):
+    """Start the engines, run `scenario()`, finish them; `gate` (what a held store call
+    waits on) opens whatever happens, so a failed scenario never hangs the shutdown."""
+    async def main():
+        for e in engines_:
+            await e.start()
+        try:
+            got = await scenario()
+            await finish(*engines_)
+            return got
+        finally:
+            gate.set()
+            for e in engines_:
+                await e.shutdown()
+    return asyncio.run(main())
+
+
+def test_a_replica_waits_for_a_peers_prefill_in_flight_and_loads_it(model_fp32,
+                                                                    share_prompts, tmp_path):
+    """A computes the prompt and has claimed its pages; its publication is held until B
+    has seen the claim and waits. B then loads every page and computes only the rest."""
+    ps, expected = share_prompts
+    a, b = engines(model_fp32, tmp_path)
+    gate = threading.Event()
+
+    class HeldPublish(StoreWrapper):
+        def publish_many(self, keys, payloads):
+            gate.wait()
+            return self.inner.publish_many(keys, payloads)
+
+    use_store(a, HeldPublish(a.peers.store))
+
+    async def scenario():
+        ta = asyncio.create_task(collect(a.generate(ps[0], GREEDY)))
+        await until(lambda: claims(tmp_path))       # A claimed the prompt's pages
+        tb = asyncio.create_task(collect(b.generate(ps[0], GREEDY)))
+        await until(lambda: b.peers.stats().waits == 1)     # B saw the claim: waits
+        assert b.peers.stats().loaded_tokens == 0 and not tb.done()
+        gate.set()
+        return await ta, await tb
+
+    ra, rb = run((a, b), gate, scenario)
+    assert ra.token_ids[0] == rb.token_ids[0] == expected[0]
+    pages = (len(ps[0]) - 1) // 16
+    sb = b.stats().share
+    assert sb.waits == 1 and sb.waits_expired == 0 and sb.wait_seconds > 0
+    assert sb.loaded_tokens == pages * 16
+    assert rb.final.usage.cached_tokens == pages * 16       # computed only the rest
+    assert a.stats().share.claimed_pages == pages and sb.claimed_pages == 0
+    assert not claims(tmp_path)                             # every claim released
+
+
+def test_a_dead_claimers_claim_expires_and_the_waiter_computes(model_fp32, share_prompts,
+                                                               tmp_path):
+    """The claim of a replica that died is never released: B waits until its deadline,
+    then takes it over, computes, publishes and releases it."""
+    ps, expected = share_prompts
+    (b,) = engines(model_fp32, tmp_path, 1)
+    pages = (len(ps[0]) - 1) // 16
+    keys = b.peers.keys(ps[0], pages, None)
+    assert DirSharedStore(tmp_path, 1 << 20).claim(keys, "a-dead-replica", 0.3).claimed \
+        == pages
+    (result,) = serve(b, ps[:1])
+    assert result.token_ids[0] == expected[0]
+    s = b.stats().share
+    assert s.waits == 1 and s.waits_expired == 1 and s.loaded_tokens == 0
+    assert result.final.usage.cached_tokens == 0
+    assert s.claimed_pages == pages and s.published_pages == pages
+    assert not claims(tmp_path)
+
+
+def test_an_aborted_claimers_claims_go_and_the_waiter_computes(model_fp32, share_prompts,
+                                                               tmp_path):
+    """A's request is aborted while its lookup (which claimed the pages) is answered:
+    the claims are released, and B, waiting on them, computes at once (no expiry)."""
+    ps, expected = share_prompts
+    a, b = engines(model_fp32, tmp_path)
+    claimed, gate = threading.Event(), threading.Event()
+
+    class HeldClaim(StoreWrapper):
+        def claim(self, keys, owner, ttl_s):
+            got = self.inner.claim(keys, owner, ttl_s)
+            claimed.set()
+            gate.wait()
+            return got
+
+    use_store(a, HeldClaim(a.peers.store))
+
+    async def scenario():
+        ta = asyncio.create_task(collect(a.generate(ps[0], GREEDY, request_id="a")))
+        await until(claimed.is_set)
+        tb = asyncio.create_task(collect(b.generate(ps[0], GREEDY)))
+        await until(lambda: b.peers.stats().waits == 1)
+        a.abort("a")
+        await until(lambda: a.scheduler.num_live == 0)
+        gate.set()
+        return await ta, await tb
+
+    ra, rb = run((a, b), gate, scenario)
+    assert ra.final.finish_reason == "abort"
+    assert rb.token_ids[0] == expected[0]
+    sb = b.stats().share
+    assert sb.waits == 1 and sb.waits_expired == 0 and sb.loaded_tokens == 0
+    assert rb.final.usage.cached_tokens == 0
+    assert not claims(tmp_path)
+
+
+def test_a_slow_store_holds_up_no_other_requests_steps(model_fp32, share_prompts, tmp_path):
+    """The store's answer to one admission is held; a request the pool serves runs all its
+    steps meanwhile; once the store answers, the held request completes."""
+    ps, expected = share_prompts
+    (b,) = engines(model_fp32, tmp_path, 1)
+    asked, gate = threading.Event(), threading.Event()
+
+    class HeldLookup(StoreWrapper):
+        armed = False
+
+        def published(self, keys):
+            if self.armed:
+                asked.set()
+                gate.wait()
+            return self.inner.published(keys)
+
+    use_store(b, store := HeldLookup(b.peers.store))
+
+    async def scenario():
+        await collect(b.generate(ps[0], GREEDY))        # now in B's pool
+        await wait_idle(b)
+        store.armed = True
+        # The same prompt in another namespace: a pool miss, so the store is asked.
+        held = asyncio.create_task(collect(b.generate(ps[0], GREEDY, namespace="t2")))
+        await until(asked.is_set)                       # its lookup is in the store
+        other = await collect(b.generate(ps[0], GREEDY))
+        assert not held.done() and not gate.is_set()
+        gate.set()
+        return other, await held
+
+    other, held = run((b,), gate, scenario)
+    assert other.token_ids[0] == held.token_ids[0] == expected[0]
+    assert len(other.token_ids[0]) == GREEDY.max_tokens
+
+
+def test_an_abort_between_a_peer_load_and_its_fill_loses_nothing(model_fp32, share_prompts,
+                                                                share_published):
+    """The request that loaded a peer's pages (in the tree, bytes not yet written) is
+    aborted before the step that writes them runs; the pages are conserved, and a later
+    request reading them from the pool gets the cache-off run's tokens."""
+    ps, expected = share_prompts
+    (b,) = engines(model_fp32, share_published, 1)
+    execute = b.runner.execute
+    seen = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def abort_first(batch):         # on the compute thread, before the step runs
+            if batch.peer is not None and batch.peer.loads and not seen:
+                seen.append(batch)
+                asyncio.run_coroutine_threadsafe(aborted(), loop).result()
+            return execute(batch)
+
+        async def aborted():
+            b.abort("first")
+
+        b.runner.execute = abort_first
+        await b.start()
+        try:
+            first = await collect(b.generate(ps[0], GREEDY, request_id="first"))
+            await wait_idle(b)
+            check_pages(b)
+            later = await collect(b.generate(ps[0], GREEDY))
+            await finish(b)
+            return first, later
+        finally:
+            await b.shutdown()
+
+    first, later = asyncio.run(main())
+    assert seen and first.final.finish_reason == "abort"
+    pages = (len(ps[0]) - 1) // 16
+    assert b.stats().share.loaded_tokens == pages * 16      # loaded once, by the first
+    assert later.final.usage.cached_tokens == pages * 16
+    assert later.token_ids[0] == expected[0]
+
+
+def test_a_step_that_fails_before_a_peer_load_still_fills_its_pages(model_fp32):
+    """Peer-loaded pages join the tree at admission; the step that writes their bytes must
+    write them even when something before it in that step raises (here a publish)."""
+    b = make_engine(model_fp32, page_size=16)
+    pool = b.runner.kv_pool
+    src, dst = np.array([1, 2]), np.array([5, 6])
+    payloads = tuple(bytes((i * 7 + j) % 251 for j in range(len(p)))
+                     for i, p in enumerate(pages_to_bytes(pool, src)))
+
+    class Broken:
+        def submit(self, *args):
+            raise OSError("the publisher failed")
+
+    b.runner.share_publisher = Broken()
+    batch = StepBatch(peer=PeerOrders(publish=[PublishOrder((b"k" * 16,), src)],
+                                      loads=[PeerLoadOrder(dst, payloads)]))
+    with pytest.raises(OSError, match="publisher failed"):
+        b.runner.execute(batch)
+    assert tuple(pages_to_bytes(pool, dst)) == payloads

@@ -1,0 +1,81 @@
+"""Claims: "this replica is computing these pages". Of several owners claiming a page one
+gets it; another owner's live claim ends a claim's run (its deadline is what a waiter
+waits for); an owner's own claim is its; an expired claim is taken over; a release drops
+only the owner's own. The same rules in both stores: the shared directory's claim files
+and the Ray directory actor's table (its class, run here without Ray)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from radixserve.share.dir_store import DirSharedStore
+from radixserve.share.keys import ShareScope, entry_key
+from radixserve.share.ray_store import ShareDirectory
+from radixserve.share.store import Claim
+
+KEYS = [entry_key(ShareScope(b"c" * 16), i.to_bytes(16, "little")) for i in range(40)]
+
+
+class ActorClaims:
+    """The Ray directory actor's claim table, called as RaySharedStore calls it."""
+
+    def __init__(self):
+        self.actor = ShareDirectory(1 << 20)
+        self.lock = threading.Lock()            # a Ray actor runs one call at a time
+
+    def claim(self, keys, owner, ttl_s):
+        with self.lock:
+            claimed, left = self.actor.claim(keys, owner, ttl_s)
+        return Claim(claimed, None if left is None else time.time() + left)
+
+    def release_claims(self, keys, owner):
+        with self.lock:
+            self.actor.release_claims(keys, owner)
+
+
+@pytest.fixture(params=["dir", "ray-actor"])
+def store(request, tmp_path):
+    return DirSharedStore(tmp_path, 1 << 20) if request.param == "dir" else ActorClaims()
+
+
+def test_another_owners_live_claim_is_waited_for_and_an_own_claim_is_kept(store):
+    assert store.claim(KEYS[:10], "a", 30.0) == Claim(10)
+    assert store.claim(KEYS[:10], "a", 30.0) == Claim(10)          # its own already
+    held = store.claim(KEYS[:12], "b", 30.0)
+    assert held.claimed == 0 and time.time() + 25 < held.held_until < time.time() + 31
+    # b's pages after a's: b claims those a does not; a's claim ends a run that starts free.
+    assert store.claim(KEYS[10:12], "b", 30.0) == Claim(2)
+    assert store.claim(KEYS[8:], "c", 30.0).claimed == 0
+    store.release_claims(KEYS[:5], "b")                             # not b's: kept
+    assert store.claim(KEYS[:1], "c", 30.0).claimed == 0
+    store.release_claims(KEYS[:10], "a")
+    assert store.claim(KEYS[:12], "c", 30.0) == Claim(10)           # stops at b's
+
+
+def test_an_expired_claim_is_taken_over(store):
+    assert store.claim(KEYS[:4], "dead", 0.0) == Claim(4)
+    assert store.claim(KEYS[:4], "b", 30.0) == Claim(4)
+    assert store.claim(KEYS[:4], "c", 30.0).claimed == 0
+
+
+def test_of_owners_claiming_at_once_each_page_gets_exactly_one(store):
+    """Eight owners claim the same 40 pages at once: their claimed runs never overlap."""
+    runs: dict[str, int] = {}
+    start = threading.Barrier(8)
+
+    def claim(owner, offset):
+        start.wait()
+        keys = KEYS[offset:] + KEYS[:offset]
+        runs[owner] = (offset, store.claim(keys, owner, 30.0).claimed)
+
+    threads = [threading.Thread(target=claim, args=(f"o{i}", 5 * i)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    owned = [k for offset, n in runs.values() for k in (KEYS[offset:] + KEYS[:offset])[:n]]
+    assert len(owned) == len(set(owned)) <= len(KEYS)
+    assert sum(n for _, n in runs.values()) >= 1    # the first to claim its start holds it
