@@ -243,11 +243,11 @@ def test_auto_with_a_schema_the_library_refuses(compiler):
     assert ok is not None
 
 
-# The tool part of Llama 3.1/3.2's template, as Meta wrote it: tools rendered by the
-# template, calls asked for as bare JSON (no tag), results in the "ipython" role.
+# The tool part of Llama 3.1/3.2's template, in Meta's words: the tools in the first user
+# message, calls asked for as bare JSON (no tag), earlier calls rendered back that way.
 LLAMA3_TEMPLATE = (
     "{%- for m in messages %}<s>{{ m['role'] }}: "
-    "{%- if m['role'] == 'user' and loop.last and tools is defined and tools %}"
+    "{%- if m['role'] == 'user' and loop.first and tools is defined and tools %}"
     "Given the following functions, please respond with a JSON for a function call with its "
     "proper arguments that best answers the given prompt.\n\nRespond in the format "
     '{"name": function name, "parameters": dictionary of argument name and its value}. '
