@@ -282,30 +282,8 @@ class KVPersistence:
         return out
 
     def _write(self, disk: TierPages, slots: list[int], payloads: list[bytes]) -> int:
-        """Write pages into lent disk slots (a worker thread); -> how many were written, in
-        order (the pages from the first failure on are not the save's: the caller drops
-        them). SAVE_WRITERS threads at once: each page file is fsynced, and one at a time
-        that cost ~6.5 ms a page on a busy disk, so a shutdown's save (half the grace)
-        ended after ~4,300 of a 5,300-token tool block's pages; concurrent fsyncs share
-        the filesystem's journal commits (~0.5 ms a page; docs/benchmarks.md)."""
-        failed = threading.Event()
-
-        def write(slot: int, payload: bytes) -> bool:
-            if failed.is_set():
-                return False
-            try:
-                disk.write_page(slot, payload)
-                return True
-            except (DiskStoreFull, OSError) as e:
-                if not failed.is_set():
-                    log.warning("KV disk store %s: %s; the save keeps what fits",
-                                self.store.directory, e)
-                failed.set()
-                return False
-
-        with ThreadPoolExecutor(SAVE_WRITERS, thread_name_prefix="radixserve-save") as pool:
-            done = list(pool.map(write, slots, payloads))
-        return done.index(False) if False in done else len(done)
+        """Write pages into lent disk slots (a worker thread); -> how many were written."""
+        return write_pages(disk, slots, payloads)
 
     def _drop_older_copies(self, written: list[int]) -> None:
         """The disk tier just wrote these slots: a kept or saved copy of the same page is
@@ -348,7 +326,9 @@ class KVPersistence:
 
     def _index_nodes(self, tiers: LowerTiers, nodes: list[_Node]) -> list[IndexNode]:
         """Index records of the nodes whose pages, and whose ancestors' pages, are on
-        disk: pool/host nodes by their saved copies, disk nodes by their own files."""
+        disk: pool/host nodes by their saved copies, disk nodes by their own files. A node
+        whose leading pages only are on disk (a save cut short by its deadline or a full
+        disk, which writes parents first) is indexed that far; its children are not."""
         saved: set[int] = set()
         out = []
         for n in nodes:
@@ -359,15 +339,16 @@ class KVPersistence:
             else:
                 slots = [self._copies.get(h) for h in n.hashes]
             keys = [tiers.disk.key_of(s) if s is not None else None for s in slots]
-            if not keys or None in keys or not all(self.store.has_page(k) for k in keys):
-                continue
+            on_disk = next((i for i, k in enumerate(keys)
+                            if k is None or not self.store.has_page(k)), len(keys))
             # Whole pages only: a partial last page cannot be restored (its node would be
             # refused whole).
             ps = self.tree.page_size
-            whole = len(n.key) // ITEM_BYTES // ps
+            whole = min(len(n.key) // ITEM_BYTES // ps, on_disk)
             if whole == 0:
                 continue
-            saved.add(n.node_id)
+            if on_disk == len(keys):
+                saved.add(n.node_id)
             keys = keys[:whole]
             hashes = n.hashes[:whole] if len(n.hashes) >= whole else []
             out.append(IndexNode(n.node_id, n.parent_id, n.namespace,
@@ -436,6 +417,34 @@ class KVPersistence:
                                        node.token_ids[i * ps:(i + 1) * ps], node.last_access)))
             parent_hash = h
         return out
+
+
+def write_pages(disk: TierPages, slots: list[int], payloads: list[bytes],
+                workers: int = SAVE_WRITERS) -> int:
+    """Write pages into disk slots, `workers` at once; -> how many were written, in order
+    (those from the first failure on are not: the caller drops them). Each page file is
+    fsynced: one at a time that cost ~6.5 ms a page on a busy disk, so a shutdown's save
+    (within the 30 s grace) ended after ~4,300 of a 5,300-token tool block's pages, and
+    only whole tree nodes are indexed; concurrent fsyncs share the filesystem's journal
+    commits (scripts/bench_save_writes.py)."""
+    failed = threading.Event()
+
+    def write(slot: int, payload: bytes) -> bool:
+        if failed.is_set():
+            return False
+        try:
+            disk.write_page(slot, payload)
+            return True
+        except (DiskStoreFull, OSError) as e:
+            if not failed.is_set():
+                log.warning("KV disk store %s: %s; the save keeps what fits",
+                            disk.store.directory, e)
+            failed.set()
+            return False
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="radixserve-save") as pool:
+        done = list(pool.map(write, slots, payloads))
+    return done.index(False) if False in done else len(done)
 
 
 def open_store(config: EngineConfig, runner: ModelRunner) -> DiskPageStore | None:
