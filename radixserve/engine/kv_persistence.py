@@ -5,9 +5,9 @@ maps its slots to the store's page files) under one --kv-disk-bytes budget.
 
 Save (SIGTERM, `POST /cache/save`): every page the tree holds in the KV pool (L1) or in
 host memory (L2) that has no copy on disk yet is copied out and written, in batches of
-~32 MiB, into disk-tier slots lent for it (LowerTiers.lend_disk_slots: room is made by
-dropping disk-tier victims, so copies and the disk tier share the budget); the nodes stay
-in their tier. Each batch is chosen and copied while the step loop waits at
+~32 MiB (each batch's page files SAVE_WRITERS at once), into disk-tier slots lent for it
+(LowerTiers.lend_disk_slots: room is made by dropping disk-tier victims, so copies and the
+disk tier share the budget); the nodes stay in their tier. Each batch is chosen and copied while the step loop waits at
 `step_lock` (tier orders still pending are run first), so no page is evicted and
 overwritten between the walk that chose it and its copy; steps run between batches and
 while the files are written. Pages the disk tier holds are already on disk. Then the
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BATCH_BYTES = 32 << 20          # page bytes copied out of the pool per step-loop pause
-SAVE_WRITERS = 8                # page files a save writes at once (see KVPersistence._write)
+SAVE_WRITERS = 8                # page files a save writes at once (see write_pages)
 Compute = Callable[..., Awaitable[Any]]      # runs fn(*args) on the compute thread
 
 

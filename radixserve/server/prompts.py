@@ -24,8 +24,8 @@ from radixserve.server.engine_client import EngineClient, TokenizerClient
 from radixserve.server.errors import ApiError, api_error_from, bad_request
 from radixserve.server.structured import (ToolOutput, auto_call_grammar, compile_for,
                                           native_spec, response_format_spec)
-from radixserve.server.tools import (call_format, call_grammar, check_history, parse_tool_choice,
-                                     parse_tools, render_messages)
+from radixserve.server.tools import (call_format, call_grammar, check_history,
+                                     parse_tool_choice, parse_tools, render_messages)
 
 if TYPE_CHECKING:
     from radixserve.engine.grammar_cache import GrammarCompiler
