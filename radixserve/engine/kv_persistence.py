@@ -5,17 +5,18 @@ maps its slots to the store's page files) under one --kv-disk-bytes budget.
 
 Save (SIGTERM, `POST /cache/save`): every page the tree holds in the KV pool (L1) or in
 host memory (L2) that has no copy on disk yet is copied out and written, in batches of
-~32 MiB (each batch's page files SAVE_WRITERS at once), into disk-tier slots lent for it
+~32 MiB (their files SAVE_WRITERS at once), into disk-tier slots lent for it
 (LowerTiers.lend_disk_slots: room is made by dropping disk-tier victims, so copies and the
-disk tier share the budget); the nodes stay in their tier. Each batch is chosen and
-copied while the step loop waits at `step_lock` (tier orders still pending are run first), so no page is evicted and
-overwritten between the walk that chose it and its copy; steps run between batches and
-while the files are written. Pages the disk tier holds are already on disk. Then the
-saved copies the tree no longer holds are dropped, and the index of every node whose pages
-are all on disk (L1/L2 nodes by their saved copies, L3 nodes by their own files; of a node
-whose leading pages only are, those) is written last. Restore (start, before serving): the index's nodes, parents first, become
-L3 nodes on its files (nothing is read and no pool page taken; a hit loads them through
-the tier's load path, which checks each page's CRC, so a corrupt page is recomputed).
+disk tier share the budget); the nodes stay in their tier. Each batch is chosen and copied
+while the step loop waits at `step_lock` (tier orders still pending are run first), so no
+page is evicted and overwritten between the walk that chose it and its copy; steps run
+between batches and while the files are written. Pages the disk tier holds are already on
+disk. Then the saved copies the tree no longer holds are dropped, and the index of every
+node whose pages are all on disk (L1/L2 nodes by their saved copies, L3 nodes by their own
+files; of a node cut short, its leading pages on disk) is written last. Restore (start,
+before serving): the index's nodes, parents first, become L3 nodes on its files (nothing
+is read and no pool page taken; a hit loads them through the tier's load path, which
+checks each page's CRC, so a corrupt page is recomputed).
 A budget under one page file means no disk tier: nothing is saved or restored.
 
 A saved copy is known by the hash of its page's whole token path (namespace, then every
