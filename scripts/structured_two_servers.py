@@ -5,7 +5,9 @@ KV cache); a second process starts on the same `--kv-disk-dir` and `--grammar-ca
 and runs the loop again, its tools sent in another order. Per turn: prompt and cached
 tokens, and the share of the tool block (the system message with the 50 tools) that hit.
 Per server: grammars compiled, read from disk and prewarmed (from /metrics): the second
-server's forced-call grammar should be prewarmed, with nothing compiled.
+server's forced-call grammar should be prewarmed, with nothing compiled; and its KV disk
+store's log lines (tokens restored at start, the shutdown save's report: `complete` false
+means the grace ran out before every page was written).
 """
 
 from __future__ import annotations
@@ -47,18 +49,27 @@ def _grammar_metrics(url: str) -> dict[str, float]:
     return found
 
 
-def _start(kv_dir: Path, grammar_dir: Path) -> tuple[subprocess.Popen, str]:
+def _start(kv_dir: Path, grammar_dir: Path, disk_lines: list[str]
+           ) -> tuple[subprocess.Popen, str, threading.Thread]:
+    """A server on the shared directories; its log lines about the KV disk store (what it
+    restored, what its shutdown saved) are collected in `disk_lines`."""
     cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0", "--model", MODEL,
            "--dtype", "float32", "--device", "cpu", "--kv-disk-dir", str(kv_dir),
            "--grammar-cache-dir", str(grammar_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def keep(line: str) -> None:
+        if "KV disk store" in line:
+            disk_lines.append(line.strip())
     for line in iter(proc.stdout.readline, ""):      # type: ignore[union-attr]
+        keep(line)
         m = re.search(r"serving .* on (http://127\.0\.0\.1:\d+)", line)
         if m:
-            threading.Thread(target=lambda: [None for _ in proc.stdout],  # type: ignore
-                             daemon=True).start()
-            return proc, m.group(1)
+            rest = proc.stdout                          # type: ignore[union-attr]
+            reader = threading.Thread(target=lambda: [keep(x) for x in rest], daemon=True)
+            reader.start()
+            return proc, m.group(1), reader
     raise SystemExit(f"the server exited: {proc.wait()}")
 
 
@@ -100,7 +111,8 @@ def run(tools: list[dict], turns: int) -> None:
             order = list(tools)
             if label == "second":
                 random.Random(0).shuffle(order)     # same tools, another order
-            proc, url = _start(kv_dir, grammar_dir)
+            disk_lines: list[str] = []
+            proc, url, reader = _start(kv_dir, grammar_dir, disk_lines)
             try:
                 for row in _loop(url, order, turns, label, block):
                     print(json.dumps(row), flush=True)
@@ -109,3 +121,6 @@ def run(tools: list[dict], turns: int) -> None:
             finally:
                 proc.terminate()                    # SIGTERM: the KV cache is saved
                 proc.wait(timeout=600)
+                reader.join(60)
+            # after the pipe closed: the restore's line and the shutdown save's report
+            print(json.dumps({"server": label, "kv_disk_store": disk_lines}), flush=True)

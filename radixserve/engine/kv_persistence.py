@@ -5,17 +5,18 @@ maps its slots to the store's page files) under one --kv-disk-bytes budget.
 
 Save (SIGTERM, `POST /cache/save`): every page the tree holds in the KV pool (L1) or in
 host memory (L2) that has no copy on disk yet is copied out and written, in batches of
-~32 MiB, into disk-tier slots lent for it (LowerTiers.lend_disk_slots: room is made by
-dropping disk-tier victims, so copies and the disk tier share the budget); the nodes stay
-in their tier. Each batch is chosen and copied while the step loop waits at
-`step_lock` (tier orders still pending are run first), so no page is evicted and
-overwritten between the walk that chose it and its copy; steps run between batches and
-while the files are written. Pages the disk tier holds are already on disk. Then the
-saved copies the tree no longer holds are dropped, and the index of every node whose pages
-are all on disk (L1/L2 nodes by their saved copies, L3 nodes by their own files) is
-written last. Restore (start, before serving): the index's nodes, parents first, become
-L3 nodes on its files (nothing is read and no pool page taken; a hit loads them through
-the tier's load path, which checks each page's CRC, so a corrupt page is recomputed).
+~32 MiB (their files SAVE_WRITERS at once), into disk-tier slots lent for it
+(LowerTiers.lend_disk_slots: room is made by dropping disk-tier victims, so copies and the
+disk tier share the budget); the nodes stay in their tier. Each batch is chosen and copied
+while the step loop waits at `step_lock` (tier orders still pending are run first), so no
+page is evicted and overwritten between the walk that chose it and its copy; steps run
+between batches and while the files are written. Pages the disk tier holds are already on
+disk. Then the saved copies the tree no longer holds are dropped, and the index of every
+node whose pages are all on disk (L1/L2 nodes by their saved copies, L3 nodes by their own
+files; of a node cut short, its leading pages on disk) is written last. Restore (start,
+before serving): the index's nodes, parents first, become L3 nodes on its files (nothing
+is read and no pool page taken; a hit loads them through the tier's load path, which
+checks each page's CRC, so a corrupt page is recomputed).
 A budget under one page file means no disk tier: nothing is saved or restored.
 
 A saved copy is known by the hash of its page's whole token path (namespace, then every
@@ -31,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BATCH_BYTES = 32 << 20          # page bytes copied out of the pool per step-loop pause
+SAVE_WRITERS = 8                # page files a save writes at once (see write_pages)
 Compute = Callable[..., Awaitable[Any]]      # runs fn(*args) on the compute thread
 
 
@@ -299,14 +303,7 @@ class KVPersistence:
 
     def _write(self, disk: TierPages, slots: list[int], payloads: list[bytes]) -> int:
         """Write pages into lent disk slots (a worker thread); -> how many were written."""
-        for i, (slot, payload) in enumerate(zip(slots, payloads)):
-            try:
-                disk.write_page(slot, payload)
-            except (DiskStoreFull, OSError) as e:
-                log.warning("KV disk store %s: %s; the save keeps what fits",
-                            self.store.directory, e)
-                return i
-        return len(payloads)
+        return write_pages(disk, slots, payloads)
 
     def _drop_older_copies(self, written: list[int]) -> None:
         """The disk tier just wrote these slots: a kept or saved copy of the same page is
@@ -368,7 +365,9 @@ class KVPersistence:
 
     def _index_nodes(self, tiers: LowerTiers, nodes: list[_Node]) -> list[IndexNode]:
         """Index records of the nodes whose pages, and whose ancestors' pages, are on
-        disk: pool/host nodes by their saved copies, disk nodes by their own files."""
+        disk: pool/host nodes by their saved copies, disk nodes by their own files. A node
+        whose leading pages only are on disk (a save cut short by its deadline or a full
+        disk, which writes parents first) is indexed that far; its children are not."""
         saved: set[int] = set()
         out = []
         for n in nodes:
@@ -379,15 +378,16 @@ class KVPersistence:
             else:
                 slots = [self._copies.get(h) for h in n.hashes]
             keys = [tiers.disk.key_of(s) if s is not None else None for s in slots]
-            if not keys or None in keys or not all(self.store.has_page(k) for k in keys):
-                continue
+            on_disk = next((i for i, k in enumerate(keys)
+                            if k is None or not self.store.has_page(k)), len(keys))
             # Whole pages only: a partial last page cannot be restored (its node would be
             # refused whole).
             ps = self.tree.page_size
-            whole = len(n.key) // ITEM_BYTES // ps
+            whole = min(len(n.key) // ITEM_BYTES // ps, on_disk)
             if whole == 0:
                 continue
-            saved.add(n.node_id)
+            if on_disk == len(keys):
+                saved.add(n.node_id)
             keys = keys[:whole]
             hashes = n.hashes[:whole] if len(n.hashes) >= whole else []
             out.append(IndexNode(n.node_id, n.parent_id, n.namespace,
@@ -465,6 +465,34 @@ class KVPersistence:
                                        node.token_ids[i * ps:(i + 1) * ps], node.last_access)))
             parent_hash = h
         return out
+
+
+def write_pages(disk: TierPages, slots: list[int], payloads: list[bytes],
+                workers: int = SAVE_WRITERS) -> int:
+    """Write pages into disk slots, `workers` at once; -> how many were written, in order
+    (those from the first failure on are not: the caller drops them). Each page file is
+    fsynced: one at a time that cost ~6.5 ms a page on a busy disk, so a shutdown's save
+    (within the 30 s grace) ended after ~4,300 of a 5,300-token tool block's pages, and
+    only whole tree nodes are indexed; concurrent fsyncs share the filesystem's journal
+    commits (scripts/bench_save_writes.py)."""
+    failed = threading.Event()
+
+    def write(slot: int, payload: bytes) -> bool:
+        if failed.is_set():
+            return False
+        try:
+            disk.write_page(slot, payload)
+            return True
+        except (DiskStoreFull, OSError) as e:
+            if not failed.is_set():
+                log.warning("KV disk store %s: %s; the save keeps what fits",
+                            disk.store.directory, e)
+            failed.set()
+            return False
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="radixserve-save") as pool:
+        done = list(pool.map(write, slots, payloads))
+    return done.index(False) if False in done else len(done)
 
 
 def open_store(config: EngineConfig, runner: ModelRunner) -> DiskPageStore | None:

@@ -24,8 +24,8 @@ from radixserve.server.engine_client import EngineClient, TokenizerClient
 from radixserve.server.errors import ApiError, api_error_from, bad_request
 from radixserve.server.structured import (ToolOutput, auto_call_grammar, compile_for,
                                           native_spec, response_format_spec)
-from radixserve.server.tools import (call_grammar, check_history, parse_tool_choice,
-                                     parse_tools, render_messages)
+from radixserve.server.tools import (call_format, call_grammar, check_history,
+                                     parse_tool_choice, parse_tools, render_messages)
 
 if TYPE_CHECKING:
     from radixserve.engine.grammar_cache import GrammarCompiler
@@ -173,11 +173,12 @@ async def prepare_chat(req: P.ChatCompletionRequest, prompts: PromptBuilder,
     choice = parse_tool_choice(req.tool_choice, toolset)
     check_history(req.messages)
     spec, field = response_format_spec(req.response_format), "response_format"
+    fmt = call_format(prompts.tokenizer)
     if choice.forces_call:
-        spec, field = call_grammar(toolset, choice, req.parallel_tool_calls), "tools"
+        spec, field = call_grammar(toolset, choice, req.parallel_tool_calls, fmt), "tools"
     elif choice.mode == "auto" and spec is None:
         params.grammar = await auto_call_grammar(prompts.grammars, toolset, choice,
-                                                 req.parallel_tool_calls)
+                                                 req.parallel_tool_calls, fmt)
     if spec is not None:
         params.grammar = await compile_for(prompts.grammars, spec, field)
     if params.grammar is not None:

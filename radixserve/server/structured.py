@@ -14,7 +14,7 @@ from radixserve.engine.grammar import Grammar, GrammarError, GrammarSpec
 from radixserve.engine.grammar_cache import GrammarCompiler, GrammarTimeout, compiler_for
 from radixserve.server import protocol as P
 from radixserve.server.errors import bad_request
-from radixserve.server.tools import JSON_STYLE, ToolChoice, ToolSet, call_grammar
+from radixserve.server.tools import HERMES, JSON_STYLE, ToolChoice, ToolSet, call_grammar
 
 
 @dataclass(frozen=True)
@@ -94,13 +94,13 @@ async def compile_for(compiler: GrammarCompiler, spec: GrammarSpec, field: str) 
 
 
 async def auto_call_grammar(compiler: GrammarCompiler, toolset: ToolSet, choice: ToolChoice,
-                            parallel: bool) -> Grammar | None:
+                            parallel: bool, fmt: str = HERMES) -> Grammar | None:
     """`tool_choice: "auto"`: constrained to free text or well-formed calls when the library
     takes every tool's schema. When it refuses one (or the compile passes the cap) and no
     tool is `strict`, the output is left free and parsed, as before: OpenAI accepts any
     schema for a non-strict tool. With a strict tool the refusal is the 400 of a forced
     call."""
-    spec = call_grammar(toolset, choice, parallel)
+    spec = call_grammar(toolset, choice, parallel, fmt)
     if any(t.strict for t in toolset.tools):
         return await compile_for(compiler, spec, "tools")
     try:

@@ -85,12 +85,25 @@ def _json_call(text: str, names: set[str]) -> ToolCall | None:
 
 
 def _bare_json_calls(text: str, names: set[str]) -> list[ToolCall]:
-    """Llama 3's format: the whole output is `;`-separated call objects (or it is text)."""
-    stripped = text.strip().removeprefix("<|python_tag|>")
-    if not stripped.startswith("{"):
-        return []
-    calls = [_json_call(part, names) for part in stripped.split(";")]
-    return calls if calls and all(c is not None for c in calls) else []  # type: ignore[return-value]
+    """Llama 3's format: the whole output is `;`-separated call objects (or it is text).
+    Each object is decoded whole, so a ';' inside an argument string is no separator."""
+    rest = text.strip().removeprefix("<|python_tag|>").lstrip()
+    calls: list[ToolCall] = []
+    decoder = json.JSONDecoder()
+    while rest.startswith("{"):
+        try:
+            obj, end = decoder.raw_decode(rest)
+        except ValueError:
+            return []
+        call = _call(obj, names)
+        if call is None:
+            return []
+        calls.append(call)
+        rest = rest[end:].lstrip()
+        if not rest.startswith(";"):
+            break
+        rest = rest[1:].lstrip()
+    return calls if not rest else []
 
 
 def parse_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:

@@ -8,8 +8,10 @@ The small API (also for other chat-like routes: /v1/responses, /v1/messages):
 - `check_history(messages)`: every tool message answers an earlier call (400 otherwise);
 - `render_messages(messages, toolset, native)`: messages (and `tools=`) for the chat
   template; `native` says the model's template renders tools itself;
-- `call_grammar(toolset, choice, parallel)`: GrammarSpec for `required`, a named tool or
-  `auto` (free text, or well-formed calls);
+- `call_format(tokenizer)`: the call format the model's family writes (Hermes tags, or
+  Llama 3's bare JSON);
+- `call_grammar(toolset, choice, parallel, fmt)`: GrammarSpec for `required`, a named tool
+  or `auto` (free text, or well-formed calls in that format);
 - parsing the output back into calls is `tool_parser.py`'s.
 
 Canonical order: the same tools give the same prompt bytes whatever order the client sent
@@ -19,6 +21,8 @@ prefix-cache hit across requests, processes and restarts.
 Families whose template has no tool support get the Hermes/Qwen format (documented in
 docs/structured.md): the tool list in the system message inside `<tools></tools>`, calls as
 `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, results as `<tool_response>`.
+Llama 3.x templates render tools themselves and ask for a bare JSON object,
+`{"name": ..., "parameters": {...}}`, with no tag: for those the grammar asks for that shape.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from typing import Any
 
 from radixserve.engine.grammar import GrammarSpec, canonical_json
 from radixserve.server.errors import bad_request
+from radixserve.server.tool_parser import OPEN
 
+HERMES, LLAMA3_JSON = "hermes", "llama3_json"      # call formats (call_format)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 DEFAULT_TOOLS_PROMPT = (
@@ -200,20 +206,39 @@ def _arguments(arguments: str) -> Any:
         return arguments
 
 
-def call_grammar(toolset: ToolSet, choice: ToolChoice, parallel: bool) -> GrammarSpec:
-    """Lark: `<tool_call>` blocks whose JSON is a call of an allowed tool with arguments
-    matching its schema ("name" first, as models write it). `required` and a named tool
-    must call (one block); `auto` may instead write free text, and text before a call, but
-    any `<tool_call>` it writes is a well-formed call. With `parallel` (not a named tool)
-    up to one call per tool: a small model left unbounded may repeat calls until
-    max_tokens."""
+def template_call_format(template: str | None) -> str:
+    """The format a chat template's family writes calls in: Llama 3.x templates render the
+    tools themselves and ask for `{"name": ..., "parameters": ...}` without a tag (their
+    text says "parameters" and none says `<tool_call>`); every other family, and templates
+    without tools (the default block), the Hermes tags."""
+    if not isinstance(template, str) or "tools" not in template or OPEN in template:
+        return HERMES
+    return LLAMA3_JSON if '"parameters"' in template else HERMES
+
+
+def call_format(tokenizer: object) -> str:
+    """The served model's call format (`template_call_format` of its chat template)."""
+    return template_call_format(getattr(getattr(tokenizer, "hf", None), "chat_template", None))
+
+
+def call_grammar(toolset: ToolSet, choice: ToolChoice, parallel: bool,
+                 fmt: str = HERMES) -> GrammarSpec:
+    """Lark: calls of an allowed tool with arguments matching its schema ("name" first, as
+    models write it), in the family's format `fmt`: `<tool_call>` blocks (Hermes), or bare
+    `{"name": ..., "parameters": ...}` objects separated by "; " (Llama 3). `required` and
+    a named tool must call; `auto` may instead write free text (and, with tags, text before
+    a call), but any call it starts is well-formed. With `parallel` (not a named tool) up
+    to one call per tool: a small model left unbounded may repeat calls until max_tokens."""
     tools = [toolset.get(choice.name)] if choice.mode == "named" else list(toolset.tools)
+    args = "parameters" if fmt == LLAMA3_JSON else "arguments"
     options = [{"type": "object", "properties": {
-        "name": {"const": t.name}, "arguments": t.parameters},
-        "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+        "name": {"const": t.name}, args: t.parameters},
+        "required": ["name", args], "additionalProperties": False} for t in tools]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     body = json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
     calls = len(tools) if parallel and choice.mode != "named" else 1
+    if fmt == LLAMA3_JSON:
+        return GrammarSpec("lark", _bare_json_grammar(choice, calls, body))
     repeat = f' ("\\n" call){{0,{calls - 1}}}' if calls > 1 else ""
     if choice.mode == "auto":
         # TEXT: anything without the tag; `pre` (lazy) ends at the tag, which it emits
@@ -226,3 +251,13 @@ def call_grammar(toolset: ToolSet, choice: ToolChoice, parallel: bool) -> Gramma
     lark = (start + f'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
             f"body: %json {body}\n")
     return GrammarSpec("lark", lark)
+
+
+def _bare_json_grammar(choice: ToolChoice, calls: int, body: str) -> str:
+    """Llama 3's calls: the whole output is `;`-separated call objects. `auto` may instead
+    write free text that does not start with '{' (after any blank space), so that text
+    is never a call cut short."""
+    repeat = f' ("; " body){{0,{calls - 1}}}' if calls > 1 else ""
+    start = "start: TEXT | calls\nTEXT: /(.|\\n)*/ & ~/\\s*\\{(.|\\n)*/\n" \
+        if choice.mode == "auto" else "start: calls\n"
+    return start + f"calls: body{repeat}\nbody: %json {body}\n"

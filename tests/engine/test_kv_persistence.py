@@ -108,6 +108,30 @@ def test_save_while_requests_run(model_fp32, tmp_path, uncached):
     assert engine.persistence.last_save.pages_written == 0  # shutdown: nothing new
 
 
+def test_a_save_cut_short_keeps_the_start_of_a_node(model_fp32, tmp_path, uncached,
+                                                   monkeypatch):
+    """A save that stops inside a node (the shutdown's grace ran out, or the disk filled:
+    here the "disk" takes 5 pages) indexes the pages it wrote, parents first: the next
+    start restores those 5 pages, not only whole nodes (a 5,300-token tool block saved as
+    far as 4,300 tokens used to come back as its two whole 2,048-token nodes)."""
+    from radixserve.engine import kv_persistence
+    real, room = kv_persistence.write_pages, [5]
+
+    def five_pages(disk, slots, payloads, *args):
+        n = min(room[0], len(slots))
+        room[0] -= n
+        return real(disk, slots[:n], payloads[:n], *args)
+
+    monkeypatch.setattr(kv_persistence, "write_pages", five_pages)
+    prompts, expected = uncached
+    second = first_then_second(model_fp32, tmp_path / "kv", uncached)
+    monkeypatch.undo()
+    [result] = run_all(second, prompts[1:2], GREEDY)
+    assert second.stats().kv_disk.restored_tokens == 5 * PAGE_SIZE
+    assert result.token_ids[0] == expected[1]
+    assert result.final.usage.cached_tokens == 5 * PAGE_SIZE
+
+
 def test_host_tier_contents_are_saved_and_restored(model_fp32, tmp_path):
     """A prefix pushed out of the pool into host memory (L2) is written down at shutdown
     too: after a restart (with a pool that holds it) it hits on the first request."""

@@ -13,8 +13,9 @@ from radixserve.server import protocol as P
 from radixserve.server.errors import ApiError
 from radixserve.server.tool_parser import (ArgumentsDelta, CallDone, CallStarted, Text,
                                           ToolCallStream, parse_calls)
-from radixserve.server.tools import (ToolChoice, call_grammar, check_history, parse_tool_choice,
-                                     parse_tools, render_messages)
+from radixserve.server.tools import (HERMES, LLAMA3_JSON, ToolChoice, call_grammar,
+                                     check_history, parse_tool_choice, parse_tools,
+                                     render_messages, template_call_format)
 
 TOOLS = [{"type": "function", "function": {
     "name": f"tool_{i}", "description": f"Tool number {i}.",
@@ -97,6 +98,20 @@ def test_parse_hermes_llama3_and_text():
     content, calls = parse_calls('{"name": "get_time", "parameters": {"city": "Oslo"}}', NAMES)
     assert content is None and calls[0].name == "get_time"
     for text in ('{"name": "unknown", "arguments": {}}', "plain words", '<tool_call>{"name": "get_'):
+        assert parse_calls(text, NAMES) == (text, [])
+
+
+def test_llama3_calls_split_on_semicolons_between_objects_only():
+    """Several bare calls are `;`-separated; a ';' inside an argument is no separator, and
+    anything after the last object that is not another call makes the output text (a
+    trailing ';' is forgiven)."""
+    two = ('{"name": "get_time", "parameters": {"city": "Oslo; Norway"}}; '
+           '{"name": "get_weather", "parameters": {"city": "Rome"}}')
+    content, calls = parse_calls(two, NAMES)
+    assert content is None and [c.name for c in calls] == ["get_time", "get_weather"]
+    assert json.loads(calls[0].arguments) == {"city": "Oslo; Norway"}
+    assert [c.name for c in parse_calls(two + ";", NAMES)[1]] == ["get_time", "get_weather"]
+    for text in (two + " and more", '{"name": "get_time", "parameters": {"c'):
         assert parse_calls(text, NAMES) == (text, [])
 
 
@@ -226,3 +241,48 @@ def test_auto_with_a_schema_the_library_refuses(compiler):
     ok = asyncio.run(auto_call_grammar(compiler, parse_tools(FIFTY[:2]), ToolChoice("auto"),
                                        False))
     assert ok is not None
+
+
+# The tool part of Llama 3.1/3.2's template, in Meta's words: the tools in the first user
+# message, calls asked for as bare JSON (no tag), earlier calls rendered back that way.
+LLAMA3_TEMPLATE = (
+    "{%- for m in messages %}<s>{{ m['role'] }}: "
+    "{%- if m['role'] == 'user' and loop.first and tools is defined and tools %}"
+    "Given the following functions, please respond with a JSON for a function call with its "
+    "proper arguments that best answers the given prompt.\n\nRespond in the format "
+    '{"name": function name, "parameters": dictionary of argument name and its value}. '
+    "Do not use variables.\n\n"
+    "{%- for t in tools %}{{ t | tojson }}\n\n{% endfor %}{% endif %}"
+    "{%- if m.get('tool_calls') %}{%- for c in m['tool_calls'] %}"
+    '{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}'
+    "{% endfor %}{%- else %}{{ m['content'] }}{% endif %}</s>{% endfor %}"
+    "{%- if add_generation_prompt %}<s>assistant: {% endif %}")
+
+
+def test_the_template_family_picks_the_call_format():
+    from tests.model.tiny_models import CHAT_TEMPLATE
+    assert template_call_format(LLAMA3_TEMPLATE) == LLAMA3_JSON
+    assert template_call_format(CHAT_TEMPLATE) == HERMES            # no tools: default block
+    assert template_call_format(None) == HERMES
+    hermes = "{% if tools %}<tools>{{ tools }}</tools> use <tool_call>{\"name\": ...}{% endif %}"
+    assert template_call_format(hermes) == HERMES
+
+
+def test_auto_grammar_in_llama3_format_allows_text_or_bare_json_calls(compiler):
+    """Llama 3's auto: free text, or the whole output one or more bare `{"name": ...,
+    "parameters": ...}` calls; text that starts with '{' must be a well-formed call."""
+    tools = parse_tools(FIFTY)
+    auto = call_grammar(tools, ToolChoice("auto"), parallel=True, fmt=LLAMA3_JSON)
+    one = '{"name": "t07", "parameters": {"q": "a"}}'
+    assert _accepts(compiler, auto, "No tool is needed: {braces} are fine inside text.")
+    assert _accepts(compiler, auto, one)
+    assert _accepts(compiler, auto, one + '; {"name": "t49", "parameters": {"q": "b"}}')
+    for bad in ('{"name": "nope", "parameters": {}}', '{"name": "t07", "arguments": {"q": "a"}}',
+                '{"name": "t07", "parameters": {"x": 1}}', "{not json at all",
+                "  " + one[:-1]):       # a call cut short may not end the output
+        assert not _accepts(compiler, auto, bad)
+    single = call_grammar(tools, ToolChoice("auto"), parallel=False, fmt=LLAMA3_JSON)
+    assert not _accepts(compiler, single, one + '; ' + one)
+    required = call_grammar(tools, ToolChoice("required"), parallel=False, fmt=LLAMA3_JSON)
+    assert _accepts(compiler, required, one)
+    assert not _accepts(compiler, required, "Sure, no call.")
