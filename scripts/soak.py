@@ -1,7 +1,7 @@
 """Soak: `radixserve serve` under a mixed load for a chosen duration, watching for leaks.
 
     python scripts/soak.py --duration-s 1800          # the figures in docs/benchmarks.md
-    python scripts/soak.py --duration-s 45            # what tests/server/test_soak_script.py runs
+    python scripts/soak.py --duration-s 120 --every-kind  # what tests/server/test_soak_script.py runs
 
 The server runs as a subprocess with a small KV pool over a disk tier (--kv-disk-dir in a
 temporary directory), so cached prefixes churn down to disk and back. Client threads mix:
