@@ -97,7 +97,9 @@ def test_a_dead_publishers_pages_are_forgotten_never_read(actor):
     while (got := reader.fetch(ks)).payloads:       # until Ray reports the owner gone
         assert got.payloads == [page(i) for i in range(len(got.payloads))]
         assert time.monotonic() < deadline, "a dead owner's objects stayed readable"
-    assert got.lost >= 1 and got.refused == 0
+    # the fetch that ends the loop either saw an object lost, or the directory had already
+    # forgotten the owner (it learned of the death first): a race, both correct
+    assert got.refused == 0
     assert reader.published(ks) == 0                # every page of that owner forgotten
 
 
