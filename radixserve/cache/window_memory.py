@@ -160,10 +160,10 @@ class WindowedMemory(PagedMemory):
         conversation matches) or of a branch node (a shared prefix such as a system
         prompt, where every request past it that the tree lost matches), least recently
         used first within each."""
+        if want >= len(droppable):
+            return droppable                    # all of them: no order, no tree walk
         ends = self._end_pages()
         key = self._used[droppable] + np.where(np.isin(droppable, ends), self._clock + 1, 0)
-        if want >= len(droppable):
-            return droppable
         return droppable[np.argpartition(key, want - 1)[:want]]
 
     def _end_pages(self) -> np.ndarray:

@@ -201,7 +201,7 @@ class KVPersistence:
                         # journaled once written: a kill mid-save keeps it
                         tiers.disk.describe(slot, self._place(n, i))
                     payloads = await self._compute(self._copy_out, todo) if todo else []
-                written = await asyncio.to_thread(self._write, tiers.disk, slots.tolist(),
+                written = await asyncio.to_thread(write_pages, tiers.disk, slots.tolist(),
                                                   payloads)
                 for (h, *_), slot in zip(todo[:written], slots.tolist()):
                     self._copies[h] = slot
@@ -300,10 +300,6 @@ class KVPersistence:
             for i, payload in zip(rows, payloads):
                 out[i] = payload
         return out
-
-    def _write(self, disk: TierPages, slots: list[int], payloads: list[bytes]) -> int:
-        """Write pages into lent disk slots (a worker thread); -> how many were written."""
-        return write_pages(disk, slots, payloads)
 
     def _drop_older_copies(self, written: list[int]) -> None:
         """The disk tier just wrote these slots: a kept or saved copy of the same page is

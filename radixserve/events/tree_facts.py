@@ -63,47 +63,40 @@ class TreeFacts:
 
     def _end_trims(self) -> None:
         """Append the trims gathered so far as one fact (the publisher reads the ids)."""
-        self.facts.append((TRIMMED, self._trims.copy()))
-        self._trims.clear()
+        if self._trims:
+            self.facts.append((TRIMMED, self._trims.copy()))
+            self._trims.clear()
+
+    def _append(self, fact: tuple) -> None:
+        """Any fact but a trim: the trims before it go first, as one fact."""
+        self._end_trims()
+        self.facts.append(fact)
 
     def stored(self, node: TreeNode) -> None:
-        if self._trims:
-            self._end_trims()
-        self.facts.append(_stored(node))
+        self._append(_stored(node))
 
     def split(self, upper: TreeNode, lower: TreeNode) -> None:
-        if self._trims:
-            self._end_trims()
-        self.facts.append((SPLIT, upper.id, lower.id, upper.num_tokens))
+        self._append((SPLIT, upper.id, lower.id, upper.num_tokens))
 
     def removed(self, node: TreeNode) -> None:
-        if self._trims:
-            self._end_trims()
-        self.facts.append((REMOVED, node.id))
+        self._append((REMOVED, node.id))
 
     def moved(self, node: TreeNode, src: Tier) -> None:
-        if self._trims:
-            self._end_trims()
-        self.facts.append((MOVED, node.id, src, node.tier))
+        self._append((MOVED, node.id, src, node.tier))
 
     def cleared(self) -> None:
-        if self._trims:
-            self._end_trims()
-        self.facts.append((CLEARED,))
+        self._append((CLEARED,))
 
     def mark(self) -> int:
         """A place in the stream (BlockEvents.mark, taken when the facts are replayed):
         returns its number; FactReplay.positions[number] is its event index in its batch."""
-        if self._trims:
-            self._end_trims()
-        self.facts.append((MARK,))
+        self._append((MARK,))
         self.marks += 1
         return self.marks - 1
 
     def take(self) -> list[tuple]:
         """The facts since the last call."""
-        if self._trims:
-            self._end_trims()
+        self._end_trims()
         facts, self.facts = self.facts, []
         return facts
 
