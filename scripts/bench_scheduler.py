@@ -21,6 +21,14 @@ forward wait X ms without the GIL, as a real one would (0: the plain stand-in).
 
     python scripts/bench_scheduler.py --kv-events both --forward-ms 2
     python scripts/bench_scheduler.py --kv-events own     # the events' own CPU only
+    python scripts/bench_scheduler.py --kv-events steady --rounds 20 --steps 100
+
+`--kv-events steady` is the steady measure of the 2% bound: churn only, `--rounds` pairs
+of off/on rounds (ABBA), each round warmed up first; per pair the on/off ratios of the
+median step's wall time, of the process's CPU per step (both threads) and of the scheduler
+thread's CPU, and the publisher thread's own CPU (time.thread_time() read inside it,
+PublisherStats.thread_cpu_s) as a share of the off round's process CPU; each printed as a
+median with a bootstrap 95% interval and the IQR over the pairs.
 
 Both end with the events' own CPU on each thread, measured so that a busy machine moves
 it least: the scheduler thread's (a churn round's observer calls recorded, then made again
@@ -406,23 +414,118 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
     print_publisher(steps)
 
 
+def steady_round(events: bool, steps: int, page_size: int, warmup: int,
+                 forward_ms: float) -> dict:
+    """One churn round at 256 running for `--kv-events steady`: `warmup` untimed steps
+    (the first admit whole prompts), the publisher idle, then `steps` timed ones. Returns
+    per step: the median wall time of schedule + complete + flush, the process's CPU (every
+    thread, the loop and the publisher's catch-up after it), the scheduler thread's CPU in
+    the timed part, and the publisher thread's own CPU (read inside it)."""
+    core, sink = build(256, page_size, prompt_len=256, shared=128,
+                       requests=256 + (warmup + steps) * 12, max_tokens=(8, 48),
+                       pages=256 * 320 // page_size)
+    kv = attach_events(core) if events else None
+    runner = NullRunner(page_size=page_size)
+    flush = kv.flush if kv is not None else None
+    for _ in range(warmup):
+        timed_step(core, runner, flush)
+        sink.clear()
+    if kv is not None:
+        kv.publisher.wait_idle(timeout_s=60)
+    pub0 = kv.stats.thread_cpu_s if kv is not None else 0.0
+    walls, sched_cpu = [], 0.0
+    cpu0 = time.process_time()
+    for _ in range(steps):
+        _, seconds, cpu = timed_step(core, runner, flush, forward_ms / 1e3)
+        walls.append(seconds)
+        sched_cpu += cpu
+        sink.clear()
+    pub = 0.0
+    if kv is not None:
+        kv.publisher.wait_idle(timeout_s=60)    # the publisher's work is part of the cost
+        pub = kv.stats.thread_cpu_s - pub0
+    proc = time.process_time() - cpu0
+    assert core.scheduler.waiting, "the round ran out of requests: churn needs new ones"
+    if kv is not None:
+        kv.close()
+    return {"wall_us": statistics.median(walls) * 1e6, "proc_us": proc / steps * 1e6,
+            "sched_us": sched_cpu / steps * 1e6, "pub_us": pub / steps * 1e6}
+
+
+def spread(values: list[float], resamples: int = 2000) -> tuple[float, float, float, float]:
+    """(median, its bootstrap 95% interval low and high, the interquartile range)."""
+    rng = random.Random(0)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return (statistics.median(values), medians[int(0.025 * resamples)],
+            medians[int(0.975 * resamples) - 1], q3 - q1)
+
+
+def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float) -> None:
+    """`--kv-events steady`: churn at 256 running, events off and on in `pairs` pairs of
+    rounds (ABBA order, so drift hits both), per pair the on/off ratios; prints each
+    ratio's median with its bootstrap 95% interval and IQR. The events' share of the step
+    is (the publisher thread's CPU + the scheduler thread's events work) / the off round's
+    process CPU per step; the scheduler thread's part comes from `observer_cpu` (its calls
+    made again under one timer per step: within a round, the on-off difference of the
+    scheduler thread's CPU is lost in the noise)."""
+    print(f"churn at 256 running, {pairs} off/on pairs of {steps} timed steps after "
+          f"{warmup} warm-up steps; stand-in forward {forward_ms} ms")
+    print(f"{'page':>5} {'measure':>34} {'median':>8} {'95% low':>8} {'95% high':>9} "
+          f"{'IQR':>7}")
+    for page_size in (1, 16):
+        rows: dict[str, list[float]] = {}
+        observer_us = observer_cpu(min(steps, 200), page_size)
+        for i in range(pairs):
+            runs = {}
+            for events in (False, True) if i % 2 == 0 else (True, False):
+                runs[events] = steady_round(events, steps, page_size, warmup, forward_ms)
+            off, on = runs[False], runs[True]
+            for name, value in (
+                    ("wall on/off (median step)", on["wall_us"] / off["wall_us"]),
+                    ("process cpu on/off", on["proc_us"] / off["proc_us"]),
+                    ("sched thread cpu on/off", on["sched_us"] / off["sched_us"]),
+                    ("off process cpu us/step", off["proc_us"]),
+                    ("publisher thread cpu us/step", on["pub_us"]),
+                    ("publisher share of off cpu", on["pub_us"] / off["proc_us"]),
+                    ("events share (pub + sched work)",
+                     (on["pub_us"] + observer_us) / off["proc_us"])):
+                rows.setdefault(name, []).append(value)
+        print(f"{page_size:>5} {'sched thread events work us/step':>34} "
+              f"{observer_us:>8.1f}   (best of 5 per step, one timer per step)")
+        for name, values in rows.items():
+            med, low, high, iqr = spread(values)
+            fmt = ".1f" if name.endswith("us/step") else ".4f"
+            print(f"{page_size:>5} {name:>34} {med:>8{fmt}} {low:>8{fmt}} {high:>9{fmt}} "
+                  f"{iqr:>7{fmt}}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="a few steps only")
-    parser.add_argument("--kv-events", choices=["off", "both", "own"], default="off",
+    parser.add_argument("--kv-events", choices=["off", "both", "own", "steady"],
+                        default="off",
                         help="both: step time with KV events on vs off at 256 running; "
-                             "own: only the events' own CPU, timed call by call")
+                             "own: only the events' own CPU, timed call by call; "
+                             "steady: churn, many alternating pairs, medians and spreads")
     parser.add_argument("--forward-ms", type=float, default=0.0,
                         help="with --kv-events: the stand-in forward waits this long "
                              "without the GIL, as a real forward pass does")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="with --kv-events: alternated off/on rounds per setting")
+                        help="with --kv-events: alternated off/on rounds per setting "
+                             "(steady: off/on pairs, 20+ for a steady median)")
+    parser.add_argument("--warmup", type=int, default=40,
+                        help="with --kv-events steady: untimed steps before each round")
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
     if args.kv_events == "both":
         print(f"stand-in forward: {args.forward_ms} ms without the GIL")
         compare_events(steps, 1 if args.quick else args.rounds, args.forward_ms)
+        return
+    if args.kv_events == "steady":
+        steady_events(steps, 2 if args.quick else args.rounds, args.warmup, args.forward_ms)
         return
     if args.kv_events == "own":
         own_only(steps, 1 if args.quick else args.rounds)

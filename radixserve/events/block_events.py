@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from radixserve.cache.path_hash import DIGEST_BYTES, block_int, chain_blocks, namespace_seed
 from radixserve.cache.tier_types import Tier
-from radixserve.cache.token_keys import ITEM_BYTES, unpack
+from radixserve.cache.token_keys import ITEM_BYTES, TYPECODE
 from radixserve.events.schema import (MEDIUM_CPU, MEDIUM_CPU_HOST, MEDIUM_DISK, MEDIUM_GPU,
                                       EventClasses)
 
@@ -148,10 +148,12 @@ class BlockEvents:
             return
         n = len(hashes)
         extra = None if node.namespace is None else [(node.namespace,)] * n
+        tokens = array(TYPECODE)          # token_keys.unpack without a copy of `data`
+        tokens.frombytes(memoryview(data)[:n * self._step])
+        # positional, in vLLM's field order (msgspec checks nothing at construction)
         self._events.append(self.classes.BlockStored(
-            block_hashes=hashes, parent_block_hash=parent, token_ids=unpack(data[:n * self._step]),
-            block_size=self.block_size, lora_id=None, medium=self.media[tier],
-            lora_name=None, extra_keys=extra))
+            hashes, parent, tokens.tolist(), self.block_size, None, self.media[tier], None,
+            extra))
 
     def _remove(self, ids: list[int], tier: Tier) -> None:
         medium = self.media[tier]
@@ -165,16 +167,22 @@ class BlockEvents:
     def _blocks(self, node: TreeNode) -> tuple[int | None, list[int], bytes]:
         """(the parent block's id or None, the ids of the blocks ending in `node`, the
         packed tokens from the first of those blocks' start to the node's end)."""
-        h, rest = self._carry_of(node.parent)
-        data = rest + node.key if rest else node.key
+        up = node.parent
+        carry = self._carry.get(up.id) if up.depth else None
+        h, rest = carry if carry is not None else self._carry_of(up)
+        key = node.key
+        data = rest + key if rest else key
         hashes = chain_blocks(h, data, self.block_size)
         first_start = node.depth - node.num_tokens - len(rest) // ITEM_BYTES
-        parent = None if first_start == 0 else block_int(h)
         whole = len(data) - len(data) % self._step
-        self._carry[node.id] = (hashes[-1] if hashes else h, data[whole:])
-        ids = block_ints(hashes)
+        if hashes:
+            ids = block_ints(hashes)
+            self._carry[node.id] = (hashes[-1], data[whole:])
+        else:
+            ids = []
+            self._carry[node.id] = (h, data)
         self._hashes[node.id] = (first_start + self.block_size, ids)
-        return parent, ids, data
+        return (None if first_start == 0 else block_int(h)), ids, data
 
     def _hashes_of(self, node: TreeNode) -> list[int]:
         """The ids of the blocks ending in `node` (kept from when they were computed;

@@ -93,6 +93,9 @@ class PublisherStats:
     published_bytes: int = 0
     replay_requests: int = 0
     bad_replay_requests: int = 0
+    # The publisher thread's own CPU seconds so far (time.thread_time() read in it after
+    # each batch): what publishing costs beside the engine's step (bench_scheduler.py).
+    thread_cpu_s: float = 0.0
 
 
 class EventPublisher:
@@ -233,6 +236,7 @@ class EventPublisher:
                     self.resync_wanted = True
                 with self._sent:
                     self._handled += len(items)
+                    self.stats.thread_cpu_s = time.thread_time()
                     self._sent.notify_all()
             if stop:
                 return

@@ -8,7 +8,7 @@ ids, a tier (trims: one dict for a run of them), and for a new node a reference 
 token ids (a key as the node holds it: packed bytes, or the caller's id list and a range,
 which callers never change in place; tree_node.py). `FactReplay`, on the publisher's
 thread, applies the same changes in the same order to a shadow of the tree's shape (a
-TreeNode per node, no pages) and feeds BlockEvents from it, so the events are exactly
+ShadowNode per node, no pages) and feeds BlockEvents from it, so the events are exactly
 those BlockEvents computes on the tree itself. The shadow needs the tree's splits
 (`TreeObserver.split`), which change no token.
 
@@ -22,16 +22,15 @@ from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from radixserve.cache.radix_cache import EMPTY_PAGES
 from radixserve.cache.tier_types import Tier
-from radixserve.cache.token_keys import pack_range
-from radixserve.cache.tree_node import TreeNode
+from radixserve.cache.token_keys import ITEM_BYTES, pack_range
 
 if TYPE_CHECKING:
     from radixserve.cache.radix_cache import RadixCache
+    from radixserve.cache.tree_node import TreeNode
     from radixserve.events.block_events import BlockEvents
 
-__all__ = ["FactReplay", "TreeFacts", "snapshot"]
+__all__ = ["FactReplay", "ShadowNode", "TreeFacts", "snapshot"]
 
 # The first item of each fact tuple.
 STORED, SPLIT, TRIMMED, REMOVED, MOVED, CLEARED, MARK = range(7)
@@ -108,9 +107,42 @@ def _packed(key: bytes | None, pending: tuple | None) -> bytes:
     if key is not None:
         return key
     ids, start, stop = pending
+    if type(ids) is array and ids.typecode == "q":     # the engine's: already packed
+        return ids[start:stop].tobytes()
     if type(ids) is list or type(ids) is array:
         return pack_range(ids[start:stop], 0, stop - start)
     return pack_range(ids, start, stop)     # numpy or bytes: never resized in place
+
+
+class ShadowNode:
+    """A node of FactReplay's shadow tree: what BlockEvents reads of a TreeNode (same
+    names), no pages, its key always packed. A slotted class with plain attributes: the
+    publisher's thread makes one per stored node and holds the GIL while it does."""
+
+    __slots__ = ("id", "key", "parent", "depth", "namespace", "tier", "num_tokens")
+
+    def __init__(self, nid: int, key: bytes, parent: ShadowNode | None, depth: int,
+                 namespace: str | None, tier: Tier = Tier.POOL):
+        self.id = nid
+        self.key = key
+        self.parent = parent
+        self.depth = depth
+        self.namespace = namespace
+        self.tier = tier
+        self.num_tokens = len(key) // ITEM_BYTES
+
+    def cut(self, num_tokens: int) -> bytes:
+        """Drop the first `num_tokens` tokens; return them (TreeNode.cut)."""
+        key, cut = self.key, num_tokens * ITEM_BYTES
+        self.key = key[cut:]
+        self.num_tokens -= num_tokens
+        return key[:cut]
+
+    def truncate(self, num_tokens: int) -> None:
+        """Keep the first `num_tokens` tokens (TreeNode.truncate); the depth follows."""
+        self.depth -= self.num_tokens - num_tokens
+        self.key = self.key[:num_tokens * ITEM_BYTES]
+        self.num_tokens = num_tokens
 
 
 def snapshot(tree: RadixCache) -> list[tuple]:
@@ -125,7 +157,7 @@ class FactReplay:
 
     def __init__(self, blocks: BlockEvents):
         self.blocks = blocks
-        self.nodes: dict[int, TreeNode] = {}
+        self.nodes: dict[int, ShadowNode] = {}
         self.positions: list[int] = []      # each MARK's event index in its batch
         self.broken = False     # a batch failed: the shadow is wrong until the next clear
 
@@ -151,9 +183,9 @@ class FactReplay:
             if kind == STORED:
                 _, nid, pid, key, pending, depth, namespace, tier = fact
                 parent = nodes[pid] if pid is not None else \
-                    TreeNode(0, b"", EMPTY_PAGES, None, 0, namespace)
-                node = nodes[nid] = TreeNode(nid, _packed(key, pending), EMPTY_PAGES, parent,
-                                             depth, namespace, tier=tier)
+                    ShadowNode(0, b"", None, 0, namespace)
+                node = nodes[nid] = ShadowNode(nid, _packed(key, pending), parent, depth,
+                                               namespace, tier)
                 blocks.stored(node)
             elif kind == REMOVED:
                 blocks.removed(nodes.pop(fact[1]))
@@ -161,16 +193,13 @@ class FactReplay:
                 for leaf, keep in fact[1].items():
                     node = nodes[leaf.id]
                     blocks.trimmed(node, keep)
-                    node.depth -= node.num_tokens - keep
                     node.truncate(keep)
             elif kind == SPLIT:
                 _, uid, lid, m = fact
                 lower = nodes[lid]
                 start = lower.depth - lower.num_tokens
-                key, pending = lower.cut(m)
-                nodes[uid] = lower.parent = TreeNode(
-                    uid, key, EMPTY_PAGES, lower.parent, start + m, lower.namespace,
-                    _pending=pending, tier=lower.tier)
+                nodes[uid] = lower.parent = ShadowNode(
+                    uid, lower.cut(m), lower.parent, start + m, lower.namespace, lower.tier)
             elif kind == MOVED:
                 _, nid, src, dst = fact
                 node = nodes[nid]
