@@ -452,6 +452,58 @@ def steady_round(events: bool, steps: int, page_size: int, warmup: int,
             "sched_us": sched_cpu / steps * 1e6, "pub_us": pub / steps * 1e6}
 
 
+def publisher_floor(steps: int, page_size: int, warmup: int, repeats: int = 5) -> dict:
+    """On one thread, for a steady churn round's recorded facts (those of the timed steps,
+    after `warmup`): the publisher's whole work per step (replay + encode, as
+    `publisher_cpu`), and the floor under it, the work no bookkeeping can remove: hashing
+    each stored block (path_hash.chain_blocks over each stored node's tokens), listing its
+    token ids (token_keys.unpack) and encoding the step's batch. Best of `repeats` per
+    step; us per step."""
+    import msgspec
+
+    from radixserve.cache.path_hash import chain_blocks, namespace_seed
+    from radixserve.cache.token_keys import ITEM_BYTES, unpack
+    from radixserve.events.block_events import BlockEvents, media_for
+    from radixserve.events.schema import ENCODINGS
+    from radixserve.events.tree_facts import STORED, FactReplay, TreeFacts, _packed
+
+    core, sink = build(256, page_size, prompt_len=256, shared=128,
+                       requests=256 + (warmup + steps) * 12, max_tokens=(8, 48),
+                       pages=256 * 320 // page_size)
+    facts = TreeFacts()
+    core.scheduler.memory.tree.attach_observer(facts)
+    facts.cleared()
+    runner, recorded = NullRunner(page_size=page_size), []
+    for _ in range(warmup + steps):
+        plan = core.schedule()
+        core.complete(plan, runner.execute(plan.batch))
+        recorded.append(facts.take())
+        sink.clear()
+    keys = [[_packed(f[3], f[4]) for f in step if f[0] == STORED] for step in recorded]
+    encoder, seed = msgspec.msgpack.Encoder(), namespace_seed(None)
+    whole, floor = [float("inf")] * len(recorded), [float("inf")] * len(recorded)
+    for _ in range(repeats):
+        replay = FactReplay(BlockEvents(ENCODINGS["array"], 16, page_size, media_for("cpu")))
+        for i, step in enumerate(recorded):
+            t0 = time.thread_time()
+            batch = replay.batch(step)
+            if batch is not None:
+                encoder.encode(batch)
+            t1 = time.thread_time()
+            for key in keys[i]:
+                chain_blocks(seed, key, 16)
+                unpack(key)
+            if batch is not None:
+                encoder.encode(batch)
+            t2 = time.thread_time()
+            whole[i] = min(whole[i], t1 - t0)
+            floor[i] = min(floor[i], t2 - t1)
+    return {"whole_us": sum(whole[warmup:]) / steps * 1e6,
+            "floor_us": sum(floor[warmup:]) / steps * 1e6,
+            "stored_tokens": sum(len(key) for step in keys[warmup:] for key in step)
+            / ITEM_BYTES / steps}
+
+
 def spread(values: list[float], resamples: int = 2000) -> tuple[float, float, float, float]:
     """(median, its bootstrap 95% interval low and high, the interquartile range)."""
     rng = random.Random(0)
@@ -494,6 +546,14 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float) -> Non
                 rows.setdefault(name, []).append(value)
         print(f"{page_size:>5} {'sched thread events work us/step':>34} "
               f"{observer_us:>8.1f}   (best of 5 per step, one timer per step)")
+        alone = publisher_floor(min(steps, 200), page_size, warmup)
+        off_cpu = statistics.median(rows["off process cpu us/step"])
+        print(f"{page_size:>5} {'publisher work alone us/step':>34} {alone['whole_us']:>8.1f}"
+              f"   ({alone['whole_us'] / off_cpu:.2%} of the off step; replay + encode, "
+              f"one thread, best of 5)")
+        print(f"{page_size:>5} {'floor: hash+token lists+encode':>34} {alone['floor_us']:>8.1f}"
+              f"   ({alone['floor_us'] / off_cpu:.2%} of the off step; "
+              f"{alone['stored_tokens']:.0f} tokens stored per step)")
         for name, values in rows.items():
             med, low, high, iqr = spread(values)
             fmt = ".1f" if name.endswith("us/step") else ".4f"
