@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import zmq
 
@@ -64,6 +65,10 @@ def test_absent_subscriber_does_not_block():
             pub.publish(batch(i))
         assert pub.wait_sent(2000, timeout_s=60)
         assert pub.stats.dropped_batches == 0     # every send returned: nothing waited
+        assert pub.wait_idle(timeout_s=60)
+        # The thread's own CPU (bench_scheduler's publisher share), read inside it: some
+        # was spent, and no more than the whole process's.
+        assert 0 < pub.stats.thread_cpu_s <= time.process_time()
     finally:
         pub.close()
 
