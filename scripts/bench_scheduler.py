@@ -252,37 +252,10 @@ def print_own(own: list) -> None:
 
 
 def publisher_cpu(steps: int, page_size: int, repeats: int = 5) -> dict:
-    """The publisher's own work on a churn round, without a second thread: the tree's
-    facts of each step are recorded (no publisher), then replayed into a fresh shadow
-    and encoded, `repeats` times, on this thread; each step's best time is kept (the
-    least disturbed by other processes). Returns us per step, all steps and from step 50
-    on (the first steps admit whole prompts: bursts of stores)."""
-    import msgspec
-
-    from radixserve.events.block_events import BlockEvents, media_for
-    from radixserve.events.schema import ENCODINGS
-    from radixserve.events.tree_facts import FactReplay, TreeFacts
-
-    core, sink = build(256, page_size, prompt_len=256, shared=128, requests=1024,
-                       max_tokens=(8, 48), pages=256 * 320 // page_size)
-    facts = TreeFacts()
-    core.scheduler.memory.tree.attach_observer(facts)
-    facts.cleared()
-    runner, recorded = NullRunner(page_size=page_size), []
-    for _ in range(steps):
-        plan = core.schedule()
-        core.complete(plan, runner.execute(plan.batch))
-        recorded.append(facts.take())
-        sink.clear()
-    encoder, best = msgspec.msgpack.Encoder(), [float("inf")] * steps
-    for _ in range(repeats):
-        replay = FactReplay(BlockEvents(ENCODINGS["array"], 16, page_size, media_for("cpu")))
-        for i, step in enumerate(recorded):
-            t0 = time.thread_time()
-            batch = replay.batch(step)
-            if batch is not None:
-                encoder.encode(batch)
-            best[i] = min(best[i], time.thread_time() - t0)
+    """The publisher's own work on a churn round of 1,024 requests (it drains after step
+    ~110), without a second thread (`replay_costs`). Returns us per step, all steps and
+    from step 50 on (the first steps admit whole prompts: bursts of stores)."""
+    best, _, _ = replay_costs(steps, page_size, 1024, repeats)
     return {"all_us": sum(best) / steps * 1e6,
             "steady_us": sum(best[50:]) / (steps - 50) * 1e6 if steps > 50 else float("nan")}
 
@@ -452,13 +425,15 @@ def steady_round(events: bool, steps: int, page_size: int, warmup: int,
             "sched_us": sched_cpu / steps * 1e6, "pub_us": pub / steps * 1e6}
 
 
-def publisher_floor(steps: int, page_size: int, warmup: int, repeats: int = 5) -> dict:
-    """On one thread, for a steady churn round's recorded facts (those of the timed steps,
-    after `warmup`): the publisher's whole work per step (replay + encode, as
-    `publisher_cpu`), and the floor under it, the work no bookkeeping can remove: hashing
-    each stored block (path_hash.chain_blocks over each stored node's tokens), listing its
-    token ids (token_keys.unpack) and encoding the step's batch. Best of `repeats` per
-    step; us per step."""
+def replay_costs(steps: int, page_size: int, requests: int, repeats: int = 5
+                 ) -> tuple[list[float], list[float], list[int]]:
+    """The publisher's work on a churn round, on this thread: the tree's facts of each
+    step are recorded (no publisher), then replayed into a fresh shadow and encoded,
+    `repeats` times, each step's best time kept (the least disturbed by other processes).
+    Also the floor under that work, which no bookkeeping can remove: hashing each stored
+    block (path_hash.chain_blocks over each stored node's tokens), listing its token ids
+    (token_keys.unpack) and encoding the step's batch. Returns per step: seconds of the
+    work, of its floor, and the tokens stored."""
     import msgspec
 
     from radixserve.cache.path_hash import chain_blocks, namespace_seed
@@ -467,21 +442,20 @@ def publisher_floor(steps: int, page_size: int, warmup: int, repeats: int = 5) -
     from radixserve.events.schema import ENCODINGS
     from radixserve.events.tree_facts import STORED, FactReplay, TreeFacts, _packed
 
-    core, sink = build(256, page_size, prompt_len=256, shared=128,
-                       requests=256 + (warmup + steps) * 12, max_tokens=(8, 48),
-                       pages=256 * 320 // page_size)
+    core, sink = build(256, page_size, prompt_len=256, shared=128, requests=requests,
+                       max_tokens=(8, 48), pages=256 * 320 // page_size)
     facts = TreeFacts()
     core.scheduler.memory.tree.attach_observer(facts)
     facts.cleared()
     runner, recorded = NullRunner(page_size=page_size), []
-    for _ in range(warmup + steps):
+    for _ in range(steps):
         plan = core.schedule()
         core.complete(plan, runner.execute(plan.batch))
         recorded.append(facts.take())
         sink.clear()
     keys = [[_packed(f[3], f[4]) for f in step if f[0] == STORED] for step in recorded]
     encoder, seed = msgspec.msgpack.Encoder(), namespace_seed(None)
-    whole, floor = [float("inf")] * len(recorded), [float("inf")] * len(recorded)
+    whole, floor = [float("inf")] * steps, [float("inf")] * steps
     for _ in range(repeats):
         replay = FactReplay(BlockEvents(ENCODINGS["array"], 16, page_size, media_for("cpu")))
         for i, step in enumerate(recorded):
@@ -498,10 +472,17 @@ def publisher_floor(steps: int, page_size: int, warmup: int, repeats: int = 5) -
             t2 = time.thread_time()
             whole[i] = min(whole[i], t1 - t0)
             floor[i] = min(floor[i], t2 - t1)
+    return whole, floor, [sum(len(key) for key in step) // ITEM_BYTES for step in keys]
+
+
+def publisher_floor(steps: int, page_size: int, warmup: int) -> dict:
+    """`replay_costs` on a steady churn round (requests enough for `warmup` + `steps`
+    steps of admissions), over the steps after `warmup`: us per step."""
+    whole, floor, tokens = replay_costs(warmup + steps, page_size,
+                                        256 + (warmup + steps) * 12)
     return {"whole_us": sum(whole[warmup:]) / steps * 1e6,
             "floor_us": sum(floor[warmup:]) / steps * 1e6,
-            "stored_tokens": sum(len(key) for step in keys[warmup:] for key in step)
-            / ITEM_BYTES / steps}
+            "stored_tokens": sum(tokens[warmup:]) / steps}
 
 
 def spread(values: list[float], resamples: int = 2000) -> tuple[float, float, float, float]:
