@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.events.block_events import BlockEvents, media_for
-from radixserve.events.publisher import EventPublisher, PublisherStats, offset_endpoint_port
+from radixserve.events.publisher import EventPublisher, PublisherStats
 from radixserve.events.schema import ENCODINGS
 from radixserve.events.tree_facts import FactReplay, TreeFacts, snapshot
 
@@ -46,13 +46,6 @@ class KVEventsConfig:
             return None
         return cls(config.kv_events, config.kv_events_replay, config.kv_events_topic,
                    config.kv_events_block_size, config.kv_events_encoding)
-
-    def for_replica(self, index: int) -> KVEventsConfig:
-        """Replica `index`'s own endpoints (ports moved by `index`, as vLLM does per
-        data-parallel rank); the topic is kept, so consumers key replicas by endpoint."""
-        return KVEventsConfig(offset_endpoint_port(self.endpoint, index),
-                              offset_endpoint_port(self.replay_endpoint, index),
-                              self.topic, self.block_size, self.encoding)
 
 
 class KVEvents:

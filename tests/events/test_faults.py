@@ -1,6 +1,7 @@
 """Faults: a stuck or absent subscriber never blocks the producer (the bounded queue drops
 its oldest batch and counts it), a replay from a sequence no longer buffered gets the end
-marker alone, and a malformed replay request is ignored and logged."""
+marker alone, and a malformed replay request is ignored and logged; replicas on one host
+get endpoints of their own."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import logging
 import threading
 import time
 
+import pytest
 import zmq
 
-from radixserve.events.publisher import EventPublisher
+from radixserve.events.publisher import EventPublisher, offset_endpoint_port
 from radixserve.events.schema import ENCODINGS
 from radixserve.events.subscriber import EventSubscriber
 from radixserve.server.metrics import kv_events_metrics
@@ -114,3 +116,15 @@ def test_bad_replay_requests_are_ignored_and_logged(caplog):
         assert pub.wait_sent(2, timeout_s=30)
     finally:
         pub.close()
+
+
+def test_each_replica_gets_its_own_endpoints():
+    # cluster/replica.py moves a --kv-events port by the replica's Serve rank (as vLLM does
+    # per data-parallel rank); a free port ("*") is left to each replica's own bind.
+    assert offset_endpoint_port("tcp://*:5557", 0) == "tcp://*:5557"
+    assert offset_endpoint_port("tcp://*:5557", 3) == "tcp://*:5560"
+    assert offset_endpoint_port("tcp://10.0.0.2:5558", 1) == "tcp://10.0.0.2:5559"
+    assert offset_endpoint_port("ipc:///tmp/kv", 2) == "ipc:///tmp/kv_2"
+    assert offset_endpoint_port(None, 2) is None
+    with pytest.raises(ValueError, match="numeric port"):
+        offset_endpoint_port("tcp://host:events", 1)
