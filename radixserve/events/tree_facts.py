@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from radixserve.cache.tier_types import Tier
-from radixserve.cache.token_keys import ITEM_BYTES, pack_range
+from radixserve.cache.token_keys import ITEM_BYTES, TYPECODE, pack_range
 
 if TYPE_CHECKING:
     from radixserve.cache.radix_cache import RadixCache
@@ -107,7 +107,7 @@ def _packed(key: bytes | None, pending: tuple | None) -> bytes:
     if key is not None:
         return key
     ids, start, stop = pending
-    if type(ids) is array and ids.typecode == "q":     # the engine's: already packed
+    if type(ids) is array and ids.typecode == TYPECODE:    # the engine's: packed already
         return ids[start:stop].tobytes()
     if type(ids) is list or type(ids) is array:
         return pack_range(ids[start:stop], 0, stop - start)
