@@ -211,10 +211,10 @@ class PeerShare:
         if look is not None and not look.done:
             if not look.overdue:
                 raise ReadPending
-            return self._late(ticket, look)
+            return self._late(ticket)
         if look is None or look.have != have:       # first ask, or the pool matched more
             if self.lookups.stuck():                # queueing behind it would be later still
-                return self._late(ticket, None)
+                return self._late(ticket)
             keys = self.keys(seq.token_ids, want, seq.request.namespace)[have:]
             self._ask(ticket, tuple(keys), have)
         if look.waits_on_peer and not ticket.gave_up:
@@ -239,17 +239,22 @@ class PeerShare:
         self.lookups.ask(look)
         raise ReadPending
 
-    def _late(self, ticket: ShareTicket, look: Lookup | None) -> int:
+    def _late(self, ticket: ShareTicket) -> int:
         """The store did not answer within recompute's time: a miss (0 tokens loaded), and
-        this sequence asks no more. The late answer is dropped when it comes, its claims
-        released (by the lookup thread, or here if it came in between)."""
+        this sequence asks no more. A late answer is dropped when it comes, its claims
+        released (by the lookup thread, or here if it came in between); an earlier,
+        answered lookup's claims stay the sequence's (released when it ends)."""
         self._stats.lookups_late += 1
         ticket.missed = True
-        if look is not None:
-            ticket.lookup = None
-            look.abandoned = True
-            if look.done:                   # answered just now: its claims are not kept
-                self._release(look.claimed_keys)
+        look, ticket.lookup = ticket.lookup, None
+        if look is None:
+            return 0
+        if look.done:
+            self._settle(ticket, look)
+            return 0
+        look.abandoned = True
+        if look.done:                   # answered just now: its claims are not kept
+            self._release(look.claimed_keys)
         return 0
 
     def _lookup_budget(self, num_pages: int) -> float:
