@@ -539,8 +539,12 @@ def test_32_streams_through_a_replica_fault(cluster, how):
     before = set(client.replica_ids())
     threads, events, one_streamed = run_streams(live, 200 if how == "replica exits" else 300)
     assert one_streamed.wait(HANG)
-    victim = wait_until(lambda: [r for r, s in list(client.state.replicas.items())
-                                 if s.in_flight], "a replica with streams")[0]
+    # A replica that has sent tokens of a live stream (under load, one with streams in
+    # flight may not have sent any yet: all of its streams would be retried, none end in
+    # an error, and the test could not check that case).
+    victim = wait_until(lambda: [r for r in client.replica_ids()
+                                 if live.run(client.control(r, "streaming"))],
+                        "a replica streaming tokens")[0]
     if how == "replica exits":
         with pytest.raises(Exception):
             live.run(client.control(victim, "exit"))
