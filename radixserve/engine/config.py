@@ -91,7 +91,7 @@ class EngineConfig:
     kv_share_bytes: int | None = None
     # A store lookup's deadline is as long as computing the pages would take (measured),
     # and at least this: a lookup unanswered by then is a miss (engine/peer_share.py).
-    kv_share_lookup_min_s: float = 0.25
+    kv_share_lookup_min_s: float = 1.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":

@@ -163,7 +163,7 @@ class Publisher(QueueWorker[PublishItem]):
 class PeerShare:
     def __init__(self, store: SharedStore, scope: ShareScope, page_size: int,
                  costs: TierCosts | None = None, owner: str = "local",
-                 lookup_min_s: float = 0.25):
+                 lookup_min_s: float = 1.0):
         self.store = store
         self.scope = scope
         self.page_size = page_size
