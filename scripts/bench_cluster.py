@@ -158,7 +158,8 @@ async def share_figures(client, before: dict | None) -> dict:
     total = {k: getattr(share, k) for k in ("loaded_tokens", "bytes_fetched", "load_seconds",
                                             "published_pages", "refused_pages",
                                             "forgotten_pages", "claimed_pages", "waits",
-                                            "wait_seconds", "waits_expired", "skipped_slow")}
+                                            "wait_seconds", "waits_expired", "skipped_slow",
+                                            "lookups_late")}
     delta = {k: v - (before or {}).get(k, 0) for k, v in total.items()}
     delta["load_ms_per_token"] = (1e3 * delta["load_seconds"] / delta["loaded_tokens"]
                                   if delta["loaded_tokens"] else None)

@@ -145,6 +145,9 @@ class EngineReplica:
             return os.getpid()
         elif op == "stats_delay":              # tests: a replica slow to publish its stats
             self.routing_stats_delay_s = arg
+        elif op == "streaming":                # tests: live requests that have sent tokens
+            return sum(any(seq.num_generated >= 2 for seq in r.sequences)
+                       for r in self.engine.scheduler.requests.values())
         elif op != "stats":
             raise ValueError(f"unknown control op {op!r}")
         return self.snapshot()

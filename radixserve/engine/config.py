@@ -89,6 +89,9 @@ class EngineConfig:
     # dir:PATH, and its bound in bytes (None: DEFAULT_KV_SHARE_BYTES).
     kv_share: str = "off"
     kv_share_bytes: int | None = None
+    # A store lookup's deadline is as long as computing the pages would take (measured),
+    # and at least this: a lookup unanswered by then is a miss (engine/peer_share.py).
+    kv_share_lookup_min_s: float = 1.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -220,3 +223,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-share-bytes", type=parse_bytes, default=None,
                    help="at most this many bytes of shared pages in the cluster store "
                         "(default 4GiB; least recently used out first)")
+    g.add_argument("--kv-share-lookup-min-s", type=float, default=None,
+                   help=f"a cluster-store lookup unanswered after as long as computing its "
+                        f"pages takes (measured), and at least this, is a miss: the request "
+                        f"computes them (default {d.kv_share_lookup_min_s:g})")

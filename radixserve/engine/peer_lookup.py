@@ -7,6 +7,11 @@ request waits in the queue (`ReadPending`, as for a disk-tier read); the lookup 
 the store how far the prompt is published, claims the pages this replica will compute, and
 fetches the published ones; a later admission takes the answer (engine/peer_share.py).
 
+A lookup has a deadline: as long as computing its pages would take (measured). One still
+unanswered then (a stuck or slow store) is a miss: the request computes, and the answer,
+when it comes, is dropped (its claims released). While the thread is stuck past a deadline,
+new misses do not queue behind it: they compute at once.
+
 A `ShareTicket` is one sequence's dealings with the store across its admissions: its
 current lookup, its wait for a peer's claim, and the keys it claimed (released once its
 pages are published, or when it ends without publishing them).
@@ -14,6 +19,7 @@ pages are published, or when it ends without publishing them).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -32,6 +38,7 @@ class Lookup:
     have: int                       # pages the pool matched when this was asked
     may_wait: bool                  # a live peer claim on the first missing page: wait
     claim_ttl_s: float              # how long this replica's claims last
+    deadline: float = math.inf      # time.monotonic() after which the asker computes instead
     # The answer, written by the lookup thread before `done`.
     published: int = 0              # leading keys the store listed
     fetched: Fetched = field(default_factory=Fetched)
@@ -50,6 +57,11 @@ class Lookup:
     def waits_on_peer(self) -> bool:
         return self.may_wait and self.claim.held_until is not None
 
+    @property
+    def overdue(self) -> bool:
+        """Unanswered past its deadline: slower than computing, so a miss."""
+        return not self.done and time.monotonic() > self.deadline
+
 
 @dataclass
 class ShareTicket:
@@ -59,13 +71,18 @@ class ShareTicket:
     retry_at: float = 0.0               # time.monotonic() a waiting lookup is asked again
     wait_started: float | None = None   # time.time() its wait for a peer's claim began
     gave_up: bool = False               # the wait's bound passed: compute, wait no more
+    missed: bool = False                # a lookup passed its deadline: compute, ask no more
     claimed: tuple[bytes, ...] = ()     # keys it claimed and has not released
 
     def pending(self) -> bool:
-        """Its lookup is in flight, or it waits on a peer and is not due to ask again."""
+        """Its lookup is in flight (within its deadline), or it waits on a peer and is not
+        due to ask again."""
         look = self.lookup
-        return look is not None and (not look.done or (
-            look.waits_on_peer and not self.gave_up and time.monotonic() < self.retry_at))
+        if look is None:
+            return False
+        if not look.done:
+            return not look.overdue
+        return look.waits_on_peer and not self.gave_up and time.monotonic() < self.retry_at
 
     def add_claims(self, keys: tuple[bytes, ...]) -> None:
         self.claimed += tuple(k for k in keys if k not in self.claimed)
@@ -73,23 +90,35 @@ class ShareTicket:
 
 class LookupThread(QueueWorker[Lookup]):
     """The thread that answers lookups in order (`answer` does the store calls; `release`
-    drops the claims of a lookup whose sequence ended while it was being answered)."""
+    drops the claims of a lookup whose sequence ended, or stopped waiting for it, while it
+    was being answered). A lookup abandoned before its turn is not asked at all."""
 
     def __init__(self, answer: Callable[[Lookup], None],
                  release: Callable[[tuple[bytes, ...]], None]):
         self.answer = answer
         self.release = release
+        self.current: Lookup | None = None      # the lookup being answered now
         super().__init__("kv-share-lookup")
 
     def ask(self, lookup: Lookup) -> None:
         self._put(lookup)
 
+    def stuck(self) -> bool:
+        """The lookup being answered is past its deadline (the store is stuck or slow)."""
+        current = self.current
+        return current is not None and current.overdue
+
     def _handle(self, lookup: Lookup) -> None:
+        if lookup.abandoned:
+            lookup.done = True
+            return
+        self.current = lookup
         try:
             self.answer(lookup)
         except Exception:       # a store failure is a miss: the prompt is computed
             lookup.fetched, lookup.claim = Fetched(), Claim()
         finally:
             lookup.done = True
+            self.current = None
             if lookup.abandoned and lookup.claimed_keys:
                 self.release(lookup.claimed_keys)

@@ -58,6 +58,7 @@ KNOWN_KEYS = 65536      # keys remembered as in the store (published or fetched 
 POLL_S = 0.02           # a request waiting on a peer's claim asks the store this often
 CLAIM_TTL_S = 30.0      # a claim's length before this replica has measured its prefill
 MIN_CLAIM_S = 2.0       # ... and its bounds once it has (4x the measured compute time)
+UNMEASURED_LOOKUP_S = 1.0   # a lookup's deadline before this replica has measured a prefill
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,7 @@ class ShareStats:
     waits: int = 0                  # admissions that waited for a peer's claimed pages
     wait_seconds: float = 0.0       # their time waiting
     waits_expired: int = 0          # waits ended by their bound: computed after all
+    lookups_late: int = 0           # misses the store did not answer within recompute's time
 
     @property
     def load_s_per_token(self) -> float | None:
@@ -160,11 +162,13 @@ class Publisher(QueueWorker[PublishItem]):
 
 class PeerShare:
     def __init__(self, store: SharedStore, scope: ShareScope, page_size: int,
-                 costs: TierCosts | None = None, owner: str = "local"):
+                 costs: TierCosts | None = None, owner: str = "local",
+                 lookup_min_s: float = 1.0):
         self.store = store
         self.scope = scope
         self.page_size = page_size
         self.owner = owner              # this replica, in claims (and the Ray directory)
+        self.lookup_min_s = lookup_min_s    # a lookup's deadline is at least this
         self.costs = costs if costs is not None else TierCosts()
         self.publisher = Publisher(store, owner)
         self.lookups = LookupThread(self._answer, self._release)
@@ -201,10 +205,16 @@ class PeerShare:
         if want <= have or len(lease.pages) != have:
             return 0
         ticket = seq.share = seq.share or ShareTicket()
+        if ticket.missed:
+            return 0
         look = ticket.lookup
         if look is not None and not look.done:
-            raise ReadPending
+            if not look.overdue:
+                raise ReadPending
+            return self._late(ticket)
         if look is None or look.have != have:       # first ask, or the pool matched more
+            if self.lookups.stuck():                # queueing behind it would be later still
+                return self._late(ticket)
             keys = self.keys(seq.token_ids, want, seq.request.namespace)[have:]
             self._ask(ticket, tuple(keys), have)
         if look.waits_on_peer and not ticket.gave_up:
@@ -223,10 +233,36 @@ class PeerShare:
         if ticket.lookup is not None:
             self._settle(ticket, ticket.lookup)
         ticket.lookup = look = Lookup(keys, have, not ticket.gave_up,
-                                      self._claim_ttl(len(keys)))
+                                      self._claim_ttl(len(keys)),
+                                      time.monotonic() + self._lookup_budget(len(keys)))
         ticket.retry_at = time.monotonic() + POLL_S
         self.lookups.ask(look)
         raise ReadPending
+
+    def _late(self, ticket: ShareTicket) -> int:
+        """The store did not answer within recompute's time: a miss (0 tokens loaded), and
+        this sequence asks no more. A late answer is dropped when it comes, its claims
+        released (by the lookup thread, or here if it came in between); an earlier,
+        answered lookup's claims stay the sequence's (released when it ends)."""
+        self._stats.lookups_late += 1
+        ticket.missed = True
+        look, ticket.lookup = ticket.lookup, None
+        if look is None:
+            return 0
+        if look.done:
+            self._settle(ticket, look)
+            return 0
+        look.abandoned = True
+        if look.done:                   # answered just now: its claims are not kept
+            self._release(look.claimed_keys)
+        return 0
+
+    def _lookup_budget(self, num_pages: int) -> float:
+        """A lookup's deadline from now: the measured time to compute its pages."""
+        per_token = self.costs.prefill_s_per_token
+        if per_token is None:
+            return max(self.lookup_min_s, UNMEASURED_LOOKUP_S)
+        return max(self.lookup_min_s, per_token * num_pages * self.page_size)
 
     def _claim_ttl(self, num_pages: int) -> float:
         """How long a claim lasts: 4x this replica's measured time to compute the pages."""

@@ -95,7 +95,8 @@ def make_peer_share(config: EngineConfig, runner: ModelRunner,
     store = open_shared_store(config.kv_share, config.kv_share_bytes or DEFAULT_KV_SHARE_BYTES,
                               owner)
     peers = PeerShare(store, ShareScope.of(engine_fingerprint(config, runner)),
-                      config.page_size, tiers.costs if tiers is not None else None, owner)
+                      config.page_size, tiers.costs if tiers is not None else None, owner,
+                      config.kv_share_lookup_min_s)
     runner.share_publisher = peers.publisher
     log.info("KV sharing: %s store (%s)", store.name, config.kv_share)
     return peers

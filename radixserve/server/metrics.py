@@ -225,6 +225,7 @@ SHARE_COUNTERS = (
     ("waits", "Admissions that waited for a peer's claimed pages instead of computing"),
     ("wait_seconds", "Seconds admissions waited for peers' claimed pages"),
     ("waits_expired", "Waits for a peer's pages ended by their bound (then computed)"),
+    ("lookups_late", "Store lookups unanswered within recompute's time (then computed)"),
 )
 
 

@@ -8,6 +8,11 @@ creates it. The file holds its owner and deadline (`time.time()`; replicas on se
 need clocks in step to within the claim's length). A claim whose deadline passed (its owner
 died, or was slower than it said) is taken over; two replicas taking over the same expired
 claim at once may both compute the page, which costs a recompute, never a wrong page.
+
+Expired claims whose page nobody asks for again would stay: `sweep` removes them (the store
+runs it when it opens and whenever it scans the directory to evict). It follows the
+takeover's rule (a claim past its deadline is nobody's), so a sweep racing a takeover can
+at worst remove the fresh claim: a peer then computes the page too, never a wrong page.
 """
 
 from __future__ import annotations
@@ -76,6 +81,19 @@ class DirClaims:
             until = held[1] if held is not None else deadline
             return Claim(i, until if i == 0 else None)
         return Claim(len(keys))
+
+    def sweep(self, now: float | None = None) -> int:
+        """Remove every claim file whose deadline has passed; returns how many."""
+        now = time.time() if now is None else now
+        removed = 0
+        for entry in os.scandir(self.root):
+            if not entry.name.endswith(CLAIM_SUFFIX):
+                continue
+            held = self._read(Path(entry.path), 0.0)
+            if held is not None and held[1] <= now:
+                Path(entry.path).unlink(missing_ok=True)
+                removed += 1
+        return removed
 
     def release(self, keys: Sequence[bytes], owner: str) -> None:
         for key in keys:

@@ -19,12 +19,17 @@ in the same directory.
 
 Bounded by `capacity_bytes`: past it, the publisher that notices removes the least recently
 used files (a read refreshes a file's mtime) down to 90% of the bound.
+
+What dead replicas leave is swept when a store opens and at every eviction scan: expired
+claim files (dir_claims.py) and temporary files older than `STALE_TMP_S` (a publish writes
+one in milliseconds; an old one is a killed publisher's).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Sequence
@@ -38,6 +43,7 @@ __all__ = ["DirSharedStore"]
 SUFFIX = ".kvpage"
 TMP_MARK = ".tmp-"
 LOW_WATER = 0.9
+STALE_TMP_S = 600.0
 
 
 class DirSharedStore:
@@ -52,6 +58,7 @@ class DirSharedStore:
         self._added_since_scan = 0      # bytes this process added since its last size scan
         self._scanned_bytes = self._scan_total()
         self.claims = DirClaims(self.root)
+        self.sweep()
 
     def _path(self, key: bytes) -> Path:
         return self.root / f"{key.hex()}{SUFFIX}"
@@ -131,6 +138,22 @@ class DirSharedStore:
                 out.append((st.st_mtime, st.st_size, Path(entry.path)))
         return out
 
+    def sweep(self) -> int:
+        """Remove expired claims and stale temporary files (dead replicas' leftovers);
+        returns how many files went."""
+        removed = self.claims.sweep()
+        old = time.time() - STALE_TMP_S
+        for entry in os.scandir(self.root):
+            if TMP_MARK not in entry.name:
+                continue
+            try:
+                if entry.stat().st_mtime < old:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
+
     def _scan_total(self) -> int:
         return sum(size for _, size, _ in self._entries())
 
@@ -150,6 +173,7 @@ class DirSharedStore:
         with self._lock:
             self._scanned_bytes, self._added_since_scan = total, 0
             self.counters.forgotten_pages += removed
+        self.sweep()
         return removed
 
     def used_bytes(self) -> int:

@@ -37,6 +37,7 @@ ACTOR_NAMESPACE = "radixserve"
 CALL_TIMEOUT_S = 5.0
 START_TIMEOUT_S = 60.0
 RETRY_AFTER_S = 2.0     # after a failed call, look-ups miss at once for this long
+CLAIMS_SWEPT_FROM = 4096    # claims in the table before expired ones are swept
 
 
 class ShareDirectory:
@@ -48,12 +49,15 @@ class ShareDirectory:
         self.used_bytes = 0
         self.evicted = 0
         self.claims: dict[bytes, tuple[str, float]] = {}
+        self._sweep_claims_at = CLAIMS_SWEPT_FROM
 
     def claim(self, keys: Sequence[bytes], owner: str, ttl_s: float
               ) -> tuple[int, float | None]:
         """SharedStore.claim, as (claimed, seconds the other owner's claim has left): the
         time left, not a deadline, since the caller's clock may differ from this one's."""
         now = time.time()
+        if len(self.claims) >= self._sweep_claims_at:
+            self.sweep_claims(now)
         for i, key in enumerate(keys):
             held = self.claims.get(key)
             if held is None or held[0] == owner or held[1] <= now:
@@ -61,6 +65,15 @@ class ShareDirectory:
                 continue
             return i, (held[1] - now if i == 0 else None)
         return len(keys), None
+
+    def sweep_claims(self, now: float) -> int:
+        """Drop expired claims (a dead owner's are never released); run once the table
+        has doubled since the last sweep, so its cost per claim stays constant."""
+        expired = [k for k, (_, deadline) in self.claims.items() if deadline <= now]
+        for key in expired:
+            del self.claims[key]
+        self._sweep_claims_at = max(CLAIMS_SWEPT_FROM, 2 * len(self.claims))
+        return len(expired)
 
     def release_claims(self, keys: Sequence[bytes], owner: str) -> None:
         for key in keys:

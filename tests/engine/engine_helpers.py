@@ -39,8 +39,11 @@ class Collected:
 
 
 def make_engine(loaded, **overrides) -> Engine:
+    # kv_share_lookup_min_s: a busy machine must not turn a store's load into a recompute
+    # (a lookup's deadline); the test of that deadline sets its own.
     config = EngineConfig(**{"kv_cache_tokens": 16384, "chunked_prefill_size": 512,
-                             "debug_invariants": True, "warmup_tokens": 0, **overrides})
+                             "debug_invariants": True, "warmup_tokens": 0,
+                             "kv_share_lookup_min_s": 600.0, **overrides})
     return Engine(config, loaded)
 
 

@@ -1,7 +1,8 @@
 """--kv-share in a burst and under faults: a replica whose prompt a peer is computing waits
 for the peer's publication and loads it instead of computing it (the claim); a dead or
 aborted claimer does not hold it (the claim expires, or is released); a slow store holds
-up no other request's steps (the lookup runs off the event loop); an abort between a peer
+up no other request's steps (the lookup runs off the event loop), and a stuck one holds a
+miss no longer than computing it would take (the lookup's deadline); an abort between a peer
 load's order and the step that fills its pages loses nothing. Greedy tokens equal the
 cache-off run's (fp32) and pages are conserved after every scenario."""
 
@@ -178,6 +179,51 @@ def test_a_slow_store_holds_up_no_other_requests_steps(model_fp32, share_prompts
     other, held = run((b,), gate, scenario)
     assert other.token_ids[0] == held.token_ids[0] == expected[0]
     assert len(other.token_ids[0]) == GREEDY.max_tokens
+
+
+def test_a_stuck_store_holds_a_miss_no_longer_than_computing_it(model_fp32, share_prompts,
+                                                                tmp_path):
+    """The store stops answering (its lookup blocks until the test lets it go). A pool miss
+    waits for its lookup only as long as computing its pages takes (measured on the first
+    prompt), then computes them; a miss while the lookup is still stuck does not queue
+    behind it (the store is not asked). The late answer is dropped: nothing loaded, its
+    claims released, pages conserved."""
+    ps, expected = share_prompts
+    b = make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}",
+                    kv_share_lookup_min_s=0.0)
+    gate = threading.Event()
+    asked: list = []
+
+    class StuckLookup(StoreWrapper):
+        armed = False
+
+        def published(self, keys):
+            if self.armed:
+                asked.append(keys)
+                gate.wait()
+            return self.inner.published(keys)
+
+    use_store(b, store := StuckLookup(b.peers.store))
+
+    async def scenario():
+        await collect(b.generate(ps[0], GREEDY))        # measures the prefill; in the pool
+        await wait_idle(b)
+        assert b.peers.costs.prefill_s_per_token is not None
+        store.armed = True
+        late = await collect(b.generate(ps[0], GREEDY, namespace="t2"))    # a pool miss
+        assert len(asked) == 1 and not gate.is_set()    # served while the store is stuck
+        skipped = await collect(b.generate(ps[1], GREEDY, namespace="t3"))
+        assert len(asked) == 1 and not gate.is_set()    # not queued behind the stuck one
+        gate.set()
+        await asyncio.to_thread(b.peers.lookups.drain)  # the late answer comes, dropped
+        return late, skipped
+
+    late, skipped = run((b,), gate, scenario)
+    assert late.token_ids[0] == expected[0] and skipped.token_ids[0] == expected[1]
+    assert late.final.usage.cached_tokens == skipped.final.usage.cached_tokens == 0
+    s = b.stats().share
+    assert s.lookups_late == 2 and s.loaded_tokens == 0
+    assert not claims(tmp_path)
 
 
 def test_an_abort_between_a_peer_load_and_its_fill_loses_nothing(model_fp32, share_prompts,

@@ -6,6 +6,7 @@ and the Ray directory actor's table (its class, run here without Ray)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -79,3 +80,33 @@ def test_of_owners_claiming_at_once_each_page_gets_exactly_one(store):
     owned = [k for offset, n in runs.values() for k in (KEYS[offset:] + KEYS[:offset])[:n]]
     assert len(owned) == len(set(owned)) <= len(KEYS)
     assert sum(n for _, n in runs.values()) >= 1    # the first to claim its start holds it
+
+
+def test_a_dead_claimers_claim_files_and_stale_temporary_files_are_swept(tmp_path):
+    """Claims past their deadline and old temporary files (a killed publisher's) go when a
+    store opens; live claims and a publish in progress stay."""
+    from radixserve.share import dir_store
+
+    store = DirSharedStore(tmp_path, 1 << 20)
+    assert store.claim(KEYS[:4], "dead", 0.0) == Claim(4)
+    assert store.claim(KEYS[10:12], "live", 30.0) == Claim(2)
+    stale, fresh = (tmp_path / f"{KEYS[20].hex()}{dir_store.TMP_MARK}{n}" for n in "ab")
+    stale.write_bytes(b"half a page")
+    fresh.write_bytes(b"being written")
+    old = time.time() - dir_store.STALE_TMP_S - 60
+    os.utime(stale, (old, old))
+    DirSharedStore(tmp_path, 1 << 20)                  # another replica starts
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {f"{k.hex()}.claim" for k in KEYS[10:12]} | {fresh.name}
+    assert store.claim(KEYS[10:12], "c", 30.0).claimed == 0        # still live
+
+
+def test_the_directory_actor_sweeps_expired_claims_as_its_table_grows(monkeypatch):
+    from radixserve.share import ray_store
+
+    monkeypatch.setattr(ray_store, "CLAIMS_SWEPT_FROM", 8)
+    actor = ray_store.ShareDirectory(1 << 20)
+    assert actor.claim(KEYS[:6], "dead", 0.0) == (6, None)
+    assert actor.claim(KEYS[6:8], "live", 30.0) == (2, None)
+    assert actor.claim(KEYS[8:9], "b", 30.0) == (1, None)   # table at 8: swept first
+    assert set(actor.claims) == set(KEYS[6:9])
