@@ -198,8 +198,9 @@ def control_report(name: str, control: dict) -> None:
               f"p99 {1000 * (q_server[98] - q_sink[98]):+.0f} ms, "
               f"longest {1000 * (max(server) - max(sink)):+.0f} ms")
         extra, low, high = median_gap_difference(server, sink)
+        verdict = "holds 0: within noise" if low <= 0 <= high else "excludes 0"
         print(f"- the server's extra median gap, bootstrap 95% interval: {1000 * extra:+.0f} ms "
-              f"[{1000 * low:+.0f}, {1000 * high:+.0f}] ({'holds 0: within noise' if low <= 0 <= high else 'excludes 0'})")
+              f"[{1000 * low:+.0f}, {1000 * high:+.0f}] ({verdict})")
         rounds = [r for r in control.get("rounds", []) if r.get("sink") and r.get("server")]
         per_round = [statistics.median(r["server"]) - statistics.median(r["sink"]) for r in rounds]
         if len(per_round) > 1:
@@ -209,8 +210,9 @@ def control_report(name: str, control: dict) -> None:
     cpu = control.get("cpu", {})
     if cpu.get("sink") and cpu.get("server"):
         per_chunk = {t: sum(s for s, _ in v) / max(1, sum(n for _, n in v)) for t, v in cpu.items()}
-        print(f"- server CPU seconds (all threads) per probe chunk: sink phases {per_chunk['sink']:.3f}, "
-              f"server phases {per_chunk['server']:.3f} ({per_chunk['server'] - per_chunk['sink']:+.3f})")
+        sink_cpu, server_cpu = per_chunk["sink"], per_chunk["server"]
+        print(f"- server CPU seconds (all threads) per probe chunk: sink phases {sink_cpu:.3f}, "
+              f"server phases {server_cpu:.3f} ({server_cpu - sink_cpu:+.3f})")
     if control["failures"]:
         print(f"- probe failures: {control['failures']}")
 
