@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -69,7 +70,7 @@ def measure(name: str, checkout: Path, extra: list[str], args: argparse.Namespac
         sink, sink_url = start_sink()
         try:
             control = big_body_phases(url, sink_url, args.control_rounds, args.client_timeout_s,
-                                      args.phase_chunks)
+                                      args.phase_chunks, proc.pid)
         finally:
             sink.kill()
             sink.wait()
@@ -134,28 +135,56 @@ def start_sink() -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port_file.read_text()}"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def big_body_phases(url: str, sink_url: str, rounds: int, client_timeout_s: float,
-                    phase_chunks: int = 10) -> dict:
+                    phase_chunks: int = 10, server_pid: int | None = None) -> dict:
     """Probe gaps on `url` while one client posts the big bodies to the sink, then to the
     server, alternating `rounds` times; a phase repeats the bodies until the probe has
-    streamed `phase_chunks` chunks during it (a busy machine streams slowly)."""
+    streamed `phase_chunks` chunks during it (a busy machine streams slowly). Each phase
+    also records the server process's CPU seconds (all threads), a measure that load on the
+    machine disturbs far less than wall-clock gaps."""
     cases = [c for c in hostile_cases(client_timeout_s) if c.name in BIG_BODY_CASES]
     gaps: dict[str, list[float]] = {"sink": [], "server": []}
+    per_round: list[dict[str, list[float]]] = []
+    cpu: dict[str, list[tuple[float, int]]] = {"sink": [], "server": []}   # (seconds, chunks)
     statuses: dict[str, set] = {"sink": set(), "server": set()}
     probe = Probe(url).start()
     try:
         while not probe.gaps and not probe.failures:     # streaming: the phases can start
             time.sleep(0.05)
         for _ in range(rounds):
+            per_round.append({})
             for target, target_url in (("sink", sink_url), ("server", url)):
                 before = len(probe.gaps)
+                cpu_before = cpu_seconds(server_pid) if server_pid else 0.0
                 while len(probe.gaps) - before < phase_chunks and not probe.failures:
                     for case in cases:
                         statuses[target].add(run_case(target_url, case).status)
-                gaps[target] += probe.gaps[before:]
+                phase = probe.gaps[before:]
+                gaps[target] += phase
+                per_round[-1][target] = phase
+                if server_pid:
+                    cpu[target].append((cpu_seconds(server_pid) - cpu_before, len(phase)))
     finally:
         probe.stop()
-    return {"gaps": gaps, "statuses": statuses, "failures": probe.failures}
+    return {"gaps": gaps, "rounds": per_round, "cpu": cpu, "statuses": statuses,
+            "failures": probe.failures}
+
+
+def median_gap_difference(server: list[float], sink: list[float], resamples: int = 2000,
+                          seed: int = 0) -> tuple[float, float, float]:
+    """The server's extra median gap and a bootstrap 95% interval for it (gaps resampled
+    within each arm): an interval that holds 0 means the extra gap is within noise."""
+    rng = random.Random(seed)
+    diffs = sorted(statistics.median(rng.choices(server, k=len(server)))
+                   - statistics.median(rng.choices(sink, k=len(sink))) for _ in range(resamples))
+    return (statistics.median(server) - statistics.median(sink),
+            diffs[int(0.025 * resamples)], diffs[int(0.975 * resamples) - 1])
 
 
 def control_report(name: str, control: dict) -> None:
@@ -168,6 +197,22 @@ def control_report(name: str, control: dict) -> None:
         print(f"- the server's extra gap: median {1000 * (statistics.median(server) - statistics.median(sink)):+.0f} ms, "
               f"p99 {1000 * (q_server[98] - q_sink[98]):+.0f} ms, "
               f"longest {1000 * (max(server) - max(sink)):+.0f} ms")
+        extra, low, high = median_gap_difference(server, sink)
+        verdict = "holds 0: within noise" if low <= 0 <= high else "excludes 0"
+        print(f"- the server's extra median gap, bootstrap 95% interval: {1000 * extra:+.0f} ms "
+              f"[{1000 * low:+.0f}, {1000 * high:+.0f}] ({verdict})")
+        rounds = [r for r in control.get("rounds", []) if r.get("sink") and r.get("server")]
+        per_round = [statistics.median(r["server"]) - statistics.median(r["sink"]) for r in rounds]
+        if len(per_round) > 1:
+            print("- per round (server median - sink median): "
+                  + ", ".join(f"{1000 * d:+.0f}" for d in per_round) + " ms; "
+                  f"median {1000 * statistics.median(per_round):+.0f} ms")
+    cpu = control.get("cpu", {})
+    if cpu.get("sink") and cpu.get("server"):
+        per_chunk = {t: sum(s for s, _ in v) / max(1, sum(n for _, n in v)) for t, v in cpu.items()}
+        sink_cpu, server_cpu = per_chunk["sink"], per_chunk["server"]
+        print(f"- server CPU seconds (all threads) per probe chunk: sink phases {sink_cpu:.3f}, "
+              f"server phases {server_cpu:.3f} ({server_cpu - sink_cpu:+.3f})")
     if control["failures"]:
         print(f"- probe failures: {control['failures']}")
 

@@ -6,7 +6,8 @@
 The server runs as a subprocess with a small KV pool over a disk tier (--kv-disk-dir in a
 temporary directory), so cached prefixes churn down to disk and back. Client threads mix:
 chat and completions over a few shared system prompts (prefix hits), streams that hang up
-at a random chunk, n=2 requests, flushes and pins/unpins, batch jobs (the server has no
+at a random chunk, n=2 requests, flushes (the whole cache's, refused 409 while requests run,
+and a tenant's own namespace, which succeeds under load) and pins/unpins, batch jobs (the server has no
 batch route: `radixserve batch` runs files offline, so a job here is a batch file's lines,
 few-shot requests sharing one preamble, sent together through the API as a client-side
 batch runner would), and the fast hostile inputs of tests/server/hostile.py (nested JSON,
@@ -21,7 +22,13 @@ baseline; at the end it does the same again. It fails (exit 1) on:
 - more descriptors or threads at the end (idle, given 30 s to settle) than at the
   warm-up's end (idle);
 - a conservation error, or a page count that does not add up;
-- any 5xx, or any request error other than the expected refusals.
+- any 5xx, or any request error other than the expected refusals;
+- no tenant flush succeeding over the whole run.
+
+The server runs with API keys and --namespace-per-api-key: the clients' traffic uses one
+tenant key, each client flushes with a key of its own (its namespace holds only what that
+client just asked, and nothing of it runs when it flushes), and the admin key reads the
+pool-wide /cache/stats and tries the whole-cache flush.
 It prints one JSON summary line last (latency p50/p99 of whole requests, counts, samples).
 """
 
@@ -56,8 +63,31 @@ QUESTIONS = ["When is breakfast?", "Is there parking?", "Can I bring a dog?", "W
 FAST_HOSTILE = ("nested arrays (10,000 levels)", "5 MB prompt", "invalid UTF-8", "n 1000",
                 "max_tokens 10^9", "10,000 stop strings", "text/plain body", "no content type")
 WARMUP_FRACTION = 0.25
-# the kinds of action --every-kind waits for (flush, pin and unpin are side actions)
-EVERY_KIND = ("chat", "completion", "stream", "batch", "hostile")
+# the kinds of action --every-kind waits for (the whole-cache flush, pin and unpin are side
+# actions; a tenant's flush must succeed at least once, so a short run waits for one)
+EVERY_KIND = ("chat", "completion", "stream", "batch", "hostile", "tenant_flush")
+TENANT_KEY, ADMIN_KEY = "soak-tenant", "soak-admin"
+
+
+def flush_key(client_index: int) -> str:
+    return f"soak-flush-{client_index}"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The headers of one client: its traffic's, its own flush namespace's, the admin's."""
+
+    tenant: dict[str, str]
+    flush: dict[str, str]
+    admin: dict[str, str]
+
+    @classmethod
+    def for_client(cls, client_index: int) -> "Keys":
+        return cls(bearer(TENANT_KEY), bearer(flush_key(client_index)), bearer(ADMIN_KEY))
 
 
 @dataclass
@@ -92,7 +122,10 @@ def start_server(args: argparse.Namespace, disk_dir: str) -> tuple[subprocess.Po
     cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0", "--model",
            args.model, "--dtype", args.dtype, "--device", "cpu", "--kv-cache-tokens",
            str(args.kv_cache_tokens), "--page-size", "16", "--max-model-len", "512",
-           "--kv-disk-dir", disk_dir, "--header-timeout-s", "5", "--body-timeout-s", "5"]
+           "--kv-disk-dir", disk_dir, "--header-timeout-s", "5", "--body-timeout-s", "5",
+           "--namespace-per-api-key", "--api-key", TENANT_KEY, "--admin-api-key", ADMIN_KEY]
+    for i in range(args.clients):
+        cmd += ["--api-key", flush_key(i)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     for line in iter(proc.stdout.readline, ""):
@@ -108,36 +141,44 @@ def chat_body(rng: random.Random, **extra) -> dict:
             "max_tokens": rng.randint(2, 12), "temperature": 0.7, **extra}
 
 
-def one_action(url: str, rng: random.Random, tally: Tally, hostile: list) -> None:
+def one_action(url: str, rng: random.Random, tally: Tally, hostile: list, keys: Keys) -> None:
     """One client action, drawn at random with the mix's weights."""
     roll = rng.random()
     started = time.monotonic()
+    key = keys.tenant
     if roll < 0.35:
-        r = http.post(url + "/v1/chat/completions", json=chat_body(rng), timeout=300)
+        r = http.post(url + "/v1/chat/completions", json=chat_body(rng), timeout=300,
+                      headers=key)
         tally.record("chat", r.status, time.monotonic() - started)
     elif roll < 0.55:
         body = {"prompt": rng.choice(SYSTEMS) + rng.choice(QUESTIONS),
                 "max_tokens": rng.randint(2, 12), "n": rng.choice([1, 2])}
-        r = http.post(url + "/v1/completions", json=body, timeout=300)
+        r = http.post(url + "/v1/completions", json=body, timeout=300, headers=key)
         tally.record("completion", r.status, time.monotonic() - started)
     elif roll < 0.80:                    # a stream, hung up at a random chunk (or not)
         hang_up_at = rng.randint(1, 12)
         with http.SSEStream(url + "/v1/chat/completions",
-                            chat_body(rng, stream=True, max_tokens=12), timeout=300) as s:
+                            chat_body(rng, stream=True, max_tokens=12), timeout=300,
+                            headers=key) as s:
             tally.record("stream", s.status)
             for i, _ in enumerate(s.events()):
                 if i + 1 >= hang_up_at:
                     break
-    elif roll < 0.85:
-        r = http.post(url + "/cache/flush", json={}, timeout=300)    # 409 while busy
+    elif roll < 0.825:
+        r = http.post(url + "/cache/flush", json={}, timeout=300,   # 409 while busy
+                      headers=keys.admin)
         tally.record("flush", r.status)
+    elif roll < 0.85:
+        tenant_flush(url, rng, tally, keys.flush)
     elif roll < 0.88:
-        batch_job(url, rng, tally)
+        batch_job(url, rng, tally, key)
     elif roll < 0.92:
-        r = http.post(url + "/cache/pin", json={"prompt": rng.choice(SYSTEMS)}, timeout=300)
+        r = http.post(url + "/cache/pin", json={"prompt": rng.choice(SYSTEMS)}, timeout=300,
+                      headers=key)
         tally.record("pin", r.status)
         if r.status == 200:
-            d = http.request("DELETE", url + f"/cache/pin/{r.json()['id']}", timeout=300)
+            d = http.request("DELETE", url + f"/cache/pin/{r.json()['id']}", timeout=300,
+                             headers=key)
             tally.record("unpin", d.status)
     else:
         case = rng.choice(hostile)
@@ -147,7 +188,19 @@ def one_action(url: str, rng: random.Random, tally: Tally, hostile: list) -> Non
             tally.fail(f"hostile {case.name!r}: {out.status}, expected {case.expect}")
 
 
-def batch_job(url: str, rng: random.Random, tally: Tally, lines: int = 4) -> None:
+def tenant_flush(url: str, rng: random.Random, tally: Tally, key: dict[str, str]) -> None:
+    """A chat in the client's own namespace, then that namespace's flush: nothing of it
+    runs any more, so the flush must succeed (200) however busy the server is."""
+    r = http.post(url + "/v1/chat/completions", json=chat_body(rng), timeout=300, headers=key)
+    tally.record("chat", r.status)
+    r = http.post(url + "/cache/flush", json={}, timeout=300, headers=key)
+    tally.record("tenant_flush", r.status)
+    if r.status == 200 and r.json().get("scope") != "namespace":
+        tally.fail(f"a tenant flush answered scope {r.json().get('scope')!r}")
+
+
+def batch_job(url: str, rng: random.Random, tally: Tally, headers: dict[str, str],
+              lines: int = 4) -> None:
     """A batch file's lines (one preamble, several questions) sent at once; each must be
     answered 200."""
     preamble = rng.choice(SYSTEMS)
@@ -160,7 +213,7 @@ def batch_job(url: str, rng: random.Random, tally: Tally, lines: int = 4) -> Non
     def send(i: int) -> None:
         try:
             statuses[i] = http.post(url + "/v1/chat/completions", json=bodies[i],
-                                    timeout=300).status
+                                    timeout=300, headers=headers).status
         except OSError as e:        # a hang (no answer in 300 s) or a dropped connection:
             tally.fail(f"batch job: {type(e).__name__}: {e}")   # not lost in the thread
 
@@ -174,20 +227,22 @@ def batch_job(url: str, rng: random.Random, tally: Tally, lines: int = 4) -> Non
                  max(x or 0 for x in statuses), time.monotonic() - started)
 
 
-def client(url: str, seed: int, tally: Tally, hostile: list, stop: threading.Event,
-           go: threading.Event) -> None:
+def client(url: str, seed: int, tally: Tally, hostile: list, keys: Keys,
+           stop: threading.Event, go: threading.Event) -> None:
     rng = random.Random(seed)
-    first = True                        # each client starts with a batch job: short runs
-    while not stop.is_set():            # have one too
+    actions = 0                         # each client starts with a batch job and a tenant
+    while not stop.is_set():            # flush: short runs have them too
         go.wait()
         if stop.is_set():
             return
         try:
-            if first:
-                first = False
-                batch_job(url, rng, tally)
-                continue
-            one_action(url, rng, tally, hostile)
+            actions += 1
+            if actions == 1:
+                batch_job(url, rng, tally, keys.tenant)
+            elif actions == 2:
+                tenant_flush(url, rng, tally, keys.flush)
+            else:
+                one_action(url, rng, tally, hostile, keys)
         except OSError as e:                # the client's own socket: a server fault here
             tally.fail(f"client error: {type(e).__name__}: {e}")
 
@@ -202,25 +257,36 @@ def threads(pid: int) -> int:
 
 
 def conservation(url: str) -> str | None:
-    pool = http.get(url + "/cache/stats", timeout=60).json()["pool"]
+    pool = http.get(url + "/cache/stats", timeout=60, headers=bearer(ADMIN_KEY)).json()["pool"]
     total = pool["pages_free"] + pool["pages_cached"] + pool["pages_private"]
     if total != pool["pages_total"]:
         return f"pages: free + cached + private = {total}, total {pool['pages_total']}"
     return None
 
 
-def wait_idle(url: str, timeout_s: float = 300.0) -> None:
-    """Until nothing runs or waits and no page is private (event-bounded by a deadline that
-    only a hang reaches)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = http.get(url + "/cache/stats", timeout=60).json()
+def tokens_done(url: str) -> float:
+    """Prompt + generated tokens so far (/metrics): the engine's progress."""
+    text = http.get(url + "/metrics", timeout=60, headers=bearer(ADMIN_KEY)).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(("radixserve_prompt_tokens_total ",
+                                   "radixserve_generation_tokens_total ")))
+
+
+def wait_idle(url: str, stall_s: float = 300.0) -> None:
+    """Until nothing runs or waits and no page is private. Fails only when the engine
+    makes no progress (no token prefilled or generated) for `stall_s`: a busy machine
+    may take many minutes to finish the running requests, a hang never finishes them."""
+    progress, stalled_since = tokens_done(url), time.monotonic()
+    while time.monotonic() - stalled_since < stall_s:
+        stats = http.get(url + "/cache/stats", timeout=60, headers=bearer(ADMIN_KEY)).json()
         if stats["requests"]["running"] == stats["requests"]["waiting"] == 0 \
                 and stats["pool"]["pages_private"] == 0:
             return
+        if (now_done := tokens_done(url)) != progress:
+            progress, stalled_since = now_done, time.monotonic()
         time.sleep(0.1)
-    raise RuntimeError(f"the server did not go idle in {timeout_s:g} s: requests "
-                       f"{stats['requests']}, pool {stats['pool']}, tiers "
+    raise RuntimeError(f"the server made no progress for {stall_s:g} s and is not idle: "
+                       f"requests {stats['requests']}, pool {stats['pool']}, tiers "
                        f"{stats.get('tiers')}")
 
 
@@ -252,12 +318,13 @@ def rss_growth(samples: list[tuple[float, int]]) -> tuple[float, float]:
 
 def run(args: argparse.Namespace) -> dict:
     tally = Tally()
-    hostile = [c for c in hostile_cases(30.0) if c.name in FAST_HOSTILE]
+    hostile = [c for c in hostile_cases(30.0, bearer(TENANT_KEY)) if c.name in FAST_HOSTILE]
     with tempfile.TemporaryDirectory(prefix="soak-kv-") as disk_dir:
         proc, url = start_server(args, disk_dir)
         stop, go = threading.Event(), threading.Event()
         workers = [threading.Thread(target=client, args=(url, args.seed + i, tally, hostile,
-                                                         stop, go), daemon=True)
+                                                         Keys.for_client(i), stop, go),
+                                    daemon=True)
                    for i in range(args.clients)]
         samples: list[dict] = []
         try:
@@ -306,6 +373,9 @@ def run(args: argparse.Namespace) -> dict:
     if growth > max(args.rss_tolerance_mib, noise):
         tally.fail(f"RSS grows after warm-up: +{growth:.1f} MiB over the run "
                    f"(noise {noise:.1f} MiB, tolerance {args.rss_tolerance_mib} MiB)")
+    if not tally.statuses.get("tenant_flush:200"):
+        tally.fail(f"no tenant flush succeeded ({tally.statuses.get('tenant_flush:409', 0)} "
+                   f"refused 409)")
     if baseline is not None and (final[0] > baseline[0] or final[1] > baseline[1]):
         tally.fail(f"leak: idle fds/threads {baseline} after warm-up, {final} at the end")
     lat = sorted(tally.latencies)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -147,6 +148,15 @@ async def start_serving(engine, config: ServerConfig, timer: PhaseTimer) -> Runn
     return server
 
 
+def freeze_startup_heap() -> None:
+    """Move everything alive after warm-up (model, tokenizer, imports: ~450,000 tracked objects)
+    out of the collector's reach: a full collection then walks only what requests made,
+    instead of holding the GIL for 0.3-0.7 s over the startup heap while streams wait
+    (measured for issue 39 while big bodies arrived)."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseTimer,
                 cluster: ClusterOptions | None = None) -> None:
     from radixserve.engine.engine import Engine
@@ -165,6 +175,7 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
         engine = await import_launch().start_client(engine_config, cluster)
         timer.lap("replicas on Ray Serve")
     server = await start_serving(engine, config, timer)
+    freeze_startup_heap()
     state = server.state
     host, port = bound_address(server)
     print(f"radixserve: serving {state.info.name!r} on http://{host}:{port} "

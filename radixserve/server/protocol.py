@@ -138,7 +138,7 @@ class _SamplingFields(Struct, kw_only=True):
 # ---------------------------------------------------------------- chat requests
 
 
-class ContentPart(Struct, kw_only=True):
+class ContentPart(Struct, kw_only=True, gc=False):
     type: str
     text: str | None = None
 
@@ -159,7 +159,9 @@ class ToolCallIn(Struct, kw_only=True):
     function: FunctionCall
 
 
-class ChatMessage(Struct, kw_only=True):
+# gc=False (and on ContentPart): decoded JSON cannot form cycles, and 200,000 tracked
+# messages in one body meant ~270 collections holding the GIL while streams waited (issue 39)
+class ChatMessage(Struct, kw_only=True, gc=False):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None

@@ -74,9 +74,11 @@ def _raw_with_timeout(url: str, payload: bytes, *, head: bytes = b"", trickle_s:
     return int(head.split()[1]), body
 
 
-def _post_head(path: str, length: int, content_type: str = "application/json") -> bytes:
+def _post_head(path: str, length: int, content_type: str = "application/json",
+               headers: dict[str, str] | None = None) -> bytes:
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {length}\r\n\r\n").encode()
+            f"{extra}Content-Length: {length}\r\n\r\n").encode()
 
 
 @dataclass
@@ -87,10 +89,11 @@ class HostileCase:
 
 
 def _post_with_timeout(path: str, body: bytes, content_type: str | None = "application/json",
-                       timeout_s: float = 120.0):
+                       timeout_s: float = 120.0, headers: dict[str, str] | None = None):
     def run(url: str) -> tuple[int | None, bytes]:
         try:
-            r = http.post(url + path, body=body, content_type=content_type, timeout=timeout_s)
+            r = http.post(url + path, body=body, content_type=content_type, timeout=timeout_s,
+                          headers=headers)
         except TimeoutError:            # held past the client's patience
             return None, HELD
         except OSError as exc:          # reset
@@ -99,11 +102,16 @@ def _post_with_timeout(path: str, body: bytes, content_type: str | None = "appli
     return run
 
 
-def hostile_cases(client_timeout_s: float = 120.0) -> list[HostileCase]:
+def hostile_cases(client_timeout_s: float = 120.0,
+                  headers: dict[str, str] | None = None) -> list[HostileCase]:
     """The mix of issue 20: each case's request is built once, here, not while measuring.
-    `client_timeout_s` only bounds how long a client waits (for servers without timeouts)."""
+    `client_timeout_s` only bounds how long a client waits (for servers without timeouts);
+    `headers` (an API key) go with every case whose headers are complete."""
     def post(path: str, body: bytes, content_type: str | None = "application/json"):
-        return _post_with_timeout(path, body, content_type, client_timeout_s)
+        return _post_with_timeout(path, body, content_type, client_timeout_s, headers)
+
+    def head(length: int) -> bytes:
+        return _post_head(CHAT, length, headers=headers)
 
     def raw(url: str, payload: bytes, **kw) -> tuple[int | None, bytes]:
         return _raw_with_timeout(url, payload, keep_open_s=client_timeout_s, **kw)
@@ -136,15 +144,15 @@ def hostile_cases(client_timeout_s: float = 120.0) -> list[HostileCase]:
         HostileCase("form-encoded body", post(CHAT, b"messages=hi", "application/x-www-form-urlencoded"), 415),
         HostileCase("no content type", post(CHAT, chat(), None), 415),
         HostileCase("slow body (1 byte / 100 ms)",
-                    lambda url: raw(url, slow, head=_post_head(CHAT, len(slow)), trickle_s=0.1),
+                    lambda url: raw(url, slow, head=head(len(slow)), trickle_s=0.1),
                     408),
         HostileCase("slow headers (1 byte / 100 ms)",
-                    lambda url: raw(url, _post_head(CHAT, len(slow)) + slow, trickle_s=0.1),
+                    lambda url: raw(url, head(len(slow)) + slow, trickle_s=0.1),
                     None),
         HostileCase("incomplete body, then silence",
-                    lambda url: raw(url, _post_head(CHAT, 1000) + b'{"messages": ['), 408),
+                    lambda url: raw(url, head(1000) + b'{"messages": ['), 408),
         HostileCase("incomplete body, then half-close",
-                    lambda url: raw(url, _post_head(CHAT, 1000) + b'{"messages": [',
+                    lambda url: raw(url, head(1000) + b'{"messages": [',
                                      half_close=True), None),
         HostileCase("incomplete headers, then silence",
                     lambda url: raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"), None),

@@ -128,3 +128,15 @@ def test_namespaces_hash_keys_and_salts():
     assert cache_namespace(n1, "s1") not in (n1, a, cache_namespace(n2, "s1"))
     assert chat({"messages": [{"role": "user", "content": "x"}], "cache_salt": "s1"}, n1).namespace \
         == cache_namespace(n1, "s1")
+
+
+def test_decoded_messages_are_not_tracked_by_the_garbage_collector():
+    """200,000 tracked messages meant ~270 collections per body, each holding the GIL
+    (issue 39): messages are leaves of a JSON tree, so they cannot form cycles."""
+    import gc
+    body = {"messages": [{"role": "user", "content": "x"},
+                         {"role": "user", "content": [{"type": "text", "text": "y"}]}]}
+    req = P.decode(msgspec.json.encode(body), P.ChatCompletionRequest)
+    assert [gc.is_tracked(m) for m in req.messages] == [False, False]
+    assert not gc.is_tracked(req.messages[1].content[0])
+    assert req.messages[1].text("messages[1]") == "y"

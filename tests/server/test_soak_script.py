@@ -1,6 +1,7 @@
 """scripts/soak.py, shortened for CI (the issue's 2 minutes of load instead of 30): the
 mixed load against a real server subprocess with a disk tier passes its own checks (no 5xx,
-no leaked descriptor or thread, RSS flat after warm-up, pages conserved at every sample),
+no leaked descriptor or thread, RSS flat after warm-up, pages conserved at every sample, a
+tenant's own flush succeeding under load),
 and the mix really ran: with ``every_kind`` the soak goes on past its 2 minutes until each
 kind of action has answered (a busy machine runs fewer of them)."""
 
@@ -27,5 +28,6 @@ def test_a_short_soak_passes(load_script):
     assert set(soak.EVERY_KIND) <= kinds, summary["statuses"]
     assert not any(key.endswith(":None") or int(key.split(":")[1]) >= 500
                    for key in summary["statuses"] if not key.startswith("hostile"))
+    assert summary["statuses"].get("tenant_flush:200", 0) >= 1, summary["statuses"]
     assert summary["samples"] >= 5
     assert summary["idle_fds_threads"]["after_warmup"] is not None
