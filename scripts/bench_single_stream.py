@@ -129,7 +129,6 @@ def measure(name: str, cmd: list[str], url: str, args,
             ms = cpu_per_token(proc, url, args) * 1e3
             print(f"  {name}: {ms:.2f} ms CPU per decoded token", flush=True)
             return {0: (float("nan"), 1e3 / ms)}     # tokens per CPU-second
-
         stream(url, args.model, 4)                    # warm: the prompt enters the cache
         out = {}
         for n in map(int, args.output_tokens.split(",")):
