@@ -20,6 +20,8 @@ cancels the load other processes put on the machine.
         --weights-dtypes bf16,int8,int4 --threads 1 --clock cpu    # weights forms side by side
     python scripts/bench_decode_step.py --batch 32 --groups 1 --dtype float32 \
         --weights-dtypes bf16,int4,int4+float --threads 1 --clock cpu  # int4 by rows
+    python scripts/bench_decode_step.py --batch 1 --groups 1 --system 32 --dtype float32 \
+        --weights-dtypes int4 --compile --threads 1 --clock cpu   # torch.compile'd layers
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +130,39 @@ class Impl:
         return statistics.median(times)
 
 
+def compile_layers(impl: Impl) -> None:
+    """torch.compile (inductor) each decoder layer of ``impl`` around its attention call:
+    the norm, q/k/v projection and RoPE before it, o_proj, residuals and the MLP after it,
+    one graph each, shared by all layers (their weights are graph inputs). The attention
+    reads pages through the step's context, so it stays eager between the two graphs.
+    Llama-family layers (no q/k norm) only: an experiment, not a serving path."""
+    rope = importlib.import_module(f"{type(impl.runner.model).__module__.rsplit('.', 1)[0]}"
+                                   ".rope")
+
+    def before(layer, h, cos, sin):
+        t, hq, d = h.shape[0], layer.num_heads, layer.head_dim
+        qkv = layer.qkv_proj(layer.input_layernorm(h))
+        qk = qkv[:, :layer.split[0] + layer.split[1]].view(t, hq + layer.num_kv_heads, d)
+        qk = rope.apply_rotary(qk, cos, sin)
+        v = qkv[:, layer.split[0] + layer.split[1]:].view(t, layer.num_kv_heads, d)
+        return qk[:, :hq], qk[:, hq:], v
+
+    def after(layer, h, o):
+        h = h + layer.o_proj(o.reshape(o.shape[0], -1))
+        return h + layer.mlp_block(layer.post_attention_layernorm(h))
+
+    c_before = torch.compile(before, dynamic=False)
+    c_after = torch.compile(after, dynamic=False)
+
+    def forward(layer, h, cos, sin, ctx):
+        q, k, v = c_before(layer, h, cos, sin)
+        return c_after(layer, h, ctx.attention(layer.index, q, k, v))
+
+    for layer in impl.runner.model.layers:
+        layer.forward = types.MethodType(forward, layer)
+    impl.name += "+compile"
+
+
 def profile(impl: Impl, batch, steps: int, top: int) -> None:
     from torch.profiler import ProfilerActivity, profile as torch_profile
     impl.runner.execute(batch)
@@ -157,6 +193,9 @@ def main() -> None:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="cpu: the process's CPU time (use with --threads 1 on a shared "
                         "machine: other processes then barely move the figures)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time each weights form with torch.compile'd layers "
+                        "(compile_layers), side by side with the eager one")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--top", type=int, default=18)
     args = p.parse_args()
@@ -170,6 +209,10 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     forms = args.weights_dtypes.split(",") if args.weights_dtypes else [None]
     impls = [Impl("radixserve", args, weights_dtype=w) for w in forms]
+    if args.compile:
+        for w in forms:
+            impls.append(Impl("radixserve", args, weights_dtype=w))
+            compile_layers(impls[-1])
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline:
             impls.insert(0, Impl(import_baseline(args.baseline, Path(tmp)), args,
@@ -184,7 +227,10 @@ def main() -> None:
         for kind, method in kinds:
             batches = [getattr(i, method)(args) for i in impls]
             for impl, batch in zip(impls, batches):
+                t0 = time.perf_counter()
                 impl.runner.execute(batch)                         # warm-up
+                if args.compile:
+                    print(f"{impl.name}: first step {time.perf_counter() - t0:.1f} s")
             if args.profile:
                 for impl, batch in zip(impls, batches):
                     profile(impl, batch, args.steps, args.top)

@@ -10,6 +10,13 @@ Medians are printed as a markdown table, with ratios against llama.cpp where it 
 
     python scripts/bench_single_stream.py                      # radixserve at each dtype
     python scripts/bench_single_stream.py --llama-server ~/llama.cpp/build/bin/llama-server
+    python scripts/bench_single_stream.py --cpu-time --threads 1 --weights-dtypes int4 \
+        --llama-server ~/llama.cpp/build/bin/llama-server     # a busy machine: CPU per token
+
+--cpu-time: instead of wall rates, each server's CPU time per decoded token (its processes'
+user + system time over a long request minus a short one, so prompt and request overhead
+cancel), both sides with --threads compute threads (radixserve through OMP_NUM_THREADS).
+Other processes barely move it, so it compares the two servers' work on a shared machine.
 """
 
 from __future__ import annotations
@@ -39,15 +46,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--quick", action="store_true", help="auto only, 16 tokens, 1 repeat")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="CPU time per decoded token instead of wall rates (module docstring)")
     args = p.parse_args()
     if args.quick:
         args.weights_dtypes, args.output_tokens, args.repeats = "auto", "16", 1
     return args
 
 
-def start(cmd: list[str], url: str, timeout: float) -> subprocess.Popen:
+def start(cmd: list[str], url: str, timeout: float,
+          env: dict[str, str] | None = None) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     t0 = time.monotonic()
     while health(url) != 200:
         if proc.poll() is not None:
@@ -78,9 +88,47 @@ def stream(url: str, model: str, max_tokens: int) -> tuple[float, float, int]:
     return stamps[0] - t0, rate, len(stamps)
 
 
-def measure(name: str, cmd: list[str], url: str, args) -> dict[int, tuple[float, float]]:
-    proc = start(cmd, url, args.timeout)
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants (/proc)."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in os.listdir(f"/proc/{p}/task"):
+                children = open(f"/proc/{p}/task/{task}/children").read().split()
+                todo += [int(c) for c in children]
+        except OSError:
+            continue
+    return total
+
+
+def cpu_per_token(proc: subprocess.Popen, url: str, args) -> float:
+    """CPU seconds per decoded token: (long request - short request) / token difference,
+    median over --repeats pairs (the prompt is cached; its cost and the request's cancel)."""
+    short, long_ = 16, max(map(int, args.output_tokens.split(",")))
+    per = []
+    for _ in range(args.repeats):
+        c0 = tree_cpu_seconds(proc.pid)
+        stream(url, args.model, short)
+        c1 = tree_cpu_seconds(proc.pid)
+        stream(url, args.model, long_)
+        c2 = tree_cpu_seconds(proc.pid)
+        per.append(((c2 - c1) - (c1 - c0)) / (long_ - short))
+    return statistics.median(per)
+
+
+def measure(name: str, cmd: list[str], url: str, args,
+            env: dict[str, str] | None = None) -> dict[int, tuple[float, float]]:
+    proc = start(cmd, url, args.timeout, env)
     try:
+        if args.cpu_time:
+            stream(url, args.model, 4)
+            ms = cpu_per_token(proc, url, args) * 1e3
+            print(f"  {name}: {ms:.2f} ms CPU per decoded token", flush=True)
+            return {0: (float("nan"), 1e3 / ms)}     # tokens per CPU-second
         stream(url, args.model, 4)                    # warm: the prompt enters the cache
         out = {}
         for n in map(int, args.output_tokens.split(",")):
@@ -110,8 +158,17 @@ def main() -> None:
         results[f"radixserve {wd}"] = measure(
             f"radixserve {wd}", [sys.executable, "-m", "radixserve.cli", "serve", "--port",
                                  str(port), "--model", args.model, "--weights-dtype", wd],
-            f"http://127.0.0.1:{port}", args)
+            f"http://127.0.0.1:{port}", args,
+            {"OMP_NUM_THREADS": str(args.threads)} if args.cpu_time else None)
     base = results.get("llama.cpp")
+    if args.cpu_time:
+        print("\n| server | compute threads | CPU ms per decoded token | vs llama.cpp |")
+        print("|---|---|---|---|")
+        for name, per_n in results.items():
+            rate = per_n[0][1]
+            ratio = f"{rate / base[0][1]:.2f}x" if base else "-"
+            print(f"| {name} | {args.threads} | {1e3 / rate:.2f} | {ratio} |")
+        return
     print("\n| server | output tokens | TTFT (cached prompt) | decode tok/s | vs llama.cpp |")
     print("|---|---|---|---|---|")
     for name, per_n in results.items():
