@@ -28,8 +28,9 @@ With host/disk tiers (`follow`), a node's windows stay in the windowed pool when
 full-attention pages go down a tier: they follow the node's ids (`moved`), come back with
 a load, and go when its lower-tier ids are released. So the lower tiers hold the large
 full-attention part, the windowed pool the small part that makes a match point usable,
-and its drops apply to those windows like any other tree window. The disk tier does not
-write windows; a save does (engine/window_persistence.py), and a restart attaches them to
+and its drops apply to those windows like any other tree window. The disk tier also
+writes each page's window beside it (`window_pages`), journaled with the page, and a
+save writes the windows of the pages it copies the same way; a restart attaches them to
 the restored disk-tier ids (`windows.attach_lower`); a restored path without them backs
 off (docs/models.md).
 
@@ -80,6 +81,13 @@ class WindowedMemory(PagedMemory):
 
     def released(self, ids: np.ndarray) -> None:
         self.windows.detach(ids)
+
+    def window_pages(self, ids: np.ndarray) -> np.ndarray:
+        """Per tree id, its windowed page (-1: none): written to disk beside the page, so
+        the disk tier's journal carries it (cache/tiers.py: DemoteOrder.windows)."""
+        pages = self.windows.window_of(ids).astype(np.int64)
+        pages[pages == self.windows.null] = -1
+        return pages
 
     def alloc_after(self, head: np.ndarray, n: int) -> np.ndarray:
         """PagedMemory.alloc_after, each new page with a windowed page. OutOfPages when

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from engine_helpers import check_pages, collect, make_engine, run_scenario
+from engine_helpers import check_pages, collect, make_engine, run_scenario, wait_idle
 from radixserve.cache.miss_reasons import MissReason
+from radixserve.cache.tiers import DISK
 from radixserve.cache.window_memory import WindowedMemory
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.storage.journal import PageAdded, journal_files, read_journal
 from radixserve.storage.store_index import decode_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
@@ -115,3 +117,77 @@ def test_a_restart_without_the_window_files_backs_off(gemma3, uncached, tmp_path
     assert got.final.usage.cached_tokens == 0
     assert got.final.usage.miss.reason == MissReason.WINDOW_MISSING
     assert again.stats().tiers.l3.loaded_tokens == 0        # nothing loaded in vain
+
+
+def serve_then_crash(model, flags: dict, prompts) -> None:
+    """Serve `prompts` with the disk tier, wait until its writes are on disk, then stop
+    without a save (as after kill -9: only the journal names the pages since)."""
+    engine = make_engine(model, **flags)
+
+    async def scenario():
+        await engine.start()
+        for p in prompts:
+            await collect(engine.generate(p, GREEDY))
+            check_pages(engine)
+        await wait_idle(engine)
+        await asyncio.to_thread(engine.tiers.writer.drain)     # the files and records
+        engine.tiers.moves_done()
+        check_pages(engine)
+        assert engine.tiers.lower.nodes[DISK]
+        engine.persistence.restored = None          # no save at shutdown
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+    assert engine.persistence.saves == 0
+
+
+def journal_windows(directory: Path) -> dict[tuple[int, ...], int]:
+    """The journal's window files: page tokens -> its window's key."""
+    return {tuple(r.token_ids): r.window_key
+            for _, path in journal_files(directory / "journal")
+            for r in read_journal(path).records
+            if isinstance(r, PageAdded) and r.window_key}
+
+
+@pytest.fixture
+def crashed(gemma3, tmp_path):
+    """The donor pushed to disk by two other prompts, then a crash; -> the flags."""
+    flags = dict(page_size=4, kv_cache_tokens=POOL, chunked_prefill_size=32,
+                 kv_window_checkpoint=CHECKPOINT, kv_disk_dir=str(tmp_path),
+                 kv_disk_bytes=DISK_BYTES, kv_disk_journal_sync_ms=0)
+    serve_then_crash(gemma3, flags, PROMPTS[:3])
+    return flags
+
+
+def test_after_a_crash_the_journaled_windows_let_the_path_hit(gemma3, uncached, crashed,
+                                                             tmp_path):
+    """The disk tier writes each demoted page's window beside it, named by its journal
+    record: after a crash without a save the restart restores the windows with the
+    pages, and the donor's prefix hits to its checkpoint, as before the crash."""
+    assert journal_windows(tmp_path)
+    again = make_engine(gemma3, **crashed)
+    (got,) = run_in_turn(again, PROMPTS[-1:])
+    assert again.persistence.saves == 1               # (its own shutdown's)
+    recovery = again.stats().kv_disk.recovery
+    assert recovery["journal_records"] > 0 and recovery["restored_windows"] > 0
+    assert got.token_ids[0] == uncached[-1]
+    assert got.final.usage.cached_tokens == 6 * WINDOW
+    assert again.stats().tiers.l3.loaded_tokens >= 6 * WINDOW
+
+
+def test_a_corrupt_journaled_window_backs_off_never_a_wrong_reply(gemma3, uncached, crashed,
+                                                                  tmp_path):
+    """One flipped byte in the window file the checkpoint at 96 reads: the restart finds
+    it failing its check, that point is not usable, and the match backs off to an
+    earlier one (window_missing); the reply still equals the cache-off run's."""
+    key = journal_windows(tmp_path)[tuple(DONOR[6 * WINDOW - 4:6 * WINDOW])]
+    path = tmp_path / "pages" / f"{key:016x}.page"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    again = make_engine(gemma3, **crashed)
+    (got,) = run_in_turn(again, PROMPTS[-1:])
+    assert again.persistence.store.corrupt_pages == 1
+    assert got.token_ids[0] == uncached[-1]
+    assert got.final.usage.cached_tokens < 6 * WINDOW
+    assert got.final.usage.miss.reason == MissReason.WINDOW_MISSING
