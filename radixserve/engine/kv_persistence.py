@@ -120,7 +120,8 @@ class KVPersistence:
         self._compute = compute
         self._step_lock = step_lock
         self._copies: dict[bytes, int] = {}     # page path hash -> disk slot of its copy
-        self._batch_pages = max(1, BATCH_BYTES // kv.page_bytes) if kv is not None else 1
+        # (max: a model whose every layer is windowed keeps no KV in the full pages)
+        self._batch_pages = max(1, BATCH_BYTES // max(1, kv.page_bytes)) if kv is not None else 1
         self._saving = asyncio.Lock()
         if tiers is not None:
             tiers.lower.on_written = self._drop_older_copies

@@ -1,8 +1,9 @@
 """A hybrid model's window pools with host/disk tiers and persistence (tiny Gemma 3, window
 16, page 4): a path demoted to host memory or disk keeps its windows in the windowed pool
 under its new ids and is loaded back with them, so the hit reaches past the first window;
-after a restart the saved windows come back with the paths (without them the match backs
-off). Greedy tokens
+after a restart (a save's, or a crash's: the disk tier journals each page's window with it)
+the windows come back with the paths (without them the match backs off); the restart runs
+for Gemma 3, sliding-window Mistral and Qwen2. Greedy tokens
 always equal the cache-off run's, and every page of both pools is accounted for."""
 
 from __future__ import annotations
@@ -36,14 +37,27 @@ DISK_BYTES = 8 << 20        # a small disk tier: its invariant check stays quick
 
 
 @pytest.fixture(scope="module")
-def gemma3(tmp_path_factory):
-    return build_family("gemma3", tmp_path_factory.mktemp("tiers-gemma3")).loaded
+def families(tmp_path_factory):
+    """name -> (tiny model, its cache-off greedy tokens for PROMPTS), built once each."""
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            model = build_family(name, tmp_path_factory.mktemp(f"tiers-{name}")).loaded
+            built[name] = model, [r.token_ids[0] for r in run_in_turn(
+                make_engine(model, page_size=4, disable_radix_cache=True), PROMPTS)]
+        return built[name]
+    return get
 
 
 @pytest.fixture(scope="module")
-def uncached(gemma3):
-    return [r.token_ids[0] for r in run_in_turn(
-        make_engine(gemma3, page_size=4, disable_radix_cache=True), PROMPTS)]
+def gemma3(families):
+    return families("gemma3")[0]
+
+
+@pytest.fixture(scope="module")
+def uncached(families):
+    return families("gemma3")[1]
 
 
 def run_in_turn(engine, prompts):
@@ -85,11 +99,15 @@ def save(gemma3, tmp_path, prompts) -> dict:
     return flags
 
 
-def test_after_a_restart_the_saved_windows_let_the_path_hit(gemma3, uncached, tmp_path):
+# Gemma 3 (local/global/local), Mistral (every layer windowed), Qwen2 (layer 1 windowed).
+@pytest.mark.parametrize("family", ["gemma3", "mistral", "qwen2"])
+def test_after_a_restart_the_saved_windows_let_the_path_hit(families, family, tmp_path):
     """The save writes the windows beside the pages; the restart reads them into the
     windowed pool under the restored disk-tier ids, so the match loads the path and ends
     at the checkpoint at 96, as it did before the restart."""
-    again = make_engine(gemma3, **save(gemma3, tmp_path, PROMPTS[:1]))
+    model, uncached = families(family)
+    again = make_engine(model, **save(model, tmp_path, PROMPTS[:1]))
+    assert isinstance(again.memory, WindowedMemory)
     (got,) = run_in_turn(again, PROMPTS[-1:])
     assert again.persistence.restored.windows > 0
     assert again.stats().kv_disk.recovery["restored_windows"] == again.persistence.restored.windows
