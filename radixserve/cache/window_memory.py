@@ -176,11 +176,13 @@ class WindowedMemory(PagedMemory):
 
     def _end_pages(self) -> np.ndarray:
         """The pool pages whose windows the end point of a leaf or of a branch node (two
-        children or more) reads (a walk of the tree: run when windows must go)."""
+        children or more) reads. A walk of the pool's part of the tree only (prefix-closed:
+        the walk never enters host/disk nodes, which may be millions while the pool's are
+        bounded by its pages), run when windows must go (once per 1/16 of the pool)."""
         per_window = -(-self.rule.window // self.page_size) + 1
         out = []
-        for node in self.tree.iter_nodes():
-            if len(node.children) == 1 or node.tier != Tier.POOL:
+        for node in self._pool_nodes():
+            if len(node.children) == 1:
                 continue
             need = per_window
             while need > 0 and node is not None and node.depth:
@@ -188,6 +190,15 @@ class WindowedMemory(PagedMemory):
                 need -= len(out[-1])
                 node = node.parent
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def _pool_nodes(self):
+        """The tree's pool nodes (parents before children), never entering a lower tier."""
+        stack = [c for r in self.tree.namespace_roots().values() for c in r.children.values()]
+        while stack:
+            node = stack.pop()
+            if node.tier == Tier.POOL:
+                yield node
+                stack.extend(node.children.values())
 
     def usable_point(self, pages: np.ndarray, matched: int, cow_page: int = -1) -> int:
         """The largest match point <= `matched` whose window is present (WindowRule)."""
