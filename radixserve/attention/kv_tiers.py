@@ -31,6 +31,7 @@ from radixserve.attention.page_bytes import (bytes_to_pages, page_payload_bytes,
                                              pages_to_bytes, pool_tensors, rows_to_bytes)
 from radixserve.cache.tier_types import MoveTimes, Tier
 from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
+from radixserve.cache.window_files import WindowLoad
 
 __all__ = ["HostKVPool", "MoveTimes", "PageWriter", "TierMover"]
 
@@ -92,7 +93,7 @@ class TierMover:
             return pages_to_bytes(self.pool, slots)
         return rows_to_bytes(self.host.tensors, slots)
 
-    def run(self, moves: Sequence[DemoteOrder | LoadOrder]) -> MoveTimes:
+    def run(self, moves: Sequence[DemoteOrder | LoadOrder | WindowLoad]) -> MoveTimes:
         times = MoveTimes()
         ps = self.pool.page_size
         if self.streams is not None:
@@ -100,6 +101,9 @@ class TierMover:
             # The side stream reads pool pages the compute stream wrote before this step.
             self.streams.side().wait_stream(self.streams.compute())
         for mv in moves:
+            if isinstance(mv, WindowLoad):      # a hybrid model's windows, from disk files
+                bytes_to_pages(self.window_pool, mv.pages.tolist(), mv.payloads)
+                continue
             if self.streams is not None and self._host_only(mv):
                 self._side_copy(mv, ps)
                 continue

@@ -288,6 +288,11 @@ class LowerTiers:
     def tokens(self, tier: Tier) -> int:
         return sum(n.num_tokens for n in self.nodes[tier].values())
 
+    def queue(self, order) -> None:
+        """Queue an order of another pool's data (a hybrid model's window loads:
+        cache/window_files.py) in issue order with the tiers' own."""
+        self._moves.append(order)
+
     def take_moves(self) -> list[DemoteOrder | LoadOrder]:
         """The orders issued since the last call, in the order they must run."""
         moves, self._moves = self._moves, []

@@ -49,6 +49,7 @@ from .page_allocator import OutOfPages
 from .radix_cache import InsertResult, RadixCache
 from .tier_types import Tier
 from .tiers import DISK, HOST, LowerTiers
+from .window_files import StoredWindows
 from .window_pages import WindowPages
 from .window_rule import WindowRule
 
@@ -66,6 +67,7 @@ class WindowedMemory(PagedMemory):
         self._pins = np.zeros(num_pages, dtype=np.int32)      # leases reading its window
         self._private = np.zeros(num_pages, dtype=bool)       # a lease's own page
         self._loading: set[int] = set()     # lower-tier ids being loaded (keep windows)
+        self.stored: StoredWindows | None = None   # disk pages' window files (the engine's)
 
     def follow(self, tiers: LowerTiers) -> None:
         """Keep the windows of nodes that move to host/disk (`tiers` calls `moved` and
@@ -136,6 +138,16 @@ class WindowedMemory(PagedMemory):
         """Lower-tier ids a lease is loading: their windows are kept while it makes room
         (None: the load is over)."""
         self._loading = set() if ids is None else set(np.asarray(ids).tolist())
+
+    def make_window_room(self, n: int) -> None:
+        """At least `n` free windowed pages (`_window_room`; OutOfPages: nothing to drop)."""
+        self._window_room(n)
+
+    def stored_windows(self, ids: np.ndarray) -> np.ndarray:
+        """bool per tree id: its window is not in the pool but in a disk file."""
+        if self.stored is None:
+            return np.zeros(len(ids), dtype=bool)
+        return self.stored.stored(ids)
 
     def _window_room(self, n: int) -> None:
         """At least `n` free windowed pages: drop the windows of demoted nodes, then the

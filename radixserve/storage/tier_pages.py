@@ -94,6 +94,16 @@ class TierPages:
         """The key of the slot's window file (0: none)."""
         return self._window.get(slot, 0)
 
+    def has_window(self, slot: int) -> bool:
+        """Whether the slot's page has a window file (cache/window_files.py)."""
+        key = self._window.get(slot)
+        return key is not None and self.store.has_page(key)
+
+    def read_window(self, slot: int) -> bytes | None:
+        """The slot's window, checked (None: none, or it failed its check: then dropped)."""
+        key = self._window.get(slot)
+        return None if key is None else self.store.read_page(key)
+
     def touched(self, slots: list[int], last_access: int) -> None:
         """These slots' pages moved into the pool at the tree's clock `last_access`
         (their files stay): journaled, so a restart ranks them by it."""

@@ -12,6 +12,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine_helpers import check_pages, collect, make_engine, run_scenario, wait_idle
@@ -209,3 +210,25 @@ def test_a_corrupt_journaled_window_backs_off_never_a_wrong_reply(gemma3, uncach
     assert got.token_ids[0] == uncached[-1]
     assert got.final.usage.cached_tokens < 6 * WINDOW
     assert got.final.usage.miss.reason == MissReason.WINDOW_MISSING
+
+
+def test_windows_the_pool_lost_are_read_back_from_their_files(gemma3, uncached, crashed):
+    """After the restart every restored window is dropped from the windowed pool (as a
+    short pool drops demoted nodes' windows first, or a restart with more windows on disk
+    than free pages): the match finds the checkpoint's windows in their files, reads them
+    back with the load, and hits to 96 as before; greedy equal, pools conserved."""
+    again = make_engine(gemma3, **crashed)
+
+    async def scenario(engine):
+        windows = engine.memory.windows
+        assert windows.lower                    # restored under disk-tier ids
+        assert engine.memory.drop_windows(np.fromiter(windows.lower, np.int64)) > 0
+        check_pages(engine)
+        got = await collect(engine.generate(PROMPTS[-1], GREEDY))
+        check_pages(engine)
+        return got
+
+    got = run_scenario(again, scenario)
+    assert got.token_ids[0] == uncached[-1]
+    assert got.final.usage.cached_tokens == 6 * WINDOW
+    assert again.memory.stored.loaded > 0
