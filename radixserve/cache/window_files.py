@@ -70,9 +70,10 @@ class StoredWindows:
     def stored(self, ids: np.ndarray) -> np.ndarray:
         """bool per tree id: a disk id whose window is not in the pool but in a file."""
         slots = self._slots(ids)
-        absent = ~self.memory.windows.present(ids)
-        return np.array([a and s >= 0 and self.files.has_window(int(s))
-                         for a, s in zip(absent.tolist(), slots.tolist())], dtype=bool)
+        out = np.zeros(len(slots), dtype=bool)
+        for i in np.flatnonzero((slots >= 0) & ~self.memory.windows.present(ids)).tolist():
+            out[i] = self.files.has_window(int(slots[i]))
+        return out
 
     def load(self, ids: np.ndarray) -> int:
         """Read the windows of `ids` (disk ids with a stored window only), attach them and

@@ -103,12 +103,13 @@ class WindowedLease(PrefixLease):
     def _read_stored_windows(self, ids: np.ndarray, num_pool: int) -> None:
         """Read back the window files of the match's disk pages (cache/window_files.py)
         when that lets it end at a later point than the windows in the pool do."""
-        stored = self.memory.stored_windows(ids)
-        if not stored.any():
-            return
         present = self.memory.windows.present(ids)
         end = len(ids) * self.page_size
-        if self.rule.usable_point(present | stored, end) <= self.rule.usable_point(present, end):
+        now = self.rule.usable_point(present, end)
+        if now == end:
+            return                              # every point the match reaches is usable
+        stored = self.memory.stored_windows(ids)
+        if not stored.any() or self.rule.usable_point(present | stored, end) <= now:
             return
         self.memory.loading(ids[num_pool:])     # making room keeps this match's windows
         try:
