@@ -140,8 +140,10 @@ class WindowedMemory(PagedMemory):
         self._loading = set() if ids is None else set(np.asarray(ids).tolist())
 
     def make_window_room(self, n: int) -> None:
-        """At least `n` free windowed pages (`_window_room`; OutOfPages: nothing to drop)."""
-        self._window_room(n)
+        """At least `n` free windowed pages by dropping windows only, never evicting a
+        node (a match being loaded holds its lower nodes unlocked yet); OutOfPages when
+        there are too few to drop."""
+        self._window_room(n, evict=False)
 
     def stored_windows(self, ids: np.ndarray) -> np.ndarray:
         """bool per tree id: its window is not in the pool but in a disk file."""
@@ -149,7 +151,7 @@ class WindowedMemory(PagedMemory):
             return np.zeros(len(ids), dtype=bool)
         return self.stored.stored(ids)
 
-    def _window_room(self, n: int) -> None:
+    def _window_room(self, n: int, evict: bool = True) -> None:
         """At least `n` free windowed pages: drop the windows of demoted nodes, then the
         least recently used tree windows (a sixteenth of the pool at least, so this runs
         rarely), then evict leaves whole; OutOfPages if running requests hold the rest."""
@@ -168,7 +170,7 @@ class WindowedMemory(PagedMemory):
             want = min(len(droppable), want)
             if want:
                 self.dropped_windows += w.detach(self._drop_order(droppable, want))
-            elif self.tree.evictable_tokens:
+            elif evict and self.tree.evictable_tokens:
                 # (a leaf demoted to a lower tier keeps its windows: dropped next round)
                 self.free(self.tree.evict(self.page_size))
             else:
