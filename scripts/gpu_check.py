@@ -25,6 +25,10 @@ stop the others):
                    (scripts/gpu_check_deterministic.py)
   tiers            KV pages demoted to pinned host memory (side CUDA stream with events) and
                    to disk bytes, loaded back: byte-equal (scripts/gpu_check_tiers.py)
+  windows          flashinfer with a hybrid model's window pools: two window sizes (64, 32)
+                   and a global layer, the windowed layers reading one pool kept at the
+                   larger window through a null-mapped page table, against the torch
+                   backend in fp32 (scripts/gpu_check_hybrid.py)
   throughput       on a random-weight Llama-3-8B-shaped model (scripts/gpu_check_perf.py):
                    decode at batch 64 and 256 vs the HBM floor, bf16 and fp8 KV; a 4k prefill
                    vs the matmul peak; host-tier load vs recompute per token;
@@ -357,11 +361,13 @@ GPU_SIZES = Sizes(
     shared=dict(groups=8, per_group=8, system=1024, question=64, output=32,
                 chunked_prefill_size=2048, kv_cache_tokens=131072),
     section_min_s={"kernels": 60.0, "model_greedy": 30.0, "fp8_kv": 30.0,
-                   "deterministic": 30.0, "throughput": 60.0, "tiers": 10.0},
+                   "deterministic": 30.0, "throughput": 60.0, "tiers": 10.0,
+                   "windows": 5.0},
     item_min_s=10.0,
     # 450 s together; with START_OVERHEAD_S the run fits in 8 minutes (checked by --dry-run)
     section_budget_s={"kernels": 130.0, "model_greedy": 50.0, "fp8_kv": 60.0,
-                      "deterministic": 60.0, "throughput": 130.0, "tiers": 20.0},
+                      "deterministic": 60.0, "throughput": 120.0, "tiers": 20.0,
+                      "windows": 10.0},
     prefill_tokens=4096, bandwidth_probe_bytes=2**30, matmul_probe_n=8192)
 CPU_DRY_SIZES = Sizes(
     model_dtype="float32", greedy_questions=2, greedy_tokens=4, engine_kv_tokens=4096,
@@ -370,10 +376,11 @@ CPU_DRY_SIZES = Sizes(
     shared=dict(groups=2, per_group=2, system=64, question=8, output=4,
                 chunked_prefill_size=2048, kv_cache_tokens=4096),
     section_min_s={"kernels": 0.0, "model_greedy": 0.0, "fp8_kv": 0.0, "deterministic": 0.0,
-                   "throughput": 0.0, "tiers": 0.0},
+                   "throughput": 0.0, "tiers": 0.0, "windows": 0.0},
     item_min_s=0.0,
     section_budget_s={"kernels": 1e9, "model_greedy": 1e9, "fp8_kv": 1e9,
-                      "deterministic": 1e9, "throughput": 1e9, "tiers": 1e9},
+                      "deterministic": 1e9, "throughput": 1e9, "tiers": 1e9,
+                      "windows": 1e9},
     prefill_tokens=64, bandwidth_probe_bytes=2**24, matmul_probe_n=256)
 
 
@@ -845,7 +852,8 @@ def check_throughput(report: dict, ctx: CheckContext) -> None:
 
 # ---- driver ------------------------------------------------------------------------------
 
-SECTIONS = ("kernels", "model_greedy", "fp8_kv", "deterministic", "throughput", "tiers")
+SECTIONS = ("kernels", "model_greedy", "fp8_kv", "deterministic", "throughput", "tiers",
+            "windows")
 
 
 def _run_section(report: dict, name: str, fn: Callable[[], None],
@@ -914,6 +922,12 @@ def _summary(report: dict, sections: list[str]) -> list[str]:
         lines.append(f"tiers: {tiers.get('status')} ({sum(r['bytes_equal'] for r in res)} of "
                      f"{len(res)} cases byte-equal after host/disk round trips; side stream "
                      f"{all(r['side_stream'] for r in res) if res else '-'})")
+    if "windows" in sections:
+        w = report.get("windows", {})
+        res = w.get("results", [])
+        worst = max((r["max_abs_err_vs_torch_fp32"] for r in res), default=None)
+        lines.append(f"windows: {w.get('status')} ({sum(r['ok'] for r in res)} of {len(res)} "
+                     f"layer cases within {w.get('atol')}; largest error {worst})")
     return lines
 
 
@@ -971,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
             report, sys.modules[__name__], ctx),
         "throughput": lambda: check_throughput(report, ctx),
         "tiers": lambda: _import_script("gpu_check_tiers").check_tiers(report, device),
+        "windows": lambda: _import_script("gpu_check_hybrid").check_windows(report, device),
     }
     _run_section(report, "environment", lambda: check_environment(report))
     for name in sections:

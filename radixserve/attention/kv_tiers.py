@@ -12,7 +12,8 @@ batched over its pages: one gather and one scatter per tensor. The runner calls 
 start of a step, before copy-on-write and the forward pass: pool pages an eviction freed
 are read before the step writes into them. A demotion to disk copies the pages' bytes out
 and hands them to the disk writer's queue (storage/disk_writer.py); the file is written
-off the step, on the writer's thread.
+off the step, on the writer's thread. A hybrid model's windows named by the order go with
+them (`window_pool`), so the disk tier's journal carries a page's window with it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from radixserve.attention.page_bytes import (bytes_to_pages, page_payload_bytes,
                                              pages_to_bytes, pool_tensors, rows_to_bytes)
 from radixserve.cache.tier_types import MoveTimes, Tier
 from radixserve.cache.tiers import DISK, HOST, POOL, DemoteOrder, LoadOrder
+from radixserve.cache.window_files import WindowLoad
 
 __all__ = ["HostKVPool", "MoveTimes", "PageWriter", "TierMover"]
 
@@ -38,7 +40,7 @@ class PageWriter(Protocol):
     """Takes a demoted page's bytes for the disk (storage/disk_writer.py: DiskWriter,
     whose thread writes them; blocks while its queue is full)."""
 
-    def submit(self, slot: int, payload: bytes) -> None: ...
+    def submit(self, slot: int, payload: bytes, window: bytes | None = None) -> None: ...
 
 
 class HostKVPool:
@@ -61,8 +63,9 @@ class TierMover:
     (attention/copy_stream.py); everything else runs on the compute stream, synchronously."""
 
     def __init__(self, pool: KVPool, host: HostKVPool | None, disk: PageWriter | None,
-                 streams: StreamOps | None = None):
+                 streams: StreamOps | None = None, window_pool: KVPool | None = None):
         self.pool = pool
+        self.window_pool = window_pool      # a hybrid model's: windows go to disk beside pages
         self.pool_tensors = pool_tensors(pool)
         self.host = host
         self.disk = disk
@@ -90,7 +93,7 @@ class TierMover:
             return pages_to_bytes(self.pool, slots)
         return rows_to_bytes(self.host.tensors, slots)
 
-    def run(self, moves: Sequence[DemoteOrder | LoadOrder]) -> MoveTimes:
+    def run(self, moves: Sequence[DemoteOrder | LoadOrder | WindowLoad]) -> MoveTimes:
         times = MoveTimes()
         ps = self.pool.page_size
         if self.streams is not None:
@@ -98,6 +101,9 @@ class TierMover:
             # The side stream reads pool pages the compute stream wrote before this step.
             self.streams.side().wait_stream(self.streams.compute())
         for mv in moves:
+            if isinstance(mv, WindowLoad):      # a hybrid model's windows, from disk files
+                bytes_to_pages(self.window_pool, mv.pages.tolist(), mv.payloads)
+                continue
             if self.streams is not None and self._host_only(mv):
                 self._side_copy(mv, ps)
                 continue
@@ -194,8 +200,23 @@ class TierMover:
         # The bytes are copied out here, before the step reuses the source pages; the
         # writer thread makes them durable (the tree hears of it on its own thread).
         payloads = rows_to_bytes(self._tensors(mv.src_tier), mv.src.tolist())
-        for key, payload in zip(mv.dst.tolist(), payloads):
-            self.disk.submit(key, payload)
+        windows = self._window_bytes(mv.windows, len(payloads))
+        for key, payload, window in zip(mv.dst.tolist(), payloads, windows):
+            if window is None:
+                self.disk.submit(key, payload)
+            else:
+                self.disk.submit(key, payload, window)
+
+    def _window_bytes(self, pages: np.ndarray | None, n: int) -> list[bytes | None]:
+        """The windowed pool's pages (-1: none) as bytes, None where there is none."""
+        out: list[bytes | None] = [None] * n
+        if pages is None or self.window_pool is None:
+            return out
+        held = np.flatnonzero(pages >= 0)
+        for i, payload in zip(held.tolist(),
+                              pages_to_bytes(self.window_pool, pages[held].tolist())):
+            out[i] = payload
+        return out
 
     def _load(self, mv: LoadOrder) -> None:
         if mv.src_tier == HOST:

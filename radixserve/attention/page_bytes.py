@@ -43,6 +43,8 @@ def rows_to_bytes(tensors: Sequence[torch.Tensor], ids: Sequence[int]) -> list[b
     slots are), rows `ids`."""
     if not len(ids):
         return []
+    if not len(tensors):        # a pool of no layers (every layer of the model windowed)
+        return [b""] * len(ids)
     parts = []                                   # per tensor: uint8 [n, bytes of one page]
     for t in tensors:
         index = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=t.device)

@@ -80,12 +80,16 @@ POOL, HOST, DISK = Tier.POOL, Tier.HOST, Tier.DISK      # short names for this m
 
 @dataclass(frozen=True, slots=True)
 class DemoteOrder:
-    """Copy pages down: `src` slots of `src_tier` into `dst` slots of `dst_tier`."""
+    """Copy pages down: `src` slots of `src_tier` into `dst` slots of `dst_tier`.
+    `windows` (to disk, with an IdFollower that keeps windows): per page, the windowed
+    pool page to write beside it (-1: none), taken when the order is made; a page freed
+    after that is rewritten only by a later order or step, so the order reads it intact."""
 
     src_tier: Tier
     src: np.ndarray
     dst_tier: Tier
     dst: np.ndarray
+    windows: np.ndarray | None = None
 
     @property
     def move(self) -> Move:
@@ -179,6 +183,10 @@ class IdFollower(Protocol):
 
     def released(self, ids: np.ndarray) -> None:
         """Lower-tier ids given back (their node dropped, flushed or recomputed)."""
+
+    def window_pages(self, ids: np.ndarray) -> np.ndarray:
+        """Per tree id, its page in the follower's pool to write to disk beside it (-1:
+        none)."""
 
 
 class ReadPending(Exception):
@@ -280,6 +288,11 @@ class LowerTiers:
     def tokens(self, tier: Tier) -> int:
         return sum(n.num_tokens for n in self.nodes[tier].values())
 
+    def queue(self, order) -> None:
+        """Queue an order of another pool's data (a hybrid model's window loads:
+        cache/window_files.py) in issue order with the tiers' own."""
+        self._moves.append(order)
+
     def take_moves(self) -> list[DemoteOrder | LoadOrder]:
         """The orders issued since the last call, in the order they must run."""
         moves, self._moves = self._moves, []
@@ -369,7 +382,8 @@ class LowerTiers:
         self.tree.leave_pool(leaf)
         if tier == DISK:
             self._copy_ancestors(leaf)      # queued first: written before the leaf's pages
-        self._moves.append(DemoteOrder(POOL, src, tier, self.local(tier, dst)))
+        self._moves.append(DemoteOrder(POOL, src, tier, self.local(tier, dst),
+                                       self._windows(dst) if tier == DISK else None))
         self._count_in(tier, leaf.num_tokens)
         return True
 
@@ -401,7 +415,7 @@ class LowerTiers:
             self.kept.update(dict.fromkeys(local.tolist(), anc.namespace))
             self.places.placed(anc, local.tolist())
             self._moves.append(DemoteOrder(anc.tier, self.local(anc.tier, anc.pages), DISK,
-                                           local))
+                                           local, self._windows(anc.pages)))
 
     def _take(self, tier: Tier, n: int) -> np.ndarray | None:
         """`n` free ids of `tier` (making room by pushing its victims down), or None."""
@@ -487,7 +501,7 @@ class LowerTiers:
         self.tree.tier_changed(node, tier)
         self._copy_ancestors(node)          # queued first: written before its pages
         self._moves.append(DemoteOrder(tier, self.local(tier, src), DISK,
-                                       self.local(DISK, dst)))
+                                       self.local(DISK, dst), self._windows(dst)))
         self._count_out(tier, node.num_tokens)
         self._count_in(DISK, node.num_tokens)
         return True
@@ -717,6 +731,10 @@ class LowerTiers:
     def _follow(self, src: np.ndarray, dst: np.ndarray) -> None:
         if self.follower is not None:
             self.follower.moved(src, dst)
+
+    def _windows(self, ids: np.ndarray) -> np.ndarray | None:
+        """The follower's pages to write beside these tree ids' disk pages (None: none)."""
+        return self.follower.window_pages(ids) if self.follower is not None else None
 
     def _release_ids(self, tier: Tier, ids: np.ndarray) -> None:
         if self.follower is not None:

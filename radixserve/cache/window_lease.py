@@ -18,7 +18,9 @@ pages are handled exactly as there):
 
 With host/disk tiers, `load` brings a match's lower part into the pool only when a point
 past the pool part has its window (lower nodes keep theirs in the windowed pool,
-WindowedMemory.follow), then ends the match at the largest such point.
+WindowedMemory.follow; a disk page's window the pool lost is read back from its file
+when that moves the point: cache/window_files.py), then ends the match at the largest
+such point.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class WindowedLease(PrefixLease):
             return 0
         ps = self.page_size
         ids = np.concatenate([match.pages, *(n.pages for n in match.lower)])
+        self._read_stored_windows(ids, len(match.pages))
         if self.memory.usable_point(ids, len(ids) * ps) <= self.matched_tokens:
             # No window there: loading would not lengthen the hit (the miss says why).
             self.window_short = len(ids) * ps - self.matched_tokens
@@ -96,6 +99,23 @@ class WindowedLease(PrefixLease):
         self._end_at_usable_point(replace(match, matched_tokens=self.matched_tokens,
                                           pages=self.pages, lower=()))
         return loaded
+
+    def _read_stored_windows(self, ids: np.ndarray, num_pool: int) -> None:
+        """Read back the window files of the match's disk pages (cache/window_files.py)
+        when that lets it end at a later point than the windows in the pool do."""
+        present = self.memory.windows.present(ids)
+        end = len(ids) * self.page_size
+        now = self.rule.usable_point(present, end)
+        if now == end:
+            return                              # every point the match reaches is usable
+        stored = self.memory.stored_windows(ids)
+        if not stored.any() or self.rule.usable_point(present | stored, end) <= now:
+            return
+        self.memory.loading(ids[num_pool:])     # making room keeps this match's windows
+        try:
+            self.memory.stored.load(ids[stored])
+        finally:
+            self.memory.loading(None)
 
     def _end_at_usable_point(self, match: MatchResult) -> MatchResult:
         """Back the match off to the largest point whose window is present, and pin the

@@ -28,8 +28,9 @@ With host/disk tiers (`follow`), a node's windows stay in the windowed pool when
 full-attention pages go down a tier: they follow the node's ids (`moved`), come back with
 a load, and go when its lower-tier ids are released. So the lower tiers hold the large
 full-attention part, the windowed pool the small part that makes a match point usable,
-and its drops apply to those windows like any other tree window. The disk tier does not
-write windows; a save does (engine/window_persistence.py), and a restart attaches them to
+and its drops apply to those windows like any other tree window. The disk tier also
+writes each page's window beside it (`window_pages`), journaled with the page, and a
+save writes the windows of the pages it copies the same way; a restart attaches them to
 the restored disk-tier ids (`windows.attach_lower`); a restored path without them backs
 off (docs/models.md).
 
@@ -48,6 +49,7 @@ from .page_allocator import OutOfPages
 from .radix_cache import InsertResult, RadixCache
 from .tier_types import Tier
 from .tiers import DISK, HOST, LowerTiers
+from .window_files import StoredWindows
 from .window_pages import WindowPages
 from .window_rule import WindowRule
 
@@ -65,6 +67,7 @@ class WindowedMemory(PagedMemory):
         self._pins = np.zeros(num_pages, dtype=np.int32)      # leases reading its window
         self._private = np.zeros(num_pages, dtype=bool)       # a lease's own page
         self._loading: set[int] = set()     # lower-tier ids being loaded (keep windows)
+        self.stored: StoredWindows | None = None   # disk pages' window files (the engine's)
 
     def follow(self, tiers: LowerTiers) -> None:
         """Keep the windows of nodes that move to host/disk (`tiers` calls `moved` and
@@ -80,6 +83,13 @@ class WindowedMemory(PagedMemory):
 
     def released(self, ids: np.ndarray) -> None:
         self.windows.detach(ids)
+
+    def window_pages(self, ids: np.ndarray) -> np.ndarray:
+        """Per tree id, its windowed page (-1: none): written to disk beside the page, so
+        the disk tier's journal carries it (cache/tiers.py: DemoteOrder.windows)."""
+        pages = self.windows.window_of(ids).astype(np.int64)
+        pages[pages == self.windows.null] = -1
+        return pages
 
     def alloc_after(self, head: np.ndarray, n: int) -> np.ndarray:
         """PagedMemory.alloc_after, each new page with a windowed page. OutOfPages when
@@ -129,7 +139,19 @@ class WindowedMemory(PagedMemory):
         (None: the load is over)."""
         self._loading = set() if ids is None else set(np.asarray(ids).tolist())
 
-    def _window_room(self, n: int) -> None:
+    def make_window_room(self, n: int) -> None:
+        """At least `n` free windowed pages by dropping windows only, never evicting a
+        node (a match being loaded holds its lower nodes unlocked yet); OutOfPages when
+        there are too few to drop."""
+        self._window_room(n, evict=False)
+
+    def stored_windows(self, ids: np.ndarray) -> np.ndarray:
+        """bool per tree id: its window is not in the pool but in a disk file."""
+        if self.stored is None:
+            return np.zeros(len(ids), dtype=bool)
+        return self.stored.stored(ids)
+
+    def _window_room(self, n: int, evict: bool = True) -> None:
         """At least `n` free windowed pages: drop the windows of demoted nodes, then the
         least recently used tree windows (a sixteenth of the pool at least, so this runs
         rarely), then evict leaves whole; OutOfPages if running requests hold the rest."""
@@ -148,7 +170,7 @@ class WindowedMemory(PagedMemory):
             want = min(len(droppable), want)
             if want:
                 self.dropped_windows += w.detach(self._drop_order(droppable, want))
-            elif self.tree.evictable_tokens:
+            elif evict and self.tree.evictable_tokens:
                 # (a leaf demoted to a lower tier keeps its windows: dropped next round)
                 self.free(self.tree.evict(self.page_size))
             else:
@@ -168,11 +190,13 @@ class WindowedMemory(PagedMemory):
 
     def _end_pages(self) -> np.ndarray:
         """The pool pages whose windows the end point of a leaf or of a branch node (two
-        children or more) reads (a walk of the tree: run when windows must go)."""
+        children or more) reads. A walk of the pool's part of the tree only (prefix-closed:
+        the walk never enters host/disk nodes, which may be millions while the pool's are
+        bounded by its pages), run when windows must go (once per 1/16 of the pool)."""
         per_window = -(-self.rule.window // self.page_size) + 1
         out = []
-        for node in self.tree.iter_nodes():
-            if len(node.children) == 1 or node.tier != Tier.POOL:
+        for node in self._pool_nodes():
+            if len(node.children) == 1:
                 continue
             need = per_window
             while need > 0 and node is not None and node.depth:
@@ -180,6 +204,15 @@ class WindowedMemory(PagedMemory):
                 need -= len(out[-1])
                 node = node.parent
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def _pool_nodes(self):
+        """The tree's pool nodes (parents before children), never entering a lower tier."""
+        stack = [c for r in self.tree.namespace_roots().values() for c in r.children.values()]
+        while stack:
+            node = stack.pop()
+            if node.tier == Tier.POOL:
+                yield node
+                stack.extend(node.children.values())
 
     def usable_point(self, pages: np.ndarray, matched: int, cow_page: int = -1) -> int:
         """The largest match point <= `matched` whose window is present (WindowRule)."""

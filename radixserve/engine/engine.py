@@ -17,9 +17,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import torch
 
+from radixserve.attention.page_bytes import page_payload_bytes
 from radixserve.cache.memory import PagedMemory
 from radixserve.cache.radix_cache import CacheLockedError, RadixCache
 from radixserve.cache.window_memory import WindowedMemory
+from radixserve.cache.window_files import StoredWindows
 from radixserve.cache.window_rule import WindowRule
 from radixserve.engine.compute_thread import compute_executor, on_compute_thread
 from radixserve.engine.config import EngineConfig
@@ -65,6 +67,10 @@ class Engine(OneProcessStats):
         if self.tiers is not None and isinstance(self.memory, WindowedMemory):
             self.memory.follow(self.tiers.lower)    # demoted nodes keep their windows
             self.runner.windowed.attach(self.memory.windows.of_page)
+            if self.tiers.lower.disk is not None:      # their window files, read back
+                self.memory.stored = StoredWindows(
+                    self.memory, self.tiers.lower, self.tiers.lower.disk,
+                    page_payload_bytes(self.runner.windowed.pool))
         self.kv_events = self._kv_events(config)
         self.persistence = (KVPersistence(store, self.tree, self.tiers, self.runner.mover,
                                           self._on_compute, self._step_lock,

@@ -23,9 +23,9 @@ A saved copy is known by the hash of its page's whole token path (namespace, the
 token from the root to the page's end): the same prefix saved twice is written once, and
 a page of the tree maps to its copy however the tree's edges were split since.
 
-A hybrid model's sliding-window KV (the windowed pool) is saved and restored beside the
-pages by `windows` (engine/window_persistence.py), so a restored path hits as far as its
-windows reach.
+A hybrid model's sliding-window KV (the windowed pool) is written beside each page the
+save copies (`write_pages`, as the disk tier writes its own) and restored by `windows`
+(engine/window_persistence.py), so a restored path hits as far as its windows reach.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ class KVPersistence:
         self._compute = compute
         self._step_lock = step_lock
         self._copies: dict[bytes, int] = {}     # page path hash -> disk slot of its copy
-        self._batch_pages = max(1, BATCH_BYTES // kv.page_bytes) if kv is not None else 1
+        # (max: a model whose every layer is windowed keeps no KV in the full pages)
+        self._batch_pages = max(1, BATCH_BYTES // max(1, kv.page_bytes)) if kv is not None else 1
         self._saving = asyncio.Lock()
         if tiers is not None:
             tiers.lower.on_written = self._drop_older_copies
@@ -200,13 +201,16 @@ class KVPersistence:
                     for (_, _, _, n, i), slot in zip(todo, slots.tolist()):
                         # journaled once written: a kill mid-save keeps it
                         tiers.disk.describe(slot, self._place(n, i))
-                    payloads = await self._compute(self._copy_out, todo) if todo else []
+                    payloads, windows = (await self._compute(self._copy_out, todo) if todo
+                                         else ([], None))
                 written = await asyncio.to_thread(write_pages, tiers.disk, slots.tolist(),
-                                                  payloads)
+                                                  payloads, SAVE_WRITERS, windows)
                 for (h, *_), slot in zip(todo[:written], slots.tolist()):
                     self._copies[h] = slot
                 new_slots.update(slots[:written].tolist())
                 report.pages_written += written
+                report.windows_written += sum(1 for s in slots[:written].tolist()
+                                              if tiers.disk.window_key_of(s))
                 if written < len(slots):         # failed writes: give their slots back
                     async with self._step_lock:
                         for slot in slots[written:].tolist():
@@ -222,14 +226,7 @@ class KVPersistence:
             with tiers.disk.holding_drops(), self.store.index_mark() as mark:
                 async with self._step_lock:     # disk-tier writes still queued run first
                     await self._run_pending_moves()
-                    nodes = self._walk()
-                    index_nodes = self._index_nodes(tiers, nodes)
-                    window_ids = self._window_ids(nodes, index_nodes)
-                    window_bytes = (await self._compute(self.windows.copy_out, window_ids)
-                                    if len(window_ids) else [])
-                if window_bytes:
-                    window_keys = await asyncio.to_thread(self.windows.write, window_bytes)
-                    report.windows_written = self._name_windows(index_nodes, window_keys)
+                    index_nodes = self._index_nodes(tiers, self._walk())
                 new_keys = {tiers.disk.key_of(s) for s in new_slots}
                 report.nodes = len(index_nodes)
                 report.pages_kept = sum(k not in new_keys
@@ -237,8 +234,6 @@ class KVPersistence:
                 try:
                     await asyncio.to_thread(self.store.write_index,
                                             self.store.new_index(index_nodes), mark)
-                    if self.windows is not None:
-                        self.windows.saved({k for n in index_nodes for k in n.window_keys if k})
                 except OSError as e:            # read-only, full, failing: a disk fault
                     kind = self.store.faults.write_failed(e, self.store.directory)
                     raise DiskUnwritable(f"the cache could not be saved: the KV disk "
@@ -288,8 +283,9 @@ class KVPersistence:
         await asyncio.to_thread(tiers.drain_writes)
         tiers.moves_done()
 
-    def _copy_out(self, todo: list[tuple]) -> list[bytes]:
-        """Page bytes of (hash, tier, tree id) entries, in order (compute thread)."""
+    def _copy_out(self, todo: list[tuple]) -> tuple[list[bytes], list[bytes | None] | None]:
+        """Page bytes of (hash, tier, tree id) entries, in order, and their windows' (a
+        hybrid model's; None without a windowed pool) (compute thread)."""
         out: list[bytes | None] = [None] * len(todo)
         for tier in (Tier.POOL, Tier.HOST):
             rows = [i for i, t in enumerate(todo) if t[1] == tier]
@@ -299,7 +295,9 @@ class KVPersistence:
             payloads = self.kv.copy_out(tier, self.tiers.lower.local(tier, ids))
             for i, payload in zip(rows, payloads):
                 out[i] = payload
-        return out
+        windows = (self.windows.copy_out(np.array([t[2] for t in todo], dtype=np.int64))
+                   if self.windows is not None else None)
+        return out, windows
 
     def _drop_older_copies(self, written: list[int]) -> None:
         """The disk tier just wrote these slots: a kept or saved copy of the same page is
@@ -340,25 +338,6 @@ class KVPersistence:
         tiers.return_disk_slots(slots)
         return len(gone)
 
-    def _window_ids(self, nodes: list[_Node], index_nodes: list[IndexNode]) -> np.ndarray:
-        """The tree ids of the indexed nodes' pages, in index order (empty without a
-        windowed pool): whose windows the save copies."""
-        if self.windows is None or not index_nodes:
-            return np.zeros(0, dtype=np.int64)
-        pages = {n.node_id: n.pages for n in nodes}
-        return np.concatenate([np.asarray(pages[n.node_id][:len(n.page_keys)], np.int64)
-                               for n in index_nodes])
-
-    @staticmethod
-    def _name_windows(index_nodes: list[IndexNode], keys: list[int]) -> int:
-        """Give each index node the keys of its pages' saved windows; -> how many."""
-        at = 0
-        for n in index_nodes:
-            mine = keys[at:at + len(n.page_keys)]
-            at += len(n.page_keys)
-            n.window_keys = mine if any(mine) else []
-        return sum(1 for k in keys if k)
-
     def _index_nodes(self, tiers: LowerTiers, nodes: list[_Node]) -> list[IndexNode]:
         """Index records of the nodes whose pages, and whose ancestors' pages, are on
         disk: pool/host nodes by their saved copies, disk nodes by their own files. A node
@@ -386,8 +365,11 @@ class KVPersistence:
                 saved.add(n.node_id)
             keys = keys[:whole]
             hashes = n.hashes[:whole] if len(n.hashes) >= whole else []
+            windows = [tiers.disk.window_key_of(s) for s in slots[:whole]]
+            windows = [k if self.store.has_page(k) else 0 for k in windows]
             out.append(IndexNode(n.node_id, n.parent_id, n.namespace,
-                                 unpack(n.key)[:whole * ps], keys, n.last_access, hashes))
+                                 unpack(n.key)[:whole * ps], keys, n.last_access, hashes,
+                                 windows if any(windows) else []))
         return out
 
     # -- restore ------------------------------------------------------------------------
@@ -416,21 +398,24 @@ class KVPersistence:
                 report.skipped_nodes += 1
                 continue
             parent_hash = last_hash.get(node.parent_id)
-            for slot, place in zip(tiers.local(DISK, made.pages).tolist(),
-                                   self._places(node, parent_hash)):
-                tiers.disk.adopt(slot, place[0], place[1])
-                adopted.add(place[0])
+            window_keys = (node.window_keys if self.windows is not None
+                           and len(node.window_keys) == len(node.page_keys)
+                           else [0] * len(node.page_keys))
+            for tree_id, slot, place, window in zip(
+                    made.pages.tolist(), tiers.local(DISK, made.pages).tolist(),
+                    self._places(node, parent_hash), window_keys):
+                tiers.disk.adopt(slot, place[0], place[1], window)
+                adopted.update((place[0], window))
+                if window:
+                    windows.append(RestoredWindow(tree_id, window, node.last_access))
             placed[node.node_id] = made
-            if len(node.window_keys) == len(made.pages):
-                windows.extend(RestoredWindow(int(i), k, node.last_access)
-                               for i, k in zip(made.pages.tolist(), node.window_keys) if k)
             last_hash[node.node_id] = node.page_hashes[-1] if node.page_hashes else None
             report.nodes += 1
             report.pages += len(node.page_keys)
             report.tokens += made.num_tokens
         if self.windows is not None and windows:
-            # Read back now, then dropped with the other unadopted files below: the
-            # next save writes the windows the tree holds then.
+            # The most recent that fit the windowed pool are read back now; every window
+            # file stays on disk with its page (tier_pages.py).
             ids, payloads = await asyncio.to_thread(self.windows.read, windows)
             report.windows = await self._compute(self.windows.place, ids, payloads)
         for key in self.store.page_keys():
@@ -464,20 +449,21 @@ class KVPersistence:
 
 
 def write_pages(disk: TierPages, slots: list[int], payloads: list[bytes],
-                workers: int = SAVE_WRITERS) -> int:
+                workers: int = SAVE_WRITERS, windows: list[bytes | None] | None = None) -> int:
     """Write pages into disk slots, `workers` at once; -> how many were written, in order
     (those from the first failure on are not: the caller drops them). Each page file is
     fsynced: one at a time that cost ~6.5 ms a page on a busy disk, so a shutdown's save
     (within the 30 s grace) ended after ~4,300 of a 5,300-token tool block's pages, and
     only whole tree nodes are indexed; concurrent fsyncs share the filesystem's journal
-    commits (scripts/bench_save_writes.py)."""
+    commits (scripts/bench_save_writes.py). `windows`: a hybrid model's window of each
+    page (None: none), written beside it as the disk tier writes its own (tier_pages.py)."""
     failed = threading.Event()
 
-    def write(slot: int, payload: bytes) -> bool:
+    def write(slot: int, payload: bytes, window: bytes | None) -> bool:
         if failed.is_set():
             return False
         try:
-            disk.write_page(slot, payload)
+            disk.write_page(slot, payload, window)
             return True
         except (DiskStoreFull, OSError) as e:
             if not failed.is_set():
@@ -487,7 +473,7 @@ def write_pages(disk: TierPages, slots: list[int], payloads: list[bytes],
             return False
 
     with ThreadPoolExecutor(workers, thread_name_prefix="radixserve-save") as pool:
-        done = list(pool.map(write, slots, payloads))
+        done = list(pool.map(write, slots, payloads, windows or [None] * len(slots)))
     return done.index(False) if False in done else len(done)
 
 

@@ -169,7 +169,8 @@ class ModelRunner:
         """Host slots (pinned on CUDA) and the disk writer (its queue) the cache's tier
         moves use."""
         host = HostKVPool(self.kv_pool, host_pages) if host_pages else None
-        self.mover = TierMover(self.kv_pool, host, disk)
+        self.mover = TierMover(self.kv_pool, host, disk, window_pool=(
+            self.windowed.pool if self.windowed is not None else None))
 
     @property
     def num_pages(self) -> int:

@@ -55,7 +55,8 @@ def make_tiers(config: EngineConfig, runner: ModelRunner, tree: RadixCache,
     ps = config.page_size
     page_bytes = page_payload_bytes(runner.kv_pool)
     host_pages = tier_pages(config.kv_host_tokens, config.kv_host_bytes, ps, page_bytes)
-    disk_pages = disk_tier_pages(store, page_bytes) if store is not None else 0
+    disk_pages = (disk_tier_pages(store, page_bytes + window_file_share(runner))
+                  if store is not None else 0)
     disk = TierPages(store) if disk_pages else None
     if not host_pages and not disk_pages:
         return None
@@ -100,6 +101,17 @@ def make_peer_share(config: EngineConfig, runner: ModelRunner,
     runner.share_publisher = peers.publisher
     log.info("KV sharing: %s store (%s)", store.name, config.kv_share)
     return peers
+
+
+def window_file_share(runner: ModelRunner) -> int:
+    """A hybrid model's disk pages carry window files too (storage/tier_pages.py): the
+    bytes of one per page times the share of pages that hold a window, estimated as the
+    windowed pool's pages per full page, so the budget's slots leave room for them (0
+    without a windowed pool)."""
+    if runner.windowed is None:
+        return 0
+    share = runner.window_pages / max(1, runner.num_pages)
+    return int(share * (page_payload_bytes(runner.windowed.pool) + HEADER.size))
 
 
 def disk_tier_pages(store: DiskPageStore, page_bytes: int) -> int:

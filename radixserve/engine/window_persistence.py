@@ -1,18 +1,20 @@
 """SavedWindows: a hybrid model's sliding-window KV carried across a restart.
 
-A saved page file holds the full-attention layers' KV only (the pool the tree's page ids
-name). The sliding-window layers' KV of a page lives in the windowed pool, attached to the
-page's id (cache/window_pages.py), and only where a match point needs it. Without it a
-restored path is matched but backs off to 0 (its windows are missing). So a save also
-writes, for each page of the index that holds a window, that window as one more page file
-of the store (its key in `IndexNode.window_keys`), and the restore reads them back into the
+A page file holds the full-attention layers' KV only (the pool the tree's page ids name).
+The sliding-window layers' KV of a page lives in the windowed pool, attached to the page's
+id (cache/window_pages.py), and only where a match point needs it. Without it a restored
+path is matched but backs off to 0 (its windows are missing). So wherever a page file is
+written -- by the disk tier (a demotion, journaled: a `kill -9` keeps it) or by a save --
+its window, when it has one, is written beside it as one more file under the same rules
+(storage/tier_pages.py; `copy_out` gives a save the bytes), named by the page's journal
+record and index entry (`IndexNode.window_keys`). A restart reads them back into the
 windowed pool, attached to the restored disk-tier nodes' ids: a load then brings the node
 into the pool with its windows, and the match ends where it did before the restart.
 
-What is not carried: windows of pages that reach the disk by the disk tier alone (the
-journal path, after a kill without a save), and windows that do not fit the windowed pool
-at the restore (the most recently used nodes' come first). Their matches back off to the
-last point whose window is present, as before (docs/tiers.md).
+What is not carried: windows that do not fit the windowed pool at the restore (the most
+recently used nodes' come first; the others stay on disk, unread), and a window attached
+to a page after its file was written. Their matches back off to the last point whose
+window is present, as before (docs/tiers.md).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 from radixserve.attention.page_bytes import bytes_to_pages, pages_to_bytes
 from radixserve.attention.window_kv import WindowedKV
 from radixserve.cache.window_memory import WindowedMemory
-from radixserve.storage import DiskPageStore, DiskStoreFull
+from radixserve.storage import DiskPageStore
 
 __all__ = ["SavedWindows", "RestoredWindow"]
 
@@ -45,7 +47,6 @@ class SavedWindows:
         self.memory = memory
         self.kv = kv
         self.store = store
-        self._saved: set[int] = set()       # window page files the last index names
 
     # -- save ---------------------------------------------------------------------------
 
@@ -59,29 +60,6 @@ class SavedWindows:
         for i, payload in zip(held.tolist(), pages_to_bytes(self.kv.pool, windows[held].tolist())):
             out[i] = payload
         return out
-
-    def write(self, payloads: list[bytes | None]) -> list[int]:
-        """Write each window as a page file (worker thread); -> its key, 0 where there is
-        none or the store is full (that window is not saved; its point backs off)."""
-        keys = [0] * len(payloads)
-        for i, payload in enumerate(payloads):
-            if payload is None:
-                continue
-            key = self.store.new_page_key()
-            try:
-                self.store.write_page(key, payload)
-            except (DiskStoreFull, OSError) as e:
-                log.warning("KV disk store %s: %s; the save keeps the windows that fit",
-                            self.store.directory, e)
-                break
-            keys[i] = key
-        return keys
-
-    def saved(self, keys: set[int]) -> None:
-        """A new index names `keys`: drop the window files of the index it replaced."""
-        for key in self._saved - keys:
-            self.store.drop_page(key)
-        self._saved = keys
 
     # -- restore ------------------------------------------------------------------------
 

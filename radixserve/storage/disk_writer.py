@@ -34,13 +34,14 @@ DEFAULT_MAX_BYTES = 64 << 20    # bytes of pages waiting at most (SmolLM2-135M f
 
 
 class SlotWriter(Protocol):
-    """Where pages go (storage/tier_pages.py: TierPages)."""
+    """Where pages go (storage/tier_pages.py: TierPages; `window`: a hybrid model's
+    sliding-window KV of the page, written beside it)."""
 
-    def write_page(self, slot: int, payload: bytes) -> None: ...
+    def write_page(self, slot: int, payload: bytes, window: bytes | None = None) -> None: ...
 
 
-class DiskWriter(QueueWorker[tuple[int, bytes]]):
-    """One daemon thread writing `(slot, payload)` pages into `target`, in order."""
+class DiskWriter(QueueWorker[tuple[int, bytes, bytes | None]]):
+    """One daemon thread writing `(slot, payload, window)` pages into `target`, in order."""
 
     def __init__(self, target: SlotWriter, max_pages: int = 0,
                  faults: DiskFaults | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
@@ -56,25 +57,27 @@ class DiskWriter(QueueWorker[tuple[int, bytes]]):
         self._held: dict[int, bytes] = {}      # slot -> its bytes until the tree hears back
         super().__init__("radixserve-disk-writer", max_pages)
 
-    def submit(self, slot: int, payload: bytes) -> None:
-        """Queue one page; never blocks: with the queue full, the page is dropped (the slot
-        is reported failed by the next `take_finished`)."""
+    def submit(self, slot: int, payload: bytes, window: bytes | None = None) -> None:
+        """Queue one page (and its window, a hybrid model's); never blocks: with the queue
+        full, the page is dropped (the slot is reported failed by the next
+        `take_finished`)."""
         if not self.alive:
             raise RuntimeError("the disk writer is closed")
+        size = len(payload) + (len(window) if window is not None else 0)
         with self._lock:
-            over = self._queued_bytes > 0 and self._queued_bytes + len(payload) > self.max_bytes
+            over = self._queued_bytes > 0 and self._queued_bytes + size > self.max_bytes
             if not over:
                 self._held[slot] = payload
-                self._queued_bytes += len(payload)
+                self._queued_bytes += size
         try:
             if over:
                 raise queue.Full
-            self._queue.put_nowait((slot, payload))
+            self._queue.put_nowait((slot, payload, window))
         except queue.Full:
             self.faults.queue_full(self._queue.qsize())
             with self._lock:
                 if not over:
-                    self._queued_bytes -= len(payload)
+                    self._queued_bytes -= size
                 self._held.pop(slot, None)
                 self._failed.append(slot)
                 self.failed_writes += 1
@@ -98,12 +101,15 @@ class DiskWriter(QueueWorker[tuple[int, bytes]]):
     def queued_pages(self) -> int:
         return self._queue.qsize()
 
-    def _handle(self, item: tuple[int, bytes]) -> None:
-        slot, payload = item
+    def _handle(self, item: tuple[int, bytes, bytes | None]) -> None:
+        slot, payload, window = item
         with self._lock:
-            self._queued_bytes -= len(payload)
+            self._queued_bytes -= len(payload) + (len(window) if window is not None else 0)
         try:
-            self.target.write_page(slot, payload)
+            if window is None:
+                self.target.write_page(slot, payload)
+            else:
+                self.target.write_page(slot, payload, window)
         except Exception as e:      # full, refused, I/O: the page is not demoted
             with self._lock:
                 self._failed.append(slot)

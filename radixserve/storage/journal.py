@@ -10,7 +10,8 @@ Records are by page, named by the page's path hash (cache/path_hash.py), so the 
 splits never matter and a record's parent is found whichever file holds it:
 - `PageAdded`: a page file is complete (written, fsynced, renamed): its key and write
   serial, its path hash, the previous page's (None: the first page of its namespace), its
-  namespace and tokens;
+  namespace and tokens, and the key and serial of its window file when a hybrid model's
+  sliding-window KV was written beside it;
 - `PagesDropped`: these page files are gone (the disk tier evicted or dropped them);
 - `PagesTouched`: these pages moved from disk into the pool (loaded, or recomputed over)
   at the tree's clock `last_access`; their files stay (the tier is inclusive), and a
@@ -61,6 +62,11 @@ class PageAdded(msgspec.Struct, tag="add", array_like=True):
     namespace: str | None
     token_ids: list[int]            # the page's tokens (one page)
     last_access: int = 0
+    # A hybrid model's sliding-window KV of the page, written as a file of its own just
+    # before the page's (tier_pages.py): its key and serial (0: none; trailing fields, so
+    # older journals decode).
+    window_key: int = 0
+    window_serial: int = 0
 
 
 class PagesDropped(msgspec.Struct, tag="drop", array_like=True):

@@ -5,7 +5,9 @@ Both are turned into one map of pages by path hash: the index's nodes (their
 hash, replacing an older file for the same path; `PagesDropped` removes the pages of those
 files; `PagesTouched` raises their recency). The pages are then regrouped into index nodes: a page hangs from the page whose
 hash is its `parent_hash`, a page with no parent starts its namespace, a run of pages with
-one child each is one node. A page whose parent is not on disk cannot be restored (its
+one child each is one node. A page's window file (a hybrid model's sliding-window KV,
+`PageAdded.window_key`) goes with it: named while its page is and its own file is present,
+forgotten when its file is dropped. A page whose parent is not on disk cannot be restored (its
 prefix is unknown): it is left out, and its file removed like any page no index names.
 """
 
@@ -29,7 +31,8 @@ class _Page:
     namespace: str | None
     token_ids: list[int]
     last_access: int
-    window_key: int = 0             # its saved window's page file (IndexNode.window_keys)
+    window_key: int = 0             # its window's page file (IndexNode.window_keys)
+    window_serial: int | None = None
 
 
 def replay(index: StoreIndex, records: Iterable[Record], page_size: int,
@@ -40,6 +43,7 @@ def replay(index: StoreIndex, records: Iterable[Record], page_size: int,
     their files (disk_store.write_page), and a crash mid-write leaves the record alone."""
     pages = _index_pages(index, page_size)
     by_key = {p.key: h for h, p in pages.items()}
+    by_window = {p.window_key: h for h, p in pages.items() if p.window_key}
     for record in records:
         if isinstance(record, PageAdded):
             if present is not None and record.key not in present:
@@ -47,15 +51,25 @@ def replay(index: StoreIndex, records: Iterable[Record], page_size: int,
             old = pages.get(record.path_hash)
             if old is not None:
                 by_key.pop(old.key, None)
+                by_window.pop(old.window_key, None)
+            window = record.window_key
+            if present is not None and window not in present:
+                window = 0                      # its file never completed
             pages[record.path_hash] = _Page(record.key, record.serial, record.parent_hash,
                                             record.namespace, record.token_ids,
-                                            record.last_access)
+                                            record.last_access, window,
+                                            record.window_serial if window else None)
             by_key[record.key] = record.path_hash
+            if window:
+                by_window[window] = record.path_hash
         elif isinstance(record, PagesDropped):
             for key in record.keys:
                 h = by_key.pop(key, None)
                 if h is not None:
-                    del pages[h]
+                    by_window.pop(pages.pop(h).window_key, None)
+                h = by_window.pop(key, None)
+                if h is not None:
+                    pages[h].window_key, pages[h].window_serial = 0, None
         elif isinstance(record, PagesTouched):
             for key in record.keys:
                 h = by_key.get(key)
@@ -66,8 +80,8 @@ def replay(index: StoreIndex, records: Iterable[Record], page_size: int,
     named = {k for n in nodes for k in n.page_keys}
     serials = {p.key: p.serial for p in pages.values()
                if p.serial is not None and p.key in named}
-    serials.update((p.window_key, index.page_serials[p.window_key]) for p in pages.values()
-                   if p.key in named and p.window_key in index.page_serials)
+    serials.update((p.window_key, p.window_serial) for p in pages.values()
+                   if p.key in named and p.window_key and p.window_serial is not None)
     return StoreIndex(index.version, index.fingerprint, nodes, serials)
 
 
@@ -89,7 +103,8 @@ def _index_pages(index: StoreIndex, page_size: int) -> dict[bytes, _Page]:
         for i, (h, key) in enumerate(zip(hashes, node.page_keys)):
             pages[h] = _Page(key, index.page_serials.get(key), parent, node.namespace,
                              node.token_ids[i * page_size:(i + 1) * page_size],
-                             node.last_access, windows[i])
+                             node.last_access, windows[i],
+                             index.page_serials.get(windows[i]))
             parent = h
         last_hash[node.node_id] = hashes[-1]
     return pages

@@ -13,6 +13,11 @@ before the file is written (write-ahead: a crash never leaves a complete file un
 so a crash before the next save keeps it. The path hash stays known per
 slot (`hash_of`) for the saver, which takes over the copies an inclusive load keeps.
 
+A hybrid model's page may come with its sliding-window KV (`window`): written as a file
+of its own just before the page's, under the same rules (checked header, serial), and
+named by the page's `PageAdded` record, so a crash keeps the window with its page; it is
+dropped with the page (`window_key_of` names it for the saver's index).
+
 While a save is writing its index (`holding_drops`), dropped pages stay on disk, so the
 index never names a file removed between the walk that chose it and its write; they are
 removed afterwards.
@@ -20,14 +25,17 @@ removed afterwards.
 
 from __future__ import annotations
 
+import logging
 import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-from .disk_store import DiskPageStore
+from .disk_store import DiskPageStore, DiskStoreFull
 from .journal import PageAdded, PagePlace, PagesTouched
 
 __all__ = ["TierPages"]
+
+log = logging.getLogger(__name__)
 
 
 class TierPages:
@@ -35,29 +43,66 @@ class TierPages:
         self.store = store
         self.faults = store.faults
         self._key: dict[int, int] = {}          # slot -> page key of its file
+        self._window: dict[int, int] = {}       # slot -> key of its window's file (hybrid)
         self._lock = threading.Lock()
         self._held: list[int] | None = None     # keys dropped while a save holds drops
         self._places: dict[int, PagePlace] = {} # slot -> where its page sits in the tree
         self._by_hash: dict[bytes, set[int]] = {}   # path hash -> slots described with it
         self._by_parent: dict[bytes, set[int]] = {}  # parent hash -> slots continuing it
 
-    def write_page(self, slot: int, payload: bytes) -> None:
-        """Store the slot's page under a new key (DiskStoreFull etc.: the slot reads as
-        missing). Runs on the compute thread."""
+    def write_page(self, slot: int, payload: bytes, window: bytes | None = None) -> None:
+        """Store the slot's page under a new key, and its sliding-window KV (`window`, a
+        hybrid model's) first under one more (DiskStoreFull etc.: the slot reads as
+        missing; a window that does not fit is left out, its match point backs off).
+        Runs on the writer thread (the disk tier) or a save's."""
         with self._lock:
             place = self._places.get(slot)
         self.drop_page(slot)                    # a stale mapping (its write raced a drop)
+        window_key, window_serial = self._write_window(window)
         key = self.store.new_page_key()
 
         def journal(serial: int) -> None:       # written ahead of the file: see write_page
             self.store.journal_append(PageAdded(key, serial, place.path_hash,
                                                 place.parent_hash, place.namespace,
-                                                place.token_ids, place.last_access))
+                                                place.token_ids, place.last_access,
+                                                window_key, window_serial))
 
-        self.store.write_page(key, payload, journal if place is not None else None)
+        try:
+            self.store.write_page(key, payload, journal if place is not None else None)
+        except BaseException:
+            if window_key:
+                self.store.drop_page(window_key)
+            raise
         with self._lock:
             self._key[slot] = key
+            if window_key:
+                self._window[slot] = window_key
         self.describe(slot, place)              # drop_page above forgot it
+
+    def _write_window(self, window: bytes | None) -> tuple[int, int]:
+        """(key, serial) of the window's new file; (0, 0) without one or when it fails."""
+        if window is None:
+            return 0, 0
+        key = self.store.new_page_key()
+        try:
+            return key, self.store.write_page(key, window)
+        except (DiskStoreFull, OSError) as e:
+            log.debug("KV disk store %s: a window not written (%s)", self.store.directory, e)
+            return 0, 0
+
+    def window_key_of(self, slot: int) -> int:
+        """The key of the slot's window file (0: none)."""
+        return self._window.get(slot, 0)
+
+    def has_window(self, slot: int) -> bool:
+        """Whether the slot's page has a window file (cache/window_files.py)."""
+        key = self._window.get(slot)
+        return key is not None and self.store.has_page(key)
+
+    def read_window(self, slot: int) -> bytes | None:
+        """The slot's window, checked (None: none, or it failed its check: then dropped)."""
+        key = self._window.get(slot)
+        return None if key is None else self.store.read_page(key)
 
     def touched(self, slots: list[int], last_access: int) -> None:
         """These slots' pages moved into the pool at the tree's clock `last_access`
@@ -128,20 +173,26 @@ class TierPages:
         return None if key is None else self.store.read_page(key)
 
     def drop_page(self, slot: int) -> None:
+        """Remove the slot's page file and its window's."""
         with self._lock:
-            key = self._key.pop(slot, None)
+            keys = [k for k in (self._key.pop(slot, None), self._window.pop(slot, None))
+                    if k is not None]
             self._forget_place(slot)
-            if key is not None and self._held is not None:
-                self._held.append(key)
+            if keys and self._held is not None:
+                self._held.extend(keys)
                 return
-        if key is not None:
+        for key in keys:
             self.store.drop_page(key)
 
-    def adopt(self, slot: int, key: int, place: PagePlace | None = None) -> None:
-        """A restored page: `slot` is held by the file `key` (not read here)."""
+    def adopt(self, slot: int, key: int, place: PagePlace | None = None,
+              window_key: int = 0) -> None:
+        """A restored page: `slot` is held by the file `key` (not read here), and its
+        window by `window_key` (0: none)."""
         self.describe(slot, place)
         with self._lock:
             self._key[slot] = key
+            if window_key:
+                self._window[slot] = window_key
 
     def key_of(self, slot: int) -> int | None:
         return self._key.get(slot)

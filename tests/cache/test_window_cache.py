@@ -202,6 +202,23 @@ class WindowTree(RuleBasedStateMachine):
         self.mem.check_conservation()
         self.mem.tree.check_invariants()
 
+    @invariant()
+    def end_pages_are_the_last_windows_before_each_leaf_and_branch(self):
+        """WindowedMemory._end_pages (the drop order's walk) against its definition, by
+        whole paths: the last pages (a window's and one more) of the path to every leaf
+        or branch node."""
+        mem = self.mem
+        per_window = -(-mem.rule.window // mem.page_size) + 1
+        want = set()
+        for node in mem.tree.iter_nodes():
+            if len(node.children) != 1:
+                path, up = [], node
+                while up is not None and up.depth:
+                    path[:0] = up.pages.tolist()
+                    up = up.parent
+                want.update(path[-per_window:])
+        assert set(mem._end_pages().tolist()) == want
+
 
 TestWindowTree = WindowTree.TestCase
 TestWindowTree.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)

@@ -240,8 +240,10 @@ def test_gpu_check_cpu_dry_run_report(tmp_path):
     assert "pip install" in proc.stdout and "Traceback" not in proc.stderr
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu-dry-run" and report["sections"] == [
-        "kernels", "model_greedy", "fp8_kv", "deterministic", "throughput", "tiers"]
+        "kernels", "model_greedy", "fp8_kv", "deterministic", "throughput", "tiers", "windows"]
     assert report["tiers"]["status"] == "ok", report["tiers"]
+    assert report["windows"]["status"] == "ok", report["windows"]
+    assert {r["window"] for r in report["windows"]["results"]} == {64, None, 32}
     env = report["environment"]
     assert env["torch"] == torch.__version__ and env["cuda_available"] is False
     assert "flashinfer" in env and "python" in env

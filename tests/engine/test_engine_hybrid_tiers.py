@@ -1,8 +1,9 @@
 """A hybrid model's window pools with host/disk tiers and persistence (tiny Gemma 3, window
 16, page 4): a path demoted to host memory or disk keeps its windows in the windowed pool
 under its new ids and is loaded back with them, so the hit reaches past the first window;
-after a restart the saved windows come back with the paths (without them the match backs
-off). Greedy tokens
+after a restart (a save's, or a crash's: the disk tier journals each page's window with it)
+the windows come back with the paths (without them the match backs off); the restart runs
+for Gemma 3, sliding-window Mistral and Qwen2. Greedy tokens
 always equal the cache-off run's, and every page of both pools is accounted for."""
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ import asyncio
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from engine_helpers import check_pages, collect, make_engine, run_scenario
+from engine_helpers import check_pages, collect, make_engine, run_scenario, wait_idle
 from radixserve.cache.miss_reasons import MissReason
+from radixserve.cache.tiers import DISK
 from radixserve.cache.window_memory import WindowedMemory
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.storage.journal import PageAdded, journal_files, read_journal
 from radixserve.storage.store_index import decode_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
@@ -34,14 +38,27 @@ DISK_BYTES = 8 << 20        # a small disk tier: its invariant check stays quick
 
 
 @pytest.fixture(scope="module")
-def gemma3(tmp_path_factory):
-    return build_family("gemma3", tmp_path_factory.mktemp("tiers-gemma3")).loaded
+def families(tmp_path_factory):
+    """name -> (tiny model, its cache-off greedy tokens for PROMPTS), built once each."""
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            model = build_family(name, tmp_path_factory.mktemp(f"tiers-{name}")).loaded
+            built[name] = model, [r.token_ids[0] for r in run_in_turn(
+                make_engine(model, page_size=4, disable_radix_cache=True), PROMPTS)]
+        return built[name]
+    return get
 
 
 @pytest.fixture(scope="module")
-def uncached(gemma3):
-    return [r.token_ids[0] for r in run_in_turn(
-        make_engine(gemma3, page_size=4, disable_radix_cache=True), PROMPTS)]
+def gemma3(families):
+    return families("gemma3")[0]
+
+
+@pytest.fixture(scope="module")
+def uncached(families):
+    return families("gemma3")[1]
 
 
 def run_in_turn(engine, prompts):
@@ -83,11 +100,15 @@ def save(gemma3, tmp_path, prompts) -> dict:
     return flags
 
 
-def test_after_a_restart_the_saved_windows_let_the_path_hit(gemma3, uncached, tmp_path):
+# Gemma 3 (local/global/local), Mistral (every layer windowed), Qwen2 (layer 1 windowed).
+@pytest.mark.parametrize("family", ["gemma3", "mistral", "qwen2"])
+def test_after_a_restart_the_saved_windows_let_the_path_hit(families, family, tmp_path):
     """The save writes the windows beside the pages; the restart reads them into the
     windowed pool under the restored disk-tier ids, so the match loads the path and ends
     at the checkpoint at 96, as it did before the restart."""
-    again = make_engine(gemma3, **save(gemma3, tmp_path, PROMPTS[:1]))
+    model, uncached = families(family)
+    again = make_engine(model, **save(model, tmp_path, PROMPTS[:1]))
+    assert isinstance(again.memory, WindowedMemory)
     (got,) = run_in_turn(again, PROMPTS[-1:])
     assert again.persistence.restored.windows > 0
     assert again.stats().kv_disk.recovery["restored_windows"] == again.persistence.restored.windows
@@ -115,3 +136,99 @@ def test_a_restart_without_the_window_files_backs_off(gemma3, uncached, tmp_path
     assert got.final.usage.cached_tokens == 0
     assert got.final.usage.miss.reason == MissReason.WINDOW_MISSING
     assert again.stats().tiers.l3.loaded_tokens == 0        # nothing loaded in vain
+
+
+def serve_then_crash(model, flags: dict, prompts) -> None:
+    """Serve `prompts` with the disk tier, wait until its writes are on disk, then stop
+    without a save (as after kill -9: only the journal names the pages since)."""
+    engine = make_engine(model, **flags)
+
+    async def scenario():
+        await engine.start()
+        for p in prompts:
+            await collect(engine.generate(p, GREEDY))
+            check_pages(engine)
+        await wait_idle(engine)
+        await asyncio.to_thread(engine.tiers.writer.drain)     # the files and records
+        engine.tiers.moves_done()
+        check_pages(engine)
+        assert engine.tiers.lower.nodes[DISK]
+        engine.persistence.restored = None          # no save at shutdown
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+    assert engine.persistence.saves == 0
+
+
+def journal_windows(directory: Path) -> dict[tuple[int, ...], int]:
+    """The journal's window files: page tokens -> its window's key."""
+    return {tuple(r.token_ids): r.window_key
+            for _, path in journal_files(directory / "journal")
+            for r in read_journal(path).records
+            if isinstance(r, PageAdded) and r.window_key}
+
+
+@pytest.fixture
+def crashed(gemma3, tmp_path):
+    """The donor pushed to disk by two other prompts, then a crash; -> the flags."""
+    flags = dict(page_size=4, kv_cache_tokens=POOL, chunked_prefill_size=32,
+                 kv_window_checkpoint=CHECKPOINT, kv_disk_dir=str(tmp_path),
+                 kv_disk_bytes=DISK_BYTES, kv_disk_journal_sync_ms=0)
+    serve_then_crash(gemma3, flags, PROMPTS[:3])
+    return flags
+
+
+def test_after_a_crash_the_journaled_windows_let_the_path_hit(gemma3, uncached, crashed,
+                                                             tmp_path):
+    """The disk tier writes each demoted page's window beside it, named by its journal
+    record: after a crash without a save the restart restores the windows with the
+    pages, and the donor's prefix hits to its checkpoint, as before the crash."""
+    assert journal_windows(tmp_path)
+    again = make_engine(gemma3, **crashed)
+    (got,) = run_in_turn(again, PROMPTS[-1:])
+    assert again.persistence.saves == 1               # (its own shutdown's)
+    recovery = again.stats().kv_disk.recovery
+    assert recovery["journal_records"] > 0 and recovery["restored_windows"] > 0
+    assert got.token_ids[0] == uncached[-1]
+    assert got.final.usage.cached_tokens == 6 * WINDOW
+    assert again.stats().tiers.l3.loaded_tokens >= 6 * WINDOW
+
+
+def test_a_corrupt_journaled_window_backs_off_never_a_wrong_reply(gemma3, uncached, crashed,
+                                                                  tmp_path):
+    """One flipped byte in the window file the checkpoint at 96 reads: the restart finds
+    it failing its check, that point is not usable, and the match backs off to an
+    earlier one (window_missing); the reply still equals the cache-off run's."""
+    key = journal_windows(tmp_path)[tuple(DONOR[6 * WINDOW - 4:6 * WINDOW])]
+    path = tmp_path / "pages" / f"{key:016x}.page"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    again = make_engine(gemma3, **crashed)
+    (got,) = run_in_turn(again, PROMPTS[-1:])
+    assert again.persistence.store.corrupt_pages == 1
+    assert got.token_ids[0] == uncached[-1]
+    assert got.final.usage.cached_tokens < 6 * WINDOW
+    assert got.final.usage.miss.reason == MissReason.WINDOW_MISSING
+
+
+def test_windows_the_pool_lost_are_read_back_from_their_files(gemma3, uncached, crashed):
+    """After the restart every restored window is dropped from the windowed pool (as a
+    short pool drops demoted nodes' windows first, or a restart with more windows on disk
+    than free pages): the match finds the checkpoint's windows in their files, reads them
+    back with the load, and hits to 96 as before; greedy equal, pools conserved."""
+    again = make_engine(gemma3, **crashed)
+
+    async def scenario(engine):
+        windows = engine.memory.windows
+        assert windows.lower                    # restored under disk-tier ids
+        assert engine.memory.drop_windows(np.fromiter(windows.lower, np.int64)) > 0
+        check_pages(engine)
+        got = await collect(engine.generate(PROMPTS[-1], GREEDY))
+        check_pages(engine)
+        return got
+
+    got = run_scenario(again, scenario)
+    assert got.token_ids[0] == uncached[-1]
+    assert got.final.usage.cached_tokens == 6 * WINDOW
+    assert again.memory.stored.loaded > 0

@@ -66,6 +66,31 @@ def test_replay_keeps_each_pages_saved_window_until_the_page_is_rewritten():
     assert out.page_keys() == {1, 5, 6}
 
 
+def test_a_journaled_window_rides_with_its_page_until_its_file_or_page_goes():
+    """The disk tier writes a page's window beside it and names it in the page's record
+    (PageAdded.window_key, serial included): replayed into IndexNode.window_keys; a
+    window file that never completed, or dropped alone (it failed its check), is named
+    no more while its page stays; dropping the page forgets both."""
+    def with_window(key, h, parent, content, window):
+        return PageAdded(key, 100 + key, h, parent, None, tokens_for([content]), 0,
+                         window, 100 + window)
+
+    index = StoreIndex(INDEX_VERSION, fingerprint(), [])
+    records = [with_window(1, b"h1", None, 1, 7), with_window(2, b"h2", b"h1", 2, 8),
+               added(3, b"h3", b"h2", 3)]
+    out = replay(index, records, 4)
+    assert [(n.page_keys, n.window_keys) for n in out.nodes] == [([1, 2, 3], [7, 8, 0])]
+    assert out.page_serials == {1: 101, 2: 102, 3: 103, 7: 107, 8: 108}
+    out = replay(index, records, 4, present={1, 2, 3, 7})          # 8 never completed
+    assert [n.window_keys for n in out.nodes] == [[7, 0, 0]]
+    assert 8 not in out.page_serials
+    out = replay(index, [*records, PagesDropped([7])], 4)           # the window alone
+    assert [(n.page_keys, n.window_keys) for n in out.nodes] == [([1, 2, 3], [0, 8, 0])]
+    out = replay(index, [*records, PagesDropped([2])], 4)           # the page: both go
+    assert [(n.page_keys, n.window_keys) for n in out.nodes] == [([1], [7])]
+    assert out.page_keys() == {1, 7}
+
+
 def test_a_record_whose_file_never_completed_leaves_the_older_file_in_place():
     """Records are written ahead of their files: a crash mid-write leaves a record naming
     a file that is not on disk. Recovery skips it, so the older file for the same path
