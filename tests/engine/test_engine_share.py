@@ -85,6 +85,7 @@ def test_a_store_slower_than_computing_is_not_used(model_fp32, share_prompts,
     # takes >= 0.5 s is slower per token whatever the machine's speed (the first request's
     # own prefill, under 32 tokens after the load, is not measured).
     b.peers.costs.prefill_s_per_token = 0.2 / len(ps[0])
+    b.peers.costs.clock = lambda: 0.0   # no probe of the slow store (tier_costs.PROBE_AFTER_S)
 
     async def main():
         await b.start()

@@ -1,5 +1,7 @@
 """A slow disk is skipped, not waited on: once the disk tier's measured load cost per token
-is above recompute's (engine/tier_costs.py), a prefix cached on disk is computed again.
+is above recompute's (engine/tier_costs.py), a prefix cached on disk is computed again;
+once the skip has lasted PROBE_AFTER_S (on the costs' clock, here a hand-moved one), a load
+probes the disk again, and a disk that has recovered is used again.
 
 "Slow" is injected as time, not waited for: the reader's clock jumps 100 s during each page
 read, so the measured load cost is far above any machine's prefill cost and the test does
@@ -17,6 +19,7 @@ from test_disk_writer_engine import engine_with_gate, expected, serve_onto_disk 
 from test_engine_tiers import GREEDY
 
 from radixserve.cache.tier_types import Tier
+from radixserve.engine.tier_costs import PROBE_AFTER_S
 from radixserve.storage import disk_reader
 
 JUMP_S = 100.0
@@ -33,18 +36,20 @@ class JumpingClock:
 
 
 class SlowReads:
-    """Wraps the disk tier's pages: each read takes JUMP_S on the reader's clock."""
+    """Wraps the disk tier's pages: each read takes JUMP_S on the reader's clock while
+    `slow` is set."""
 
     def __init__(self, inner, clock: JumpingClock):
-        self.inner, self.clock, self.reads = inner, clock, 0
+        self.inner, self.clock, self.reads, self.slow = inner, clock, 0, True
 
     def read_page(self, slot: int) -> bytes | None:
         self.reads += 1
-        self.clock.ahead += JUMP_S
+        if self.slow:
+            self.clock.ahead += JUMP_S
         return self.inner.read_page(slot)
 
 
-def test_a_disk_slower_than_recompute_is_measured_once_then_skipped(
+def test_a_disk_slower_than_recompute_is_skipped_then_probed_again(
         model_fp32, expected, tmp_path, monkeypatch):  # noqa: F811
     prompts, replies = expected                 # A, five others, A (uncached replies)
     engine, writer, gate = engine_with_gate(model_fp32, tmp_path, prompts)
@@ -52,6 +57,17 @@ def test_a_disk_slower_than_recompute_is_measured_once_then_skipped(
     tiers, costs = engine.tiers.lower, engine.tiers.costs
     clock = JumpingClock()
     monkeypatch.setattr(disk_reader, "time", clock)
+    now = [0.0]                                 # the costs' clock: moved by hand
+    costs.clock = lambda: now[0]
+
+    async def a_from_disk():
+        """A's prefix back on disk (its copy there was kept), then A: its first token."""
+        await serve_onto_disk(engine, writer, prompts[1:4])
+        assert tiers.tree.match_prefix(prompts[-1]).lower_tokens(Tier.DISK) > 0
+        reply = await collect(engine.generate(prompts[-1], GREEDY))
+        await wait_idle(engine)
+        engine.check_invariants()
+        return reply.token_ids[0]
 
     async def main():
         await engine.start()
@@ -67,16 +83,20 @@ def test_a_disk_slower_than_recompute_is_measured_once_then_skipped(
             assert reads.reads > 0 and tiers.counters[Tier.DISK].loaded_tokens > loaded
             assert costs.load_s_per_token[Tier.DISK] > costs.prefill_s_per_token
             assert costs.max_tier() < Tier.DISK
-            # A goes back to disk (its copy there was kept); now it is computed, not read.
-            await serve_onto_disk(engine, writer, prompts[1:4])
-            assert tiers.tree.match_prefix(prompts[-1]).lower_tokens(Tier.DISK) > 0
+            # Skipped: A is computed, not read.
             reads_before, loaded = reads.reads, tiers.counters[Tier.DISK].loaded_tokens
-            again = await collect(engine.generate(prompts[-1], GREEDY))
-            await wait_idle(engine)
-            engine.check_invariants()
-            assert again.token_ids[0] == replies[-1]
+            assert await a_from_disk() == replies[-1]
             assert reads.reads == reads_before
             assert tiers.counters[Tier.DISK].loaded_tokens == loaded
+            # The disk recovers; the skip has lasted PROBE_AFTER_S: A's load probes it, the
+            # sample replaces the slow figure, and the disk is used again.
+            reads.slow = False
+            now[0] += PROBE_AFTER_S
+            assert await a_from_disk() == replies[-1]
+            assert reads.reads > reads_before
+            assert tiers.counters[Tier.DISK].loaded_tokens > loaded
+            assert costs.load_s_per_token[Tier.DISK] < costs.prefill_s_per_token
+            assert costs.max_tier() == Tier.DISK
         finally:
             await engine.shutdown()
     asyncio.run(main())
