@@ -70,6 +70,10 @@ def test_a_replica_waits_for_a_peers_prefill_in_flight_and_loads_it(model_fp32,
             return self.inner.publish_many(keys, payloads)
 
     use_store(a, HeldPublish(a.peers.store))
+    # Both bounds on B's wait (A's claim: 4x A's measured compute time; B's own measured
+    # compute time) are taken as long, so a busy machine's slow publish cannot end the wait.
+    for engine in (a, b):
+        engine.peers.costs.prefill_s_per_token = 60.0 / len(ps[0])
 
     async def scenario():
         ta = asyncio.create_task(collect(a.generate(ps[0], GREEDY)))
