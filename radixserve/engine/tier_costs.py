@@ -34,14 +34,15 @@ class TierCosts:
     prefill_s_per_token: float | None = None
     load_s_per_token: dict[Tier, float | None] = field(
         default_factory=lambda: {tier: None for tier in LOWER_TIERS})
+    # --kv-share: fetching a peer's pages from the cluster store (engine/peer_share.py).
+    peer_s_per_token: float | None = None
+    clock: Callable[[], float] = time.monotonic
+    # sources (a Tier, or PEER) found slower than computing, and since when
+    _skipped_since: dict[object, float] = field(default_factory=dict)
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= MIN_PREFILL_TOKENS and seconds > 0:
             self.prefill_s_per_token = _blend(self.prefill_s_per_token, seconds / tokens)
-
-    clock: Callable[[], float] = time.monotonic
-    # sources (a Tier, or PEER) found slower than computing, and since when
-    _skipped_since: dict[object, float] = field(default_factory=dict)
 
     def observe_load(self, tier: Tier, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds >= 0:
@@ -71,9 +72,6 @@ class TierCosts:
         if self._skipped_since.pop(source, None) is not None:
             return new
         return _blend(old, new)
-
-    # --kv-share: fetching a peer's pages from the cluster store (engine/peer_share.py).
-    peer_s_per_token: float | None = None
 
     def observe_peer_load(self, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds >= 0:
