@@ -1,5 +1,5 @@
 """TreeFacts and FactReplay: the tree's changes recorded in O(1) on the scheduler's thread,
-turned into KV events later, on the publisher's thread.
+turned into KV events later, by the publisher (its thread or its process).
 
 Computing events (hashing each block, listing its token ids, building the structs) costs
 far more than the tree change behind it, and whatever runs on the scheduler's thread lengthens
@@ -11,6 +11,10 @@ thread, applies the same changes in the same order to a shadow of the tree's sha
 ShadowNode per node, no pages) and feeds BlockEvents from it, so the events are exactly
 those BlockEvents computes on the tree itself. The shadow needs the tree's splits
 (`TreeObserver.split`), which change no token.
+
+`plain` turns the recorded facts into plain tuples of ints, bytes and strings (no tree
+node, every key packed): what FactReplay reads, and what the engine sends a publisher
+process as one msgpack message (process_publisher.py).
 
 `snapshot` lists the whole tree as facts after a clear: what a publisher that had to drop
 facts (a stuck thread, publisher.py) sends so that consumers start over from a true index.
@@ -30,7 +34,7 @@ if TYPE_CHECKING:
     from radixserve.cache.tree_node import TreeNode
     from radixserve.events.block_events import BlockEvents
 
-__all__ = ["FactReplay", "ShadowNode", "TreeFacts", "snapshot"]
+__all__ = ["FactReplay", "ShadowNode", "TreeFacts", "plain", "snapshot"]
 
 # The first item of each fact tuple.
 STORED, SPLIT, TRIMMED, REMOVED, MOVED, CLEARED, MARK = range(7)
@@ -101,9 +105,10 @@ class TreeFacts:
 
 
 def _packed(key: bytes | None, pending: tuple | None) -> bytes:
-    """A stored node's key as bytes, read on the publisher's thread. The caller's ids are
-    copied by one slice (one C call, so under the GIL): the engine's thread may append to
-    its array('q') meanwhile, which fails while another thread holds a view of it."""
+    """A stored node's key as bytes (on the publisher's thread, or the engine's). The
+    caller's ids are copied by one slice (one C call, so under the GIL): the engine's
+    thread may append to its array('q') meanwhile, which fails while another thread holds
+    a view of it."""
     if key is not None:
         return key
     ids, start, stop = pending
@@ -112,6 +117,25 @@ def _packed(key: bytes | None, pending: tuple | None) -> bytes:
     if type(ids) is list or type(ids) is array:
         return pack_range(ids[start:stop], 0, stop - start)
     return pack_range(ids, start, stop)     # numpy or bytes: never resized in place
+
+
+def plain(facts: list[tuple]) -> list[tuple]:
+    """TreeFacts' facts as FactReplay reads them: a stored node's key packed, (STORED, id,
+    parent id, key, depth, namespace, tier); the trims as (TRIMMED, node ids, tokens each
+    keeps); the others as they are (tiers are ints: Tier is an IntEnum)."""
+    out = []
+    for fact in facts:
+        kind = fact[0]
+        if kind == STORED:
+            _, nid, pid, key, pending, depth, namespace, tier = fact
+            out.append((STORED, nid, pid, key if key is not None else _packed(None, pending),
+                        depth, namespace, tier))
+        elif kind == TRIMMED:
+            trims = fact[1]
+            out.append((TRIMMED, [node.id for node in trims], list(trims.values())))
+        else:
+            out.append(fact)
+    return out
 
 
 class ShadowNode:
@@ -151,7 +175,7 @@ def snapshot(tree: RadixCache) -> list[tuple]:
 
 
 class FactReplay:
-    """Applies TreeFacts' facts to a shadow tree and BlockEvents; `batch(facts)` returns
+    """Applies TreeFacts' facts (`plain`) to a shadow tree and BlockEvents; `batch(facts)` returns
     the KVEventBatch they make (None: no event). After a batch fails, later ones are
     skipped up to the next clear: the producer sends a snapshot (stream.py)."""
 
@@ -181,17 +205,16 @@ class FactReplay:
         for fact in facts:
             kind = fact[0]
             if kind == STORED:
-                _, nid, pid, key, pending, depth, namespace, tier = fact
+                _, nid, pid, key, depth, namespace, tier = fact
                 parent = nodes[pid] if pid is not None else \
                     ShadowNode(0, b"", None, 0, namespace)
-                node = nodes[nid] = ShadowNode(nid, _packed(key, pending), parent, depth,
-                                               namespace, tier)
+                node = nodes[nid] = ShadowNode(nid, key, parent, depth, namespace, tier)
                 blocks.stored(node)
             elif kind == REMOVED:
                 blocks.removed(nodes.pop(fact[1]))
             elif kind == TRIMMED:
-                for leaf, keep in fact[1].items():
-                    node = nodes[leaf.id]
+                for nid, keep in zip(fact[1], fact[2]):
+                    node = nodes[nid]
                     blocks.trimmed(node, keep)
                     node.truncate(keep)
             elif kind == SPLIT:
