@@ -59,7 +59,7 @@ class ProcessPublisher:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(radixserve.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        self._child = subprocess.Popen(
+        self.process = self._child = subprocess.Popen(
             [sys.executable, "-m", "radixserve.events.child", json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
             pass_fds=(self._stats_file.fileno(),))
@@ -83,6 +83,7 @@ class ProcessPublisher:
         self._exited = False        # the child ended before close
         self._closing = False
         self._final_stats: PublisherStats | None = None
+        self.writer_cpu_s = 0.0     # the writer thread's CPU so far (bench_scheduler.py)
         self._lock = threading.Lock()
         self._writer = threading.Thread(target=self._write_loop, name="kv-events-writer",
                                         daemon=True)
@@ -236,6 +237,7 @@ class ProcessPublisher:
             if not self._write(b"".join(frames)):
                 self._drain()       # counted in stats: every frame the child did not handle
                 return
+            self.writer_cpu_s = time.thread_time()
         self._close_pipe()
 
     def _write(self, data: bytes) -> bool:

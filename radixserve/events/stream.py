@@ -63,7 +63,7 @@ class KVEvents:
     """The tree's observer and the publisher of one engine."""
 
     def __init__(self, tree: RadixCache, config: KVEventsConfig, pool_device: str,
-                 rank: int = 0, queue_batches: int = 4096):
+                 rank: int = 0, queue_batches: int = 4096, pipe_bytes: int = 1 << 20):
         self.config = config
         self.tree = tree
         # (checks the block size here, whichever mode)
@@ -78,7 +78,8 @@ class KVEvents:
                  "topic": config.topic, "encoding": config.encoding,
                  "block_size": config.block_size, "page_size": tree.page_size,
                  "pool_device": pool_device, "rank": rank, "first_seq": None,
-                 "buffer_batches": 10_000}, max_queue_batches=queue_batches)
+                 "buffer_batches": 10_000}, max_queue_batches=queue_batches,
+                pipe_bytes=pipe_bytes)
         else:
             self.replay = FactReplay(blocks)
             self.publisher = EventPublisher(config.endpoint, config.replay_endpoint,
