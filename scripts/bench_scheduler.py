@@ -25,10 +25,13 @@ forward wait X ms without the GIL, as a real one would (0: the plain stand-in).
 
 `--kv-events steady` is the steady measure of the 2% bound: churn only, `--rounds` pairs
 of off/on rounds (ABBA), each round warmed up first; per pair the on/off ratios of the
-median step's wall time, of the process's CPU per step (both threads) and of the scheduler
-thread's CPU, and the publisher thread's own CPU (time.thread_time() read inside it,
-PublisherStats.thread_cpu_s) as a share of the off round's process CPU; each printed as a
-median with a bootstrap 95% interval and the IQR over the pairs.
+median step's wall time, of the engine process's CPU per step (all its threads) and of the
+scheduler thread's CPU, and the publisher's own CPU (PublisherStats.cpu_s: its process's,
+the default, or with `--kv-events-publisher thread` its thread's, read inside it) as a
+share of the off round's process CPU; each printed as a median with a bootstrap 95%
+interval and the IQR over the pairs. ~5 minutes for 16 pairs of 60 steps:
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_scheduler.py --kv-events steady --rounds 16 --steps 60
 
 Both end with the events' own CPU on each thread, measured so that a busy machine moves
 it least: the scheduler thread's (a churn round's observer calls recorded, then made again
@@ -413,7 +416,15 @@ def steady_round(events: bool, steps: int, page_size: int, warmup: int,
                        pages=256 * 320 // page_size)
     kv = attach_events(core, publisher) if events else None
     runner = NullRunner(page_size=page_size)
-    flush = kv.flush if kv is not None else None
+    flush_cpu = [0.0]
+
+    def flush() -> None:        # the engine's flush, its thread CPU summed (~1 us a timer)
+        t0 = time.thread_time()
+        kv.flush()
+        flush_cpu[0] += time.thread_time() - t0
+
+    if kv is None:
+        flush = None
     for _ in range(warmup):
         timed_step(core, runner, flush)
         sink.clear()
@@ -422,6 +433,7 @@ def steady_round(events: bool, steps: int, page_size: int, warmup: int,
     pub0 = kv.stats.cpu_s if kv is not None else 0.0
     writer0 = getattr(kv.publisher, "writer_cpu_s", 0.0) if kv is not None else 0.0
     walls, sched_cpu = [], 0.0
+    flush_cpu[0] = 0.0
     cpu0 = time.process_time()
     for _ in range(steps):
         _, seconds, cpu = timed_step(core, runner, flush, forward_ms / 1e3)
@@ -439,7 +451,7 @@ def steady_round(events: bool, steps: int, page_size: int, warmup: int,
         kv.close()
     return {"wall_us": statistics.median(walls) * 1e6, "proc_us": proc / steps * 1e6,
             "sched_us": sched_cpu / steps * 1e6, "pub_us": pub / steps * 1e6,
-            "writer_us": writer / steps * 1e6}
+            "writer_us": writer / steps * 1e6, "flush_us": flush_cpu[0] / steps * 1e6}
 
 
 def replay_costs(steps: int, page_size: int, requests: int, repeats: int = 5
@@ -519,10 +531,12 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
     ratio's median with its bootstrap 95% interval and IQR. The scheduler thread's events
     work comes from `observer_cpu` (its calls made again under one timer per step: within
     a round, the on-off difference of the scheduler thread's CPU is lost in the noise).
-    The events' share of the engine's step is that work (with a publisher process: and
-    the facts' encode and the pipe writer thread's CPU, read inside it) plus, with a
-    publisher thread, that thread's CPU, over the off round's process CPU per step. A publisher process's own CPU is printed beside it, as
-    a share of the off step too: the cost moved to another core, not gone."""
+    The events' share of the engine's step is that work plus the flush's (the facts
+    taken, encoded and written to the pipe, timed in the round) and the CPU of the
+    engine's helper thread (the pipe writer; the publisher thread in thread mode), read
+    inside it, over the off round's process CPU per step. A publisher process's own CPU
+    is printed beside it, as a share of the off step too: the cost moved to another core,
+    not gone."""
     print(f"churn at 256 running, {pairs} off/on pairs of {steps} timed steps after "
           f"{warmup} warm-up steps; stand-in forward {forward_ms} ms; publisher: "
           f"{publisher}")
@@ -531,7 +545,6 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
     for page_size in (1, 16):
         rows: dict[str, list[float]] = {}
         own = observer_cpu(min(steps, 200), page_size)
-        observer_us = own["capture_us"] + (own["encode_us"] if publisher == "process" else 0)
         in_engine = publisher == "thread"       # the publisher's CPU is the engine's too
         for i in range(pairs):
             runs = {}
@@ -547,9 +560,10 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
                     (f"publisher {publisher} cpu us/step", on["pub_us"]),
                     (f"publisher {publisher} share of off", on["pub_us"] / off["proc_us"]),
                     ("pipe writer thread cpu us/step", on["writer_us"]),
+                    ("flush (take+encode+write) us/step", on["flush_us"]),
                     ("events share of engine step",
-                     (on["pub_us"] * in_engine + on["writer_us"] + observer_us)
-                     / off["proc_us"])):
+                     (on["pub_us"] * in_engine + on["writer_us"] + on["flush_us"]
+                      + own["capture_us"]) / off["proc_us"])):
                 rows.setdefault(name, []).append(value)
         print(f"{page_size:>5} {'sched thread capture us/step':>34} "
               f"{own['capture_us']:>8.1f}   (best of 5 per step, one timer per step)")

@@ -5,11 +5,14 @@ Why a process: in a thread, computing the events (shadow tree, block hashes, tok
 msgpack) holds the GIL beside the scheduler's thread, and at 256 running that cost the
 step ~10% (docs/benchmarks.md); the child does that work on another core. What stays on
 the engine's thread per step: the tree facts' capture, one msgspec encode of them
-(fact_messages.py) and a put on a bounded queue. A writer thread takes frames off the
-queue and writes them to the child's stdin (os.write releases the GIL; when the pipe is
-full it waits there, never the step). When the queue is full the oldest frame is dropped
-and counted, and `publish` says so (the caller then queues a snapshot: stream.py). The
-child's counters come back through a StatsBlock (stats_block.py).
+(fact_messages.py) and, when the pipe has room for the whole frame and nothing waits
+before it, one non-blocking write of it (the pipe holds 1 MiB: ~80 churn steps). Only
+when it has not (the child fell behind) does the frame go to a bounded queue that a
+writer thread empties into the pipe, waiting there without the GIL, never the step; so
+in the steady state no second thread of the engine wakes, and none asks the scheduler's
+thread for the GIL. When the queue is full the oldest frame is dropped and counted, and
+`publish` says so (the caller then queues a snapshot: stream.py). The child's counters
+come back through a StatsBlock (stats_block.py).
 
 Faults: a child that cannot bind its endpoints fails the engine's start with its error;
 a child that dies later is logged once and counted (`publisher_exits`), and from then on
@@ -25,6 +28,7 @@ import logging
 import os
 import queue
 import select
+import struct
 import subprocess
 import sys
 import tempfile
@@ -40,7 +44,8 @@ __all__ = ["ProcessPublisher"]
 
 log = logging.getLogger(__name__)
 _STOP = object()                # queued by close: the writer ends the pipe after the rest
-_F_SETPIPE_SZ = 1031            # Linux fcntl: a pipe's capacity
+_F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032     # Linux fcntl: a pipe's capacity
+_FIONREAD = 0x541B              # Linux ioctl: bytes in the pipe now
 _POLL_S = 0.002                 # wait_* read the child's counters this often
 
 
@@ -74,11 +79,15 @@ class ProcessPublisher:
             fcntl.fcntl(self._fd, _F_SETPIPE_SZ, pipe_bytes)
         except OSError:             # above /proc/sys/fs/pipe-max-size: keep the default
             pass
+        self._pipe_bytes = fcntl.fcntl(self._fd, _F_GETPIPE_SZ)
+        os.set_blocking(self._fd, False)    # the step's own writes never wait
         self._encoder = FactEncoder()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._max_queue = max_queue_batches
         self._accepted = 0          # frames given to publish, dropped ones included
         self._dropped = 0           # frames dropped from a full queue (engine's thread)
+        self._queued = 0            # frames put on the queue (engine's thread)
+        self._written = 0           # frames the writer took off it and wrote (writer's)
         self._failures_seen = 0     # the child's failed batches already answered
         self._exited = False        # the child ended before close
         self._closing = False
@@ -115,11 +124,27 @@ class ProcessPublisher:
         self._accepted += 1
         if self._exited:            # counted as dropped (stats)
             return True             # no snapshot: nobody would read it
+        frame = self._encoder.frame(facts)
+        if self._queued == self._written + self._dropped and self._write_now(frame):
+            return True
         full = self._queue.qsize() >= self._max_queue
         if full:
             self._drop(1)
-        self._queue.put(self._encoder.frame(facts))
+        self._queued += 1
+        self._queue.put(frame)
         return not full
+
+    def _write_now(self, frame: bytes) -> bool:
+        """(Nothing queued or being written.) Write `frame` whole if the pipe has room for
+        it: then no partial frame can be left for the writer (only this process writes)."""
+        try:
+            used = struct.unpack("i", fcntl.ioctl(self._fd, _FIONREAD, b"\0\0\0\0"))[0]
+            if self._pipe_bytes - used < len(frame):
+                return False
+            return os.write(self._fd, frame) == len(frame)  # room enough: never partial
+        except OSError:             # EPIPE: the child ended (counted in stats)
+            self._note_exit()
+            return True
 
     def replace_queued(self, facts: list[tuple]) -> None:
         """Drop every queued frame (counted) and queue `facts` alone (a snapshot)."""
@@ -237,15 +262,20 @@ class ProcessPublisher:
             if not self._write(b"".join(frames)):
                 self._drain()       # counted in stats: every frame the child did not handle
                 return
+            self._written += len(frames)
             self.writer_cpu_s = time.thread_time()
         self._close_pipe()
 
     def _write(self, data: bytes) -> bool:
-        """All of `data` into the pipe; False if the child is gone."""
+        """All of `data` into the pipe, waiting (without the GIL) while it is full; False
+        if the child is gone."""
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(self._fd, view):]
+                try:
+                    view = view[os.write(self._fd, view):]
+                except BlockingIOError:
+                    select.select([], [self._fd], [])
         except OSError:             # EPIPE: the child ended
             self._note_exit()
             self._close_pipe()
