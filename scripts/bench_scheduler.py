@@ -469,7 +469,7 @@ def replay_costs(steps: int, page_size: int, requests: int, repeats: int = 5
     from radixserve.cache.token_keys import ITEM_BYTES, unpack
     from radixserve.events.block_events import BlockEvents, media_for
     from radixserve.events.schema import ENCODINGS
-    from radixserve.events.tree_facts import STORED, FactReplay, TreeFacts, plain
+    from radixserve.events.tree_facts import STORED, FactReplay, TreeFacts
 
     core, sink = build(256, page_size, prompt_len=256, shared=128, requests=requests,
                        max_tokens=(8, 48), pages=256 * 320 // page_size)
@@ -480,7 +480,7 @@ def replay_costs(steps: int, page_size: int, requests: int, repeats: int = 5
     for _ in range(steps):
         plan = core.schedule()
         core.complete(plan, runner.execute(plan.batch))
-        recorded.append(plain(facts.take()))
+        recorded.append(facts.take())
         sink.clear()
     keys = [[f[3] for f in step if f[0] == STORED] for step in recorded]
     encoder, seed = msgspec.msgpack.Encoder(), namespace_seed(None)

@@ -75,6 +75,7 @@ class Child:
         if self.wire.replay is not None:
             poller.register(self.wire.replay, zmq.POLLIN)
         reader = FrameReader()
+        read_bytes = 0
         while True:
             ready = dict(poller.poll())
             if self.wire.replay in ready:
@@ -83,6 +84,8 @@ class Child:
             if fd not in ready:
                 continue
             data = os.read(fd, READ_BYTES)
+            read_bytes += len(data)
+            self.block.set_read_bytes(read_bytes)
             frames = reader.feed(data)
             for i in range(0, len(frames), MAX_FRAMES_PER_BATCH):
                 self.publish(frames[i:i + MAX_FRAMES_PER_BATCH])

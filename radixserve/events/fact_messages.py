@@ -1,17 +1,14 @@
 """The engine -> publisher process pipe: each step's tree facts as ONE length-prefixed
 msgpack message (process_publisher.py writes, child.py reads).
 
-A message is `plain` facts (tree_facts.py: tuples of ints, packed keys as bytes, strings)
-encoded by one msgspec call, so the engine's share of publishing is that call and a pipe
-write; the shadow tree, the block hashes, the events and their encoding run in the child.
-The child decodes to lists where the engine had tuples: FactReplay reads both alike.
+TreeFacts' facts are tuples of ints, strings and packed keys (tree_facts.py), so a step
+is one msgspec encode on the engine's thread; the child decodes them (tuples come back as
+lists, which FactReplay reads alike) and does all the per-fact work.
 """
 
 from __future__ import annotations
 
 import msgspec
-
-from radixserve.events.tree_facts import plain
 
 __all__ = ["FactEncoder", "FrameReader", "decode_facts"]
 
@@ -25,12 +22,12 @@ class FactEncoder:
         self._encoder = msgspec.msgpack.Encoder()
 
     def frame(self, facts: list[tuple]) -> bytes:
-        payload = self._encoder.encode(plain(facts))
+        payload = self._encoder.encode(facts)
         return len(payload).to_bytes(_LENGTH_BYTES, "little") + payload
 
 
 def decode_facts(payload: bytes) -> list:
-    """One frame's payload back into facts (lists) FactReplay applies."""
+    """One frame's payload back into facts FactReplay applies."""
     return msgspec.msgpack.decode(payload)
 
 
@@ -50,7 +47,7 @@ class FrameReader:
             end = at + _LENGTH_BYTES + size
             if end > len(buf):
                 break
-            frames.append(bytes(buf[at + _LENGTH_BYTES:end]))
+            frames.append(bytes(buf[at:end][_LENGTH_BYTES:]))
             at = end
         del buf[:at]
         return frames

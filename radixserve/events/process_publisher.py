@@ -5,8 +5,9 @@ Why a process: in a thread, computing the events (shadow tree, block hashes, tok
 msgpack) holds the GIL beside the scheduler's thread, and at 256 running that cost the
 step ~10% (docs/benchmarks.md); the child does that work on another core. What stays on
 the engine's thread per step: the tree facts' capture, one msgspec encode of them
-(fact_messages.py) and, when the pipe has room for the whole frame and nothing waits
-before it, one non-blocking write of it (the pipe holds 1 MiB: ~80 churn steps). Only
+(fact_messages.py) and, when the pipe has room for the whole frame (the bytes written
+less those the child says it read: StatsBlock.read_bytes) and nothing waits before it,
+one non-blocking write of it (the pipe holds 1 MiB: ~80 churn steps). Only
 when it has not (the child fell behind) does the frame go to a bounded queue that a
 writer thread empties into the pipe, waiting there without the GIL, never the step; so
 in the steady state no second thread of the engine wakes, and none asks the scheduler's
@@ -28,7 +29,6 @@ import logging
 import os
 import queue
 import select
-import struct
 import subprocess
 import sys
 import tempfile
@@ -45,8 +45,10 @@ __all__ = ["ProcessPublisher"]
 log = logging.getLogger(__name__)
 _STOP = object()                # queued by close: the writer ends the pipe after the rest
 _F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032     # Linux fcntl: a pipe's capacity
-_FIONREAD = 0x541B              # Linux ioctl: bytes in the pipe now
 _POLL_S = 0.002                 # wait_* read the child's counters this often
+# Room left unused in the pipe: it holds whole pages, and the page the child is reading
+# and the one last written are partly empty, so its room in bytes is a little less.
+_PIPE_SLACK = 16 << 10
 
 
 class ProcessPublisher:
@@ -88,6 +90,8 @@ class ProcessPublisher:
         self._dropped = 0           # frames dropped from a full queue (engine's thread)
         self._queued = 0            # frames put on the queue (engine's thread)
         self._written = 0           # frames the writer took off it and wrote (writer's)
+        self._bytes_now = 0         # bytes written by the engine's thread itself
+        self._bytes_later = 0       # bytes written by the writer thread
         self._failures_seen = 0     # the child's failed batches already answered
         self._exited = False        # the child ended before close
         self._closing = False
@@ -136,12 +140,21 @@ class ProcessPublisher:
 
     def _write_now(self, frame: bytes) -> bool:
         """(Nothing queued or being written.) Write `frame` whole if the pipe has room for
-        it: then no partial frame can be left for the writer (only this process writes)."""
+        it: then no partial frame can be left for the writer (only this process writes).
+        The room is known from the bytes the child read (it may have read more since:
+        then there is more room, never less)."""
+        used = self._bytes_now + self._bytes_later - self._block.get("read_bytes")
+        if self._pipe_bytes - _PIPE_SLACK - used < len(frame):
+            return False
         try:
-            used = struct.unpack("i", fcntl.ioctl(self._fd, _FIONREAD, b"\0\0\0\0"))[0]
-            if self._pipe_bytes - used < len(frame):
-                return False
-            return os.write(self._fd, frame) == len(frame)  # room enough: never partial
+            n = os.write(self._fd, frame)       # room enough: never partial
+            self._bytes_now += n
+            if n < len(frame):      # never seen; the writer finishes the frame
+                log.warning("kv-events: a partial write to the publisher pipe (%d of %d "
+                            "bytes): its room was overestimated", n, len(frame))
+                self._queued += 1
+                self._queue.put(frame[n:])
+            return True
         except OSError:             # EPIPE: the child ended (counted in stats)
             self._note_exit()
             return True
@@ -263,6 +276,7 @@ class ProcessPublisher:
                 self._drain()       # counted in stats: every frame the child did not handle
                 return
             self._written += len(frames)
+            self._bytes_later += sum(map(len, frames))
             self.writer_cpu_s = time.thread_time()
         self._close_pipe()
 

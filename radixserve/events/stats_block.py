@@ -18,8 +18,9 @@ __all__ = ["FIELDS", "StatsBlock"]
 
 # The slots, in order; cpu_s is a double, the others are counts.
 FIELDS = ("handled_frames", "published_batches", "published_bytes", "replay_requests",
-          "bad_replay_requests", "failed_batches", "cpu_s")
-_LAYOUT = struct.Struct("<6qd")
+          "bad_replay_requests", "failed_batches", "cpu_s", "read_bytes")
+_LAYOUT = struct.Struct("<6qd")    # all but read_bytes, which `set_read_bytes` writes
+_READ_AT = 8 * FIELDS.index("read_bytes")
 
 
 class StatsBlock:
@@ -30,11 +31,18 @@ class StatsBlock:
                               mmap.PROT_READ | mmap.PROT_WRITE)
 
     def write(self, values: tuple) -> None:
-        """(Child) every slot, in FIELDS' order."""
+        """(Child) the counters, in FIELDS' order, but read_bytes."""
         _LAYOUT.pack_into(self._map, 0, *values)
 
+    def set_read_bytes(self, n: int) -> None:
+        """(Child) the bytes it has read from the pipe so far, written as soon as read:
+        the engine's writes know from it how full the pipe is at most."""
+        struct.pack_into("<q", self._map, _READ_AT, n)
+
     def read(self) -> dict[str, float]:
-        return dict(zip(FIELDS, _LAYOUT.unpack_from(self._map, 0)))
+        counts = dict(zip(FIELDS, _LAYOUT.unpack_from(self._map, 0)))
+        counts["read_bytes"] = self.get("read_bytes")
+        return counts
 
     def get(self, name: str) -> float:
         """One slot (the engine's checks per step read one, not all)."""

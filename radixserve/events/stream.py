@@ -7,7 +7,8 @@ flush or a restore), and the publisher turns them (with any other steps' facts q
 meanwhile, when it fell behind) into one batch of events (tree_facts.FactReplay,
 block_events.py), encodes and sends it. The publisher is a process of its own by default
 (`--kv-events-publisher process`: process_publisher.py, child.py; the flush then also
-encodes the facts as one message) or a thread of the engine's (`thread`: publisher.py);
+encodes the facts as one message and writes it to the child's pipe) or a thread of the
+engine's (`thread`: publisher.py);
 both run the same replay and wire code, so they send the same events. If the queue ever
 overflows (a stuck thread), or a batch fails, dropped facts would leave the events wrong
 for good, so the queue is replaced by a snapshot of the whole tree: consumers get
@@ -23,7 +24,7 @@ from radixserve.events.block_events import BlockEvents, media_for
 from radixserve.events.process_publisher import ProcessPublisher
 from radixserve.events.publisher import EventPublisher, PublisherStats
 from radixserve.events.schema import ENCODINGS
-from radixserve.events.tree_facts import FactReplay, TreeFacts, plain, snapshot
+from radixserve.events.tree_facts import FactReplay, TreeFacts, snapshot
 
 PUBLISHERS = ("process", "thread")
 
@@ -92,7 +93,7 @@ class KVEvents:
     def _batch(self, items: list[list[tuple]]):
         """(On the publisher's thread.) One batch of every queued step's facts."""
         facts = items[0] if len(items) == 1 else [fact for step in items for fact in step]
-        return self.replay.batch(plain(facts))
+        return self.replay.batch(facts)
 
     def flush(self) -> None:
         """Queue the facts gathered since the last flush (none: nothing), for one batch;

@@ -3,18 +3,14 @@ turned into KV events later, by the publisher (its thread or its process).
 
 Computing events (hashing each block, listing its token ids, building the structs) costs
 far more than the tree change behind it, and whatever runs on the scheduler's thread lengthens
-the step. So the tree's observer here (`TreeFacts`) only appends one small tuple per change:
-ids, a tier (trims: one dict for a run of them), and for a new node a reference to its
-token ids (a key as the node holds it: packed bytes, or the caller's id list and a range,
-which callers never change in place; tree_node.py). `FactReplay`, on the publisher's
-thread, applies the same changes in the same order to a shadow of the tree's shape (a
-ShadowNode per node, no pages) and feeds BlockEvents from it, so the events are exactly
-those BlockEvents computes on the tree itself. The shadow needs the tree's splits
+the step. So the tree's observer here (`TreeFacts`) only appends one small tuple per change,
+of ints, strings and, for a new node, its packed key (bytes: the node's own, or one slice
+of the caller's ids), so a step's facts are also what the engine sends a publisher process,
+encoded by one msgpack call (fact_messages.py). `FactReplay`, in the publisher (its thread
+or its process), applies the same changes in the same order to a shadow of the tree's
+shape (a ShadowNode per node, no pages) and feeds BlockEvents from it, so the events are
+exactly those BlockEvents computes on the tree itself. The shadow needs the tree's splits
 (`TreeObserver.split`), which change no token.
-
-`plain` turns the recorded facts into plain tuples of ints, bytes and strings (no tree
-node, every key packed): what FactReplay reads, and what the engine sends a publisher
-process as one msgpack message (process_publisher.py).
 
 `snapshot` lists the whole tree as facts after a clear: what a publisher that had to drop
 facts (a stuck thread, publisher.py) sends so that consumers start over from a true index.
@@ -34,17 +30,17 @@ if TYPE_CHECKING:
     from radixserve.cache.tree_node import TreeNode
     from radixserve.events.block_events import BlockEvents
 
-__all__ = ["FactReplay", "ShadowNode", "TreeFacts", "plain", "snapshot"]
+__all__ = ["FactReplay", "ShadowNode", "TreeFacts", "snapshot"]
 
 # The first item of each fact tuple.
 STORED, SPLIT, TRIMMED, REMOVED, MOVED, CLEARED, MARK = range(7)
 
 
 def _stored(node: TreeNode) -> tuple:
+    """(STORED, id, parent id or None, packed key, depth, namespace, tier)."""
     parent = node.parent
-    key, pending = node.key_parts()
-    return (STORED, node.id, parent.id if parent.depth else None, key, pending,
-            node.depth, node.namespace, node.tier)
+    return (STORED, node.id, parent.id if parent.depth else None,
+            _packed(*node.key_parts()), node.depth, node.namespace, node.tier)
 
 
 class TreeFacts:
@@ -65,10 +61,12 @@ class TreeFacts:
         self.trimmed: Callable[[TreeNode, int], None] = self._trims.__setitem__
 
     def _end_trims(self) -> None:
-        """Append the trims gathered so far as one fact (the publisher reads the ids)."""
-        if self._trims:
-            self.facts.append((TRIMMED, self._trims.copy()))
-            self._trims.clear()
+        """Append the trims gathered so far as one fact: (TRIMMED, node ids, tokens each
+        keeps)."""
+        trims = self._trims
+        if trims:
+            self.facts.append((TRIMMED, [node.id for node in trims], list(trims.values())))
+            trims.clear()
 
     def _append(self, fact: tuple) -> None:
         """Any fact but a trim: the trims before it go first, as one fact."""
@@ -105,10 +103,9 @@ class TreeFacts:
 
 
 def _packed(key: bytes | None, pending: tuple | None) -> bytes:
-    """A stored node's key as bytes (on the publisher's thread, or the engine's). The
-    caller's ids are copied by one slice (one C call, so under the GIL): the engine's
-    thread may append to its array('q') meanwhile, which fails while another thread holds
-    a view of it."""
+    """A stored node's key as bytes, as the node holds it or by one slice of the caller's
+    ids (on the engine's thread: a view kept for later would stop the engine's array('q')
+    from growing)."""
     if key is not None:
         return key
     ids, start, stop = pending
@@ -117,25 +114,6 @@ def _packed(key: bytes | None, pending: tuple | None) -> bytes:
     if type(ids) is list or type(ids) is array:
         return pack_range(ids[start:stop], 0, stop - start)
     return pack_range(ids, start, stop)     # numpy or bytes: never resized in place
-
-
-def plain(facts: list[tuple]) -> list[tuple]:
-    """TreeFacts' facts as FactReplay reads them: a stored node's key packed, (STORED, id,
-    parent id, key, depth, namespace, tier); the trims as (TRIMMED, node ids, tokens each
-    keeps); the others as they are (tiers are ints: Tier is an IntEnum)."""
-    out = []
-    for fact in facts:
-        kind = fact[0]
-        if kind == STORED:
-            _, nid, pid, key, pending, depth, namespace, tier = fact
-            out.append((STORED, nid, pid, key if key is not None else _packed(None, pending),
-                        depth, namespace, tier))
-        elif kind == TRIMMED:
-            trims = fact[1]
-            out.append((TRIMMED, [node.id for node in trims], list(trims.values())))
-        else:
-            out.append(fact)
-    return out
 
 
 class ShadowNode:
@@ -175,7 +153,7 @@ def snapshot(tree: RadixCache) -> list[tuple]:
 
 
 class FactReplay:
-    """Applies TreeFacts' facts (`plain`) to a shadow tree and BlockEvents; `batch(facts)` returns
+    """Applies TreeFacts' facts to a shadow tree and BlockEvents; `batch(facts)` returns
     the KVEventBatch they make (None: no event). After a batch fails, later ones are
     skipped up to the next clear: the producer sends a snapshot (stream.py)."""
 

@@ -14,7 +14,7 @@ from radixserve.cache import OutOfPages, PagedMemory, RadixCache
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.events.block_events import BlockEvents, media_for
 from radixserve.events.schema import ENCODINGS
-from radixserve.events.tree_facts import TRIMMED, FactReplay, TreeFacts, plain
+from radixserve.events.tree_facts import TRIMMED, FactReplay, TreeFacts
 from tests.events.consumers import DynamoIndex
 
 BLOCK = 4
@@ -100,7 +100,7 @@ def play(ops: list, page_size: int) -> int:
         nonlocal trims_sent
         taken = facts.take()
         trims_sent += sum(len(f[1]) for f in taken if f[0] == TRIMMED)
-        got, want = replay.batch(plain(taken)), both.direct.take_batch()
+        got, want = replay.batch(taken), both.direct.take_batch()
         same_events(got, want)
         for mark, pos in marks:
             assert replay.positions[mark] == pos
