@@ -85,7 +85,13 @@ class Child:
         read_bytes, last_frame = 0, 0.0
         while True:
             is_busy = time.monotonic() - last_frame < IDLE_AFTER_S
-            ready = dict(busy.poll(BUSY_POLL_MS) if is_busy else idle.poll())
+            if not is_busy:
+                ready = dict(idle.poll())
+            elif self.wire.replay is not None:
+                ready = dict(busy.poll(BUSY_POLL_MS))
+            else:                   # an empty poller returns at once: sleep instead
+                time.sleep(BUSY_POLL_MS / 1e3)
+                ready = {}
             if self.wire.replay in ready:
                 self.wire.serve_replays()
                 self.report()
