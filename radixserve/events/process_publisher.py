@@ -123,8 +123,10 @@ class ProcessPublisher:
     # ------------------------------------------------------------------ producer side
     # publish, replace_queued and close are called from one thread (the engine's).
     def publish(self, facts: list[tuple]) -> bool:
-        """Queue one step's facts as a frame. Never blocks: a full queue drops its oldest
-        frame, and then this returns False. After the child died: dropped, counted."""
+        """Hand one step's facts to the child as a frame: written into the pipe now when
+        nothing waits before it and it fits, else queued for the writer thread. Never
+        blocks: a full queue drops its oldest frame, and then this returns False. After
+        the child died: dropped, counted."""
         self._accepted += 1
         if self._exited:            # counted as dropped (stats)
             return True             # no snapshot: nobody would read it
