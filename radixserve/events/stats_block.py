@@ -21,6 +21,9 @@ FIELDS = ("handled_frames", "published_batches", "published_bytes", "replay_requ
           "bad_replay_requests", "failed_batches", "cpu_s", "read_bytes")
 _LAYOUT = struct.Struct("<6qd")    # all but read_bytes, which `set_read_bytes` writes
 _READ_AT = 8 * FIELDS.index("read_bytes")
+# Each slot's (format, offset), for `get`.
+_SLOTS = {name: (struct.Struct("<d" if name == "cpu_s" else "<q"), 8 * i)
+          for i, name in enumerate(FIELDS)}
 
 
 class StatsBlock:
@@ -46,8 +49,8 @@ class StatsBlock:
 
     def get(self, name: str) -> float:
         """One slot (the engine's checks per step read one, not all)."""
-        i = FIELDS.index(name)
-        return struct.unpack_from("<d" if name == "cpu_s" else "<q", self._map, 8 * i)[0]
+        slot, at = _SLOTS[name]
+        return slot.unpack_from(self._map, at)[0]
 
     def close(self) -> None:
         self._map.close()
