@@ -15,13 +15,12 @@ import pytest
 import zmq
 
 from radixserve.cache import PagedMemory, RadixCache
-from radixserve.events.schema import ENCODINGS
 from radixserve.events.stream import KVEvents, KVEventsConfig
 from radixserve.events.subscriber import EventSubscriber
 from radixserve.server.metrics import kv_events_metrics
 from tests.events.conftest import LOCAL, drain
 from tests.events.test_golden import run
-from tests.events.test_resync import BLOCK, PROMPTS, serve_and_check
+from tests.events.test_resync import BLOCK, PROMPTS, serve_and_check, serve_prompts
 
 
 def new_events(mode: str, encoding: str = "array", pages: int = 64, **options):
@@ -38,14 +37,13 @@ def stream_of(mode: str, encoding: str) -> tuple[list[bytes], KVEvents]:
     kv, tree, mem = new_events(mode, encoding)
     sub = EventSubscriber(kv.publisher.endpoint, kv.publisher.replay_endpoint,
                           encoding=encoding)
+    def flush_alone() -> None:
+        kv.flush()
+        assert kv.publisher.wait_idle(30)
+
     try:
         assert kv.publisher.wait_idle(30)               # the start's clear: a batch alone
-        for i, p in enumerate(PROMPTS):
-            run(tree, mem, p, "tenant" if i % 4 == 0 else None)
-            if i % 5 == 4:
-                mem.free(tree.evict(20))
-            kv.flush()
-            assert kv.publisher.wait_idle(30)
+        serve_prompts(kv, tree, mem, flush_alone)
         got = drain(sub, kv.publisher, kv.publisher.sent_when_idle())
     finally:
         sub.close()

@@ -21,14 +21,20 @@ SYSTEM = list(range(100, 110))
 PROMPTS = [SYSTEM + [i] * (3 + i) for i in range(12)] + [[7] * 13, SYSTEM[:6] + [1, 2, 3]]
 
 
-def serve_and_check(kv: KVEvents, tree: RadixCache, mem: PagedMemory) -> list:
-    """Requests (two namespaces, evictions: 64 pages are too few), a flush after each,
-    then an index built from every batch must match the tree for every prompt."""
+def serve_prompts(kv: KVEvents, tree: RadixCache, mem: PagedMemory, flush=None) -> None:
+    """The PROMPTS requests (two namespaces, evictions: 64 pages are too few), `flush`
+    (default: kv.flush) after each."""
     for i, p in enumerate(PROMPTS):
         run(tree, mem, p, "tenant" if i % 4 == 0 else None)
         if i % 5 == 4:
             mem.free(tree.evict(20))
-        kv.flush()
+        (flush or kv.flush)()
+
+
+def serve_and_check(kv: KVEvents, tree: RadixCache, mem: PagedMemory) -> list:
+    """serve_prompts, then an index built from every batch must match the tree for every
+    prompt."""
+    serve_prompts(kv, tree, mem)
     assert kv.publisher.wait_idle(30)
     kv.flush()          # the next step's flush: it sees a failure the thread reported
     sub = EventSubscriber(kv.publisher.endpoint, kv.publisher.replay_endpoint)
