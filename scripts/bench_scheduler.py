@@ -25,10 +25,13 @@ forward wait X ms without the GIL, as a real one would (0: the plain stand-in).
 
 `--kv-events steady` is the steady measure of the 2% bound: churn only, `--rounds` pairs
 of off/on rounds (ABBA), each round warmed up first; per pair the on/off ratios of the
-median step's wall time, of the process's CPU per step (both threads) and of the scheduler
-thread's CPU, and the publisher thread's own CPU (time.thread_time() read inside it,
-PublisherStats.thread_cpu_s) as a share of the off round's process CPU; each printed as a
-median with a bootstrap 95% interval and the IQR over the pairs.
+median step's wall time, of the engine process's CPU per step (all its threads) and of the
+scheduler thread's CPU, and the publisher's own CPU (PublisherStats.cpu_s: its process's,
+the default, or with `--kv-events-publisher thread` its thread's, read inside it) as a
+share of the off round's process CPU; each printed as a median with a bootstrap 95%
+interval and the IQR over the pairs. ~5 minutes for 16 pairs of 60 steps:
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_scheduler.py --kv-events steady --rounds 16 --steps 60
 
 Both end with the events' own CPU on each thread, measured so that a busy machine moves
 it least: the scheduler thread's (a churn round's observer calls recorded, then made again
@@ -107,16 +110,18 @@ def measure(running: int, steps: int, page_size: int) -> dict:
             "metadata_ms": statistics.median(meta_times) * 1e3}
 
 
-def attach_events(core: EngineCore):
+def attach_events(core: EngineCore, publisher: str = "process"):
     """The engine's KV events (radixserve/events) on this core's tree: 16-token blocks,
-    array encoding, a PUB on a free local port nobody reads."""
+    array encoding, a PUB on a free local port nobody reads, the publisher a process of
+    its own or a thread (`publisher`)."""
     from radixserve.events.stream import KVEvents, KVEventsConfig
 
-    return KVEvents(core.scheduler.memory.tree, KVEventsConfig("tcp://127.0.0.1:*"), "cpu")
+    return KVEvents(core.scheduler.memory.tree,
+                    KVEventsConfig("tcp://127.0.0.1:*", publisher=publisher), "cpu")
 
 
 def events_round(workload: str, events: bool, steps: int, page_size: int,
-                 forward_ms: float = 0.0, on_start=None) -> dict:
+                 forward_ms: float = 0.0, on_start=None, publisher: str = "process") -> dict:
     """One timed run at 256 running, with or without events: median ms per step (the
     events' flush, as the engine does after each step, included) and event bytes per
     finished request."""
@@ -127,7 +132,7 @@ def events_round(workload: str, events: bool, steps: int, page_size: int,
         core, sink = build(running, page_size, prompt_len=256, shared=128,
                            requests=running * 4, max_tokens=(8, 48),
                            pages=running * 320 // page_size)
-    kv = attach_events(core) if events else None
+    kv = attach_events(core, publisher) if events else None
     runner = NullRunner(page_size=page_size)
     sched = core.scheduler
     if workload == "decode":
@@ -226,7 +231,8 @@ def events_own_cpu(workload: str, steps: int, page_size: int) -> dict:
 
     stream.KVEvents.__init__ = init
     try:
-        r = events_round(workload, True, steps, page_size, on_start=start)
+        r = events_round(workload, True, steps, page_size, on_start=start,
+                         publisher="thread")     # its calls are timed in this process
     finally:
         stream.KVEvents.__init__ = real
     names = [k for k in totals if k not in ("_prepare", "_send")]
@@ -285,12 +291,15 @@ class CallRecorder:
         self.steps[-1].append(("stored", (copy,)))
 
 
-def observer_cpu(steps: int, page_size: int, repeats: int = 5) -> float:
+def observer_cpu(steps: int, page_size: int, repeats: int = 5) -> dict:
     """The scheduler thread's events work per churn step without a timer per call: the
     tree's observer calls of each step are recorded, then made again on a fresh
     TreeFacts (and its `take`, as the engine's flush does) under one timer per step,
-    `repeats` times, each step's best kept. The nodes are in their final state by then,
-    which costs the same calls. Returns us per step."""
+    `repeats` times, each step's best kept; then, under a second timer, the hand-off to
+    a publisher process: the step's facts encoded as one frame (fact_messages.py). The
+    nodes are in their final state by then, which costs the same calls. Returns us per
+    step: `capture_us` and `encode_us`."""
+    from radixserve.events.fact_messages import FactEncoder
     from radixserve.events.tree_facts import TreeFacts
 
     core, sink = build(256, page_size, prompt_len=256, shared=128, requests=1024,
@@ -304,6 +313,8 @@ def observer_cpu(steps: int, page_size: int, repeats: int = 5) -> float:
         recorder.steps.append([])
         sink.clear()
     best = [float("inf")] * steps
+    encode = [float("inf")] * steps
+    frame = FactEncoder().frame
     for _ in range(repeats):
         facts = TreeFacts()
         methods = {name: getattr(facts, name) for name in ("stored", "split", "removed",
@@ -315,9 +326,12 @@ def observer_cpu(steps: int, page_size: int, repeats: int = 5) -> float:
             t0 = time.thread_time()
             for method, args in step:
                 method(*args)
-            take()
-            best[i] = min(best[i], time.thread_time() - t0)
-    return sum(best) / steps * 1e6
+            taken = take()
+            t1 = time.thread_time()
+            frame(taken)
+            best[i] = min(best[i], t1 - t0)
+            encode[i] = min(encode[i], time.thread_time() - t1)
+    return {"capture_us": sum(best) / steps * 1e6, "encode_us": sum(encode) / steps * 1e6}
 
 
 def print_publisher(steps: int) -> None:
@@ -331,12 +345,14 @@ def print_publisher(steps: int) -> None:
 
 def print_observer(steps: int) -> None:
     print("\nthe scheduler thread's events work per churn step, the step's observer calls "
-          "made again under one timer (best of 5 per step), and an off round's step:")
-    print(f"{'page':>5} {'events us':>10} {'off step us':>12} {'share':>7}")
+          "made again under one timer (best of 5 per step), the facts' encode for a "
+          "publisher process, and an off round's step:")
+    print(f"{'page':>5} {'capture us':>11} {'encode us':>10} {'off step us':>12} {'share':>7}")
     for page_size in (1, 16):
         off = events_round("churn", False, steps, page_size)["thread_ms"] * 1e3
         us = observer_cpu(steps, page_size)
-        print(f"{page_size:>5} {us:>10.1f} {off:>12.1f} {us / off:>7.2%}", flush=True)
+        print(f"{page_size:>5} {us['capture_us']:>11.1f} {us['encode_us']:>10.1f} "
+              f"{off:>12.1f} {(us['capture_us'] + us['encode_us']) / off:>7.2%}", flush=True)
 
 
 def own_only(steps: int, rounds: int) -> None:
@@ -388,41 +404,54 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
 
 
 def steady_round(events: bool, steps: int, page_size: int, warmup: int,
-                 forward_ms: float) -> dict:
+                 forward_ms: float, publisher: str = "process") -> dict:
     """One churn round at 256 running for `--kv-events steady`: `warmup` untimed steps
     (the first admit whole prompts), the publisher idle, then `steps` timed ones. Returns
-    per step: the median wall time of schedule + complete + flush, the process's CPU (every
-    thread, the loop and the publisher's catch-up after it), the scheduler thread's CPU in
-    the timed part, and the publisher thread's own CPU (read inside it)."""
+    per step: the median wall time of schedule + complete + flush, the engine process's
+    CPU (every thread of this process, the loop and the publisher's catch-up after it;
+    not the publisher process's), the scheduler thread's CPU in the timed part, and the
+    publisher's own CPU (its thread's, or its process's: PublisherStats.cpu_s)."""
     core, sink = build(256, page_size, prompt_len=256, shared=128,
                        requests=256 + (warmup + steps) * 12, max_tokens=(8, 48),
                        pages=256 * 320 // page_size)
-    kv = attach_events(core) if events else None
+    kv = attach_events(core, publisher) if events else None
     runner = NullRunner(page_size=page_size)
-    flush = kv.flush if kv is not None else None
+    flush_cpu = [0.0]
+
+    def flush() -> None:        # the engine's flush, its thread CPU summed (~1 us a timer)
+        t0 = time.thread_time()
+        kv.flush()
+        flush_cpu[0] += time.thread_time() - t0
+
+    if kv is None:
+        flush = None
     for _ in range(warmup):
         timed_step(core, runner, flush)
         sink.clear()
     if kv is not None:
         kv.publisher.wait_idle(timeout_s=60)
-    pub0 = kv.stats.thread_cpu_s if kv is not None else 0.0
+    pub0 = kv.stats.cpu_s if kv is not None else 0.0
+    writer0 = getattr(kv.publisher, "writer_cpu_s", 0.0) if kv is not None else 0.0
     walls, sched_cpu = [], 0.0
+    flush_cpu[0] = 0.0
     cpu0 = time.process_time()
     for _ in range(steps):
         _, seconds, cpu = timed_step(core, runner, flush, forward_ms / 1e3)
         walls.append(seconds)
         sched_cpu += cpu
         sink.clear()
-    pub = 0.0
+    pub = writer = 0.0
     if kv is not None:
         kv.publisher.wait_idle(timeout_s=60)    # the publisher's work is part of the cost
-        pub = kv.stats.thread_cpu_s - pub0
+        pub = kv.stats.cpu_s - pub0
+        writer = getattr(kv.publisher, "writer_cpu_s", 0.0) - writer0
     proc = time.process_time() - cpu0
     assert core.scheduler.waiting, "the round ran out of requests: churn needs new ones"
     if kv is not None:
         kv.close()
     return {"wall_us": statistics.median(walls) * 1e6, "proc_us": proc / steps * 1e6,
-            "sched_us": sched_cpu / steps * 1e6, "pub_us": pub / steps * 1e6}
+            "sched_us": sched_cpu / steps * 1e6, "pub_us": pub / steps * 1e6,
+            "writer_us": writer / steps * 1e6, "flush_us": flush_cpu[0] / steps * 1e6}
 
 
 def replay_costs(steps: int, page_size: int, requests: int, repeats: int = 5
@@ -440,7 +469,7 @@ def replay_costs(steps: int, page_size: int, requests: int, repeats: int = 5
     from radixserve.cache.token_keys import ITEM_BYTES, unpack
     from radixserve.events.block_events import BlockEvents, media_for
     from radixserve.events.schema import ENCODINGS
-    from radixserve.events.tree_facts import STORED, FactReplay, TreeFacts, _packed
+    from radixserve.events.tree_facts import STORED, FactReplay, TreeFacts
 
     core, sink = build(256, page_size, prompt_len=256, shared=128, requests=requests,
                        max_tokens=(8, 48), pages=256 * 320 // page_size)
@@ -453,7 +482,7 @@ def replay_costs(steps: int, page_size: int, requests: int, repeats: int = 5
         core.complete(plan, runner.execute(plan.batch))
         recorded.append(facts.take())
         sink.clear()
-    keys = [[_packed(f[3], f[4]) for f in step if f[0] == STORED] for step in recorded]
+    keys = [[f[3] for f in step if f[0] == STORED] for step in recorded]
     encoder, seed = msgspec.msgpack.Encoder(), namespace_seed(None)
     whole, floor = [float("inf")] * steps, [float("inf")] * steps
     for _ in range(repeats):
@@ -495,38 +524,51 @@ def spread(values: list[float], resamples: int = 2000) -> tuple[float, float, fl
             medians[int(0.975 * resamples) - 1], q3 - q1)
 
 
-def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float) -> None:
+def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
+                  publisher: str = "process") -> None:
     """`--kv-events steady`: churn at 256 running, events off and on in `pairs` pairs of
     rounds (ABBA order, so drift hits both), per pair the on/off ratios; prints each
-    ratio's median with its bootstrap 95% interval and IQR. The events' share of the step
-    is (the publisher thread's CPU + the scheduler thread's events work) / the off round's
-    process CPU per step; the scheduler thread's part comes from `observer_cpu` (its calls
-    made again under one timer per step: within a round, the on-off difference of the
-    scheduler thread's CPU is lost in the noise)."""
+    ratio's median with its bootstrap 95% interval and IQR. The scheduler thread's events
+    work comes from `observer_cpu` (its calls made again under one timer per step: within
+    a round, the on-off difference of the scheduler thread's CPU is lost in the noise).
+    The events' share of the engine's step is that work plus the flush's (the facts
+    taken, encoded and written to the pipe, timed in the round) and the CPU of the
+    engine's helper thread (the pipe writer; the publisher thread in thread mode), read
+    inside it, over the off round's process CPU per step. A publisher process's own CPU
+    is printed beside it, as a share of the off step too: the cost moved to another core,
+    not gone."""
     print(f"churn at 256 running, {pairs} off/on pairs of {steps} timed steps after "
-          f"{warmup} warm-up steps; stand-in forward {forward_ms} ms")
+          f"{warmup} warm-up steps; stand-in forward {forward_ms} ms; publisher: "
+          f"{publisher}")
     print(f"{'page':>5} {'measure':>34} {'median':>8} {'95% low':>8} {'95% high':>9} "
           f"{'IQR':>7}")
     for page_size in (1, 16):
         rows: dict[str, list[float]] = {}
-        observer_us = observer_cpu(min(steps, 200), page_size)
+        own = observer_cpu(min(steps, 200), page_size)
+        in_engine = publisher == "thread"       # the publisher's CPU is the engine's too
         for i in range(pairs):
             runs = {}
             for events in (False, True) if i % 2 == 0 else (True, False):
-                runs[events] = steady_round(events, steps, page_size, warmup, forward_ms)
+                runs[events] = steady_round(events, steps, page_size, warmup, forward_ms,
+                                            publisher)
             off, on = runs[False], runs[True]
             for name, value in (
                     ("wall on/off (median step)", on["wall_us"] / off["wall_us"]),
-                    ("process cpu on/off", on["proc_us"] / off["proc_us"]),
+                    ("engine process cpu on/off", on["proc_us"] / off["proc_us"]),
                     ("sched thread cpu on/off", on["sched_us"] / off["sched_us"]),
                     ("off process cpu us/step", off["proc_us"]),
-                    ("publisher thread cpu us/step", on["pub_us"]),
-                    ("publisher share of off cpu", on["pub_us"] / off["proc_us"]),
-                    ("events share (pub + sched work)",
-                     (on["pub_us"] + observer_us) / off["proc_us"])):
+                    (f"publisher {publisher} cpu us/step", on["pub_us"]),
+                    (f"publisher {publisher} share of off", on["pub_us"] / off["proc_us"]),
+                    ("pipe writer thread cpu us/step", on["writer_us"]),
+                    ("flush (take+encode+write) us/step", on["flush_us"]),
+                    ("events share of engine step",
+                     (on["pub_us"] * in_engine + on["writer_us"] + on["flush_us"]
+                      + own["capture_us"]) / off["proc_us"])):
                 rows.setdefault(name, []).append(value)
-        print(f"{page_size:>5} {'sched thread events work us/step':>34} "
-              f"{observer_us:>8.1f}   (best of 5 per step, one timer per step)")
+        print(f"{page_size:>5} {'sched thread capture us/step':>34} "
+              f"{own['capture_us']:>8.1f}   (best of 5 per step, one timer per step)")
+        print(f"{page_size:>5} {'facts encode (process) us/step':>34} "
+              f"{own['encode_us']:>8.1f}   (the hand-off's frame; best of 5 per step)")
         alone = publisher_floor(min(steps, 200), page_size, warmup)
         off_cpu = statistics.median(rows["off process cpu us/step"])
         print(f"{page_size:>5} {'publisher work alone us/step':>34} {alone['whole_us']:>8.1f}"
@@ -557,6 +599,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --kv-events: alternated off/on rounds per setting "
                              "(steady: off/on pairs, 20+ for a steady median)")
+    parser.add_argument("--kv-events-publisher", choices=["process", "thread"],
+                        default="process",
+                        help="with --kv-events steady: the publisher's mode (stream.py)")
     parser.add_argument("--warmup", type=int, default=40,
                         help="with --kv-events steady: untimed steps before each round")
     args = parser.parse_args()
@@ -566,7 +611,8 @@ def main() -> None:
         compare_events(steps, 1 if args.quick else args.rounds, args.forward_ms)
         return
     if args.kv_events == "steady":
-        steady_events(steps, 2 if args.quick else args.rounds, args.warmup, args.forward_ms)
+        steady_events(steps, 2 if args.quick else args.rounds, args.warmup, args.forward_ms,
+                      args.kv_events_publisher)
         return
     if args.kv_events == "own":
         own_only(steps, 1 if args.quick else args.rounds)

@@ -77,6 +77,7 @@ class EngineConfig:
     kv_events_topic: str = ""
     kv_events_block_size: int = 16        # tokens per announced block (a page-size multiple)
     kv_events_encoding: str = "array"     # array (vLLM's array_like structs) | map
+    kv_events_publisher: str = "process"  # process (its own, off the GIL) | thread
     # Hybrid models (docs/models.md, "Window-aware cache"): the sliding-window layers in
     # their own pool holding only the windows a request or a match point needs.
     kv_window_pool: str = "auto"         # auto (on for one window size) | off (full KV)
@@ -199,6 +200,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"msgpack shape of the events: array (vLLM's array_like structs, what "
                         f"llm-d decodes) or map (vLLM since vllm#42892) (default "
                         f"{d.kv_events_encoding})")
+    e.add_argument("--kv-events-publisher", default=None, choices=["process", "thread"],
+                   help=f"where the events are computed and sent: process (a process of "
+                        f"its own, so the scheduler never waits for its GIL) or thread (a "
+                        f"thread of the engine's, for a host with one core) (default "
+                        f"{d.kv_events_publisher})")
     g.add_argument("--kv-window-pool", default=d.kv_window_pool, choices=["auto", "off"],
                    help="hybrid models: keep the sliding-window layers' KV in their own pool, "
                         "only the windows a running request or a cached match point needs "

@@ -1,11 +1,15 @@
 """KVEvents: one engine's KV events, from its radix tree to the wire.
 
-Ties the tree to the publisher (publisher.py): on the engine's thread the tree's observer
-only records its changes as raw facts (tree_facts.py); `flush` hands the step's facts to
-the publisher's queue (the engine calls it after each step and after admin changes such
-as a flush or a restore), and the publisher's thread turns them (with any other steps'
-facts queued meanwhile, when it fell behind) into one batch of events
-(tree_facts.FactReplay, block_events.py), encodes and sends it. If the queue ever
+Ties the tree to the publisher: on the engine's thread the tree's observer only records
+its changes as raw facts (tree_facts.py); `flush` hands the step's facts to the
+publisher's queue (the engine calls it after each step and after admin changes such as a
+flush or a restore), and the publisher turns them (with any other steps' facts queued
+meanwhile, when it fell behind) into one batch of events (tree_facts.FactReplay,
+block_events.py), encodes and sends it. The publisher is a process of its own by default
+(`--kv-events-publisher process`: process_publisher.py, child.py; the flush then also
+encodes the facts as one message and writes it to the child's pipe) or a thread of the
+engine's (`thread`: publisher.py);
+both run the same replay and wire code, so they send the same events. If the queue ever
 overflows (a stuck thread), or a batch fails, dropped facts would leave the events wrong
 for good, so the queue is replaced by a snapshot of the whole tree: consumers get
 AllBlocksCleared and then every block held.
@@ -17,9 +21,12 @@ from dataclasses import dataclass
 
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.events.block_events import BlockEvents, media_for
+from radixserve.events.process_publisher import ProcessPublisher
 from radixserve.events.publisher import EventPublisher, PublisherStats
 from radixserve.events.schema import ENCODINGS
 from radixserve.events.tree_facts import FactReplay, TreeFacts, snapshot
+
+PUBLISHERS = ("process", "thread")
 
 __all__ = ["KVEvents", "KVEventsConfig"]
 
@@ -33,11 +40,15 @@ class KVEventsConfig:
     topic: str = ""
     block_size: int = 16
     encoding: str = "array"
+    publisher: str = "process"      # process | thread (stream.py)
 
     def __post_init__(self):
         if self.encoding not in ENCODINGS:
             raise ValueError(f"--kv-events-encoding must be one of {sorted(ENCODINGS)}, "
                              f"got {self.encoding!r}")
+        if self.publisher not in PUBLISHERS:
+            raise ValueError(f"--kv-events-publisher must be one of {list(PUBLISHERS)}, "
+                             f"got {self.publisher!r}")
 
     @classmethod
     def from_engine(cls, config) -> KVEventsConfig | None:
@@ -45,23 +56,36 @@ class KVEventsConfig:
         if not config.kv_events:
             return None
         return cls(config.kv_events, config.kv_events_replay, config.kv_events_topic,
-                   config.kv_events_block_size, config.kv_events_encoding)
+                   config.kv_events_block_size, config.kv_events_encoding,
+                   config.kv_events_publisher)
 
 
 class KVEvents:
     """The tree's observer and the publisher of one engine."""
 
     def __init__(self, tree: RadixCache, config: KVEventsConfig, pool_device: str,
-                 rank: int = 0, queue_batches: int = 4096):
+                 rank: int = 0, queue_batches: int = 4096, pipe_bytes: int = 1 << 20):
         self.config = config
         self.tree = tree
+        # (checks the block size here, whichever mode)
         blocks = BlockEvents(ENCODINGS[config.encoding], config.block_size,
                              tree.page_size, media_for(pool_device), rank)
-        self.replay = FactReplay(blocks)        # used on the publisher's thread only
         self.facts = TreeFacts()
-        self.publisher = EventPublisher(config.endpoint, config.replay_endpoint, config.topic,
-                                        max_queue_batches=queue_batches,
-                                        prepare=self._batch)
+        self.replay: FactReplay | None = None   # thread mode: used on its thread only
+        self.publisher: ProcessPublisher | EventPublisher
+        if config.publisher == "process":
+            self.publisher = ProcessPublisher(
+                {"endpoint": config.endpoint, "replay_endpoint": config.replay_endpoint,
+                 "topic": config.topic, "encoding": config.encoding,
+                 "block_size": config.block_size, "page_size": tree.page_size,
+                 "pool_device": pool_device, "rank": rank, "first_seq": None,
+                 "buffer_batches": 10_000}, max_queue_batches=queue_batches,
+                pipe_bytes=pipe_bytes)
+        else:
+            self.replay = FactReplay(blocks)
+            self.publisher = EventPublisher(config.endpoint, config.replay_endpoint,
+                                            config.topic, max_queue_batches=queue_batches,
+                                            prepare=self._batch)
         tree.attach_observer(self.facts)
         self.facts.cleared()        # a fresh engine holds nothing: consumers start over
         self.flush()

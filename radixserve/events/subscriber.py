@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from radixserve.events.publisher import open_socket
+from radixserve.events.wire import open_socket
 from radixserve.events.schema import END_SEQ, ENCODINGS
 
 __all__ = ["EventSubscriber", "Received"]

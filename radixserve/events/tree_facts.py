@@ -1,15 +1,15 @@
 """TreeFacts and FactReplay: the tree's changes recorded in O(1) on the scheduler's thread,
-turned into KV events later, on the publisher's thread.
+turned into KV events later, by the publisher (its thread or its process).
 
 Computing events (hashing each block, listing its token ids, building the structs) costs
 far more than the tree change behind it, and whatever runs on the scheduler's thread lengthens
-the step. So the tree's observer here (`TreeFacts`) only appends one small tuple per change:
-ids, a tier (trims: one dict for a run of them), and for a new node a reference to its
-token ids (a key as the node holds it: packed bytes, or the caller's id list and a range,
-which callers never change in place; tree_node.py). `FactReplay`, on the publisher's
-thread, applies the same changes in the same order to a shadow of the tree's shape (a
-ShadowNode per node, no pages) and feeds BlockEvents from it, so the events are exactly
-those BlockEvents computes on the tree itself. The shadow needs the tree's splits
+the step. So the tree's observer here (`TreeFacts`) only appends one small tuple per change,
+of ints, strings and, for a new node, its packed key (bytes: the node's own, or one slice
+of the caller's ids), so a step's facts are also what the engine sends a publisher process,
+encoded by one msgpack call (fact_messages.py). `FactReplay`, in the publisher (its thread
+or its process), applies the same changes in the same order to a shadow of the tree's
+shape (a ShadowNode per node, no pages) and feeds BlockEvents from it, so the events are
+exactly those BlockEvents computes on the tree itself. The shadow needs the tree's splits
 (`TreeObserver.split`), which change no token.
 
 `snapshot` lists the whole tree as facts after a clear: what a publisher that had to drop
@@ -37,10 +37,10 @@ STORED, SPLIT, TRIMMED, REMOVED, MOVED, CLEARED, MARK = range(7)
 
 
 def _stored(node: TreeNode) -> tuple:
+    """(STORED, id, parent id or None, packed key, depth, namespace, tier)."""
     parent = node.parent
-    key, pending = node.key_parts()
-    return (STORED, node.id, parent.id if parent.depth else None, key, pending,
-            node.depth, node.namespace, node.tier)
+    return (STORED, node.id, parent.id if parent.depth else None,
+            _packed(*node.key_parts()), node.depth, node.namespace, node.tier)
 
 
 class TreeFacts:
@@ -61,10 +61,12 @@ class TreeFacts:
         self.trimmed: Callable[[TreeNode, int], None] = self._trims.__setitem__
 
     def _end_trims(self) -> None:
-        """Append the trims gathered so far as one fact (the publisher reads the ids)."""
-        if self._trims:
-            self.facts.append((TRIMMED, self._trims.copy()))
-            self._trims.clear()
+        """Append the trims gathered so far as one fact: (TRIMMED, node ids, tokens each
+        keeps)."""
+        trims = self._trims
+        if trims:
+            self.facts.append((TRIMMED, [node.id for node in trims], list(trims.values())))
+            trims.clear()
 
     def _append(self, fact: tuple) -> None:
         """Any fact but a trim: the trims before it go first, as one fact."""
@@ -101,9 +103,9 @@ class TreeFacts:
 
 
 def _packed(key: bytes | None, pending: tuple | None) -> bytes:
-    """A stored node's key as bytes, read on the publisher's thread. The caller's ids are
-    copied by one slice (one C call, so under the GIL): the engine's thread may append to
-    its array('q') meanwhile, which fails while another thread holds a view of it."""
+    """A stored node's key as bytes, as the node holds it or by one slice of the caller's
+    ids (on the engine's thread: a view kept for later would stop the engine's array('q')
+    from growing)."""
     if key is not None:
         return key
     ids, start, stop = pending
@@ -181,17 +183,16 @@ class FactReplay:
         for fact in facts:
             kind = fact[0]
             if kind == STORED:
-                _, nid, pid, key, pending, depth, namespace, tier = fact
+                _, nid, pid, key, depth, namespace, tier = fact
                 parent = nodes[pid] if pid is not None else \
                     ShadowNode(0, b"", None, 0, namespace)
-                node = nodes[nid] = ShadowNode(nid, _packed(key, pending), parent, depth,
-                                               namespace, tier)
+                node = nodes[nid] = ShadowNode(nid, key, parent, depth, namespace, tier)
                 blocks.stored(node)
             elif kind == REMOVED:
                 blocks.removed(nodes.pop(fact[1]))
             elif kind == TRIMMED:
-                for leaf, keep in fact[1].items():
-                    node = nodes[leaf.id]
+                for nid, keep in zip(fact[1], fact[2]):
+                    node = nodes[nid]
                     blocks.trimmed(node, keep)
                     node.truncate(keep)
             elif kind == SPLIT:

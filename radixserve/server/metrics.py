@@ -95,7 +95,8 @@ def disk_fault_metrics(kv_disk: DiskStats) -> Iterator[Metric]:
 
 
 def kv_events_metrics(e) -> Iterator[Metric]:
-    """The KV events publisher (radixserve/events): batches sent, dropped, bytes."""
+    """The KV events publisher (radixserve/events): batches sent, dropped, bytes, its CPU
+    and its faults."""
     yield CounterMetricFamily("radixserve_kv_events_batches",
                               "KV event batches published", value=e.published_batches)
     yield CounterMetricFamily("radixserve_kv_events_dropped_batches",
@@ -105,6 +106,17 @@ def kv_events_metrics(e) -> Iterator[Metric]:
                               "Bytes of KV event payloads published", value=e.published_bytes)
     yield CounterMetricFamily("radixserve_kv_events_bad_replay_requests",
                               "Malformed replay requests ignored", value=e.bad_replay_requests)
+    yield CounterMetricFamily("radixserve_kv_events_replay_requests",
+                              "Replay requests received", value=e.replay_requests)
+    yield CounterMetricFamily("radixserve_kv_events_publisher_cpu_seconds",
+                              "CPU seconds the publisher spent (its process, or its thread "
+                              "with --kv-events-publisher thread)", value=e.cpu_s)
+    yield CounterMetricFamily("radixserve_kv_events_failed_batches",
+                              "Batches whose events could not be computed (a snapshot "
+                              "followed)", value=e.failed_batches)
+    yield CounterMetricFamily("radixserve_kv_events_publisher_exits",
+                              "Times the publisher process ended while the engine ran "
+                              "(events stop; logged)", value=e.publisher_exits)
 
 
 def tier_metrics(s: EngineStats) -> Iterator[Metric]:

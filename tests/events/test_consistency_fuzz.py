@@ -13,7 +13,9 @@ published before it, events gathered since: `TreeFacts.mark`); the consumer, app
 the stream event by event, checks its prediction at exactly that place, for llm-d's keys
 and Dynamo's. Pages are conserved after every scenario. The events are made as the
 engine makes them (events/stream.py): the tree's observer records raw facts, replayed
-into a shadow tree and BlockEvents at each flush (here on the fuzz's own thread).
+into a shadow tree and BlockEvents at each flush (here on the fuzz's own thread), after
+the trip the publisher process's facts take: one msgpack frame each flush, read back
+through a FrameReader (events/fact_messages.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from radixserve.cache import OutOfPages, PagedMemory, RadixCache
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.cache.tiers import DISK, DemoteOrder, LowerTiers
 from radixserve.events.block_events import BlockEvents, media_for
+from radixserve.events.fact_messages import FactEncoder, FrameReader, decode_facts
 from radixserve.events.publisher import EventPublisher
 from radixserve.events.schema import ENCODINGS
 from radixserve.events.tree_facts import FactReplay, TreeFacts
@@ -68,13 +71,15 @@ class Replica:
         self.facts.cleared()            # a fresh engine announces an empty cache first
         self.disk = disk
         self.publisher = publisher
+        self.encoder, self.reader = FactEncoder(), FrameReader()
         self.leases: list[PrefixLease] = []
         self.waiting: list[tuple] = []  # (mark, tokens, namespace, engine blocks)
 
     def flush_events(self, pending: deque) -> None:
         """Publish the events since the last flush; each waiting prediction goes to
         `pending` with its place in the stream."""
-        batch = self.replay.batch(self.facts.take())
+        frames = self.reader.feed(self.encoder.frame(self.facts.take()))   # the pipe's trip
+        batch = self.replay.batch(decode_facts(frames[0]))
         for mark, *rest in self.waiting:
             pending.append((self.published, self.replay.positions[mark], *rest))
         self.waiting.clear()

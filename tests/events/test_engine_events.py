@@ -6,6 +6,7 @@ reloaded, after an AllBlocksCleared."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -84,6 +85,11 @@ def test_engine_stream_predicts_its_matches(model_fp32):
     text = ServerMetrics(engine.stats).render().decode()
     assert "radixserve_kv_events_batches_total" in text
     assert "radixserve_kv_events_dropped_batches_total 0.0" in text
+    # the default publisher is a process of its own: its CPU seconds come back, it ended
+    cpu = re.search(r"^radixserve_kv_events_publisher_cpu_seconds_total (\S+)$", text, re.M)
+    assert cpu and float(cpu.group(1)) > 0
+    assert "radixserve_kv_events_publisher_exits_total 0.0" in text
+    assert engine.kv_events.publisher.process.returncode == 0
 
 
 def test_restart_announces_the_reloaded_cache(model_fp32, tmp_path):

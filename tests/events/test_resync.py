@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from radixserve.cache import PagedMemory, RadixCache
 from radixserve.events.stream import KVEvents, KVEventsConfig
 from radixserve.events.subscriber import EventSubscriber
@@ -19,14 +21,20 @@ SYSTEM = list(range(100, 110))
 PROMPTS = [SYSTEM + [i] * (3 + i) for i in range(12)] + [[7] * 13, SYSTEM[:6] + [1, 2, 3]]
 
 
-def serve_and_check(kv: KVEvents, tree: RadixCache, mem: PagedMemory) -> list:
-    """Requests (two namespaces, evictions: 64 pages are too few), a flush after each,
-    then an index built from every batch must match the tree for every prompt."""
+def serve_prompts(kv: KVEvents, tree: RadixCache, mem: PagedMemory, flush=None) -> None:
+    """The PROMPTS requests (two namespaces, evictions: 64 pages are too few), `flush`
+    (default: kv.flush) after each."""
     for i, p in enumerate(PROMPTS):
         run(tree, mem, p, "tenant" if i % 4 == 0 else None)
         if i % 5 == 4:
             mem.free(tree.evict(20))
-        kv.flush()
+        (flush or kv.flush)()
+
+
+def serve_and_check(kv: KVEvents, tree: RadixCache, mem: PagedMemory) -> list:
+    """serve_prompts, then an index built from every batch must match the tree for every
+    prompt."""
+    serve_prompts(kv, tree, mem)
     assert kv.publisher.wait_idle(30)
     kv.flush()          # the next step's flush: it sees a failure the thread reported
     sub = EventSubscriber(kv.publisher.endpoint, kv.publisher.replay_endpoint)
@@ -51,8 +59,8 @@ def serve_and_check(kv: KVEvents, tree: RadixCache, mem: PagedMemory) -> list:
 def new_events(queue_batches: int = 4096):
     tree = RadixCache(page_size=1)
     mem = PagedMemory(64, tree)
-    kv = KVEvents(tree, KVEventsConfig(LOCAL, LOCAL, block_size=BLOCK), "cpu",
-                  queue_batches=queue_batches)
+    kv = KVEvents(tree, KVEventsConfig(LOCAL, LOCAL, block_size=BLOCK, publisher="thread"),
+                  "cpu", queue_batches=queue_batches)
     return kv, tree, mem
 
 
@@ -121,12 +129,13 @@ def test_a_batch_that_fails_on_the_thread_is_followed_by_a_snapshot():
         kv.close()
 
 
-def test_a_subscriber_across_a_restart_ends_with_the_new_index(tmp_path):
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_subscriber_across_a_restart_ends_with_the_new_index(tmp_path, mode):
     """An engine restarts on the same endpoints: its numbers continue above the old ones,
     so the subscriber sees a gap, the replay gives the new stream from its start (an
     AllBlocksCleared), and the index holds exactly the new engine's blocks."""
     config = KVEventsConfig(f"ipc://{tmp_path}/kv", f"ipc://{tmp_path}/kv-replay",
-                            block_size=BLOCK)
+                            block_size=BLOCK, publisher=mode)
     indexes = [LlmdIndex(BLOCK), DynamoIndex(BLOCK)]
     old_prompts, new_prompts = PROMPTS[:6], PROMPTS[6:]
     sub = None

@@ -1,0 +1,129 @@
+"""The publisher process (`--kv-events-publisher process`, events/process_publisher.py and
+child.py): it sends the very events the thread mode sends, in both encodings; a stopped
+child never blocks the engine (its bounded queue drops the oldest frames, counted, then a
+snapshot resyncs the consumers); a child that dies is logged and counted and the engine
+runs on; one that cannot bind fails the start with its reason; close reaps it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import msgspec
+import pytest
+import zmq
+
+from radixserve.cache import PagedMemory, RadixCache
+from radixserve.events.stream import KVEvents, KVEventsConfig
+from radixserve.events.subscriber import EventSubscriber
+from radixserve.server.metrics import kv_events_metrics
+from tests.events.conftest import LOCAL, drain
+from tests.events.test_golden import run
+from tests.events.test_resync import BLOCK, PROMPTS, serve_and_check, serve_prompts
+
+
+def new_events(mode: str, encoding: str = "array", pages: int = 64, **options):
+    tree = RadixCache(page_size=1)
+    mem = PagedMemory(pages, tree)
+    config = KVEventsConfig(LOCAL, LOCAL, block_size=BLOCK, encoding=encoding,
+                            publisher=mode)
+    return KVEvents(tree, config, "cpu", **options), tree, mem
+
+
+def stream_of(mode: str, encoding: str) -> tuple[list[bytes], KVEvents]:
+    """The PROMPTS scenario (two namespaces, evictions), one batch per flush; every
+    batch's events encoded (the batch's `ts` left out: it is the time it was made)."""
+    kv, tree, mem = new_events(mode, encoding)
+    sub = EventSubscriber(kv.publisher.endpoint, kv.publisher.replay_endpoint,
+                          encoding=encoding)
+    def flush_alone() -> None:
+        kv.flush()
+        assert kv.publisher.wait_idle(30)
+
+    try:
+        assert kv.publisher.wait_idle(30)               # the start's clear: a batch alone
+        serve_prompts(kv, tree, mem, flush_alone)
+        got = drain(sub, kv.publisher, kv.publisher.sent_when_idle())
+    finally:
+        sub.close()
+        kv.close()
+    encode = msgspec.msgpack.Encoder().encode
+    return [encode(r.batch.events) for r in got], kv
+
+
+@pytest.mark.parametrize("encoding", ["array", "map"])
+def test_the_process_sends_the_threads_events_byte_for_byte(encoding):
+    by_thread, _ = stream_of("thread", encoding)
+    by_process, kv = stream_of("process", encoding)
+    assert len(by_thread) == len(PROMPTS) + 1           # the start's clear, one per flush
+    assert by_process == by_thread
+    pub = kv.publisher
+    assert not pub.child_imported_torch
+    assert pub.process.returncode == 0                  # close: it ended by itself, reaped
+    stats = kv.stats                                    # read back after close
+    assert stats.published_batches == len(PROMPTS) + 1 and stats.dropped_batches == 0
+    assert stats.cpu_s > 0 and stats.publisher_exits == 0
+
+
+def test_a_stopped_process_never_blocks_the_engine_and_resyncs():
+    # A small pipe and queue: the child, stopped, stops reading; the writer waits in its
+    # write (off the engine's thread), the queue drops its oldest frames.
+    kv, tree, mem = new_events("process", pages=4096, queue_batches=3, pipe_bytes=4096)
+    pub = kv.publisher
+    assert pub.wait_idle(30)
+    os.kill(pub.process.pid, signal.SIGSTOP)
+    try:
+        for i in range(12):             # ~2.4 kB of facts a flush, 12 behind a 4 kB pipe
+            run(tree, mem, [5000 + 300 * i + t for t in range(300)])
+            kv.flush()                  # returns at once every time (else the test hangs)
+        assert pub.stats.dropped_batches > 0 and pub.queued() <= 3
+    finally:
+        os.kill(pub.process.pid, signal.SIGCONT)
+    try:
+        got = serve_and_check(kv, tree, mem)
+        kinds = [type(e).__name__ for r in got for e in r.batch.events]
+        # The start's clear, then a snapshot's: the dropped frames were replaced.
+        assert kinds.count("AllBlocksCleared") >= 2
+    finally:
+        kv.close()
+    assert pub.process.returncode == 0
+
+
+def test_a_process_that_dies_is_logged_and_counted_and_the_engine_runs_on(caplog):
+    kv, tree, mem = new_events("process")
+    pub = kv.publisher
+    try:
+        run(tree, mem, PROMPTS[0])
+        kv.flush()
+        assert pub.wait_idle(30)
+        pub.process.kill()
+        assert pub.process.wait(30) == -signal.SIGKILL
+        with caplog.at_level(logging.ERROR, logger="radixserve.events.process_publisher"):
+            for p in PROMPTS[1:]:       # the engine goes on: nothing raises, nothing waits
+                run(tree, mem, p)
+                kv.flush()
+            stats = kv.stats
+        assert stats.publisher_exits == 1
+        assert stats.dropped_batches == len(PROMPTS) - 1    # every frame after the kill
+        assert sum("publisher process" in r.message for r in caplog.records) == 1
+        names = {m.name: m.samples[0].value for m in kv_events_metrics(stats)}
+        assert names["radixserve_kv_events_publisher_exits"] == 1
+        assert names["radixserve_kv_events_publisher_cpu_seconds"] > 0
+        assert not pub.wait_idle(1)     # gone: it answers at once, never hangs
+    finally:
+        kv.close()                      # returns at once
+    mem.check_conservation([])
+
+
+def test_a_process_that_cannot_bind_fails_the_start_with_its_reason():
+    taken = zmq.Context.instance().socket(zmq.ROUTER)
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
+    tree = RadixCache(page_size=1)
+    try:
+        config = KVEventsConfig(LOCAL, f"tcp://127.0.0.1:{port}", publisher="process")
+        with pytest.raises(RuntimeError, match="did not start: ZMQError: Address already"):
+            KVEvents(tree, config, "cpu")
+        assert tree.observer is None        # nothing attached: the engine did not start
+    finally:
+        taken.close(linger=0)
