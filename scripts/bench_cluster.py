@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import shutil
 import statistics
@@ -110,8 +111,11 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
                  "kv_tokens_per_replica": engine_config.kv_cache_tokens, "workloads": {},
                  "share": engine_config.kv_share}
     shared_before = None
+    if args.decisions:
+        client.state.decision_log = []
     try:
         for wname, workload in workloads:
+            logged = len(client.state.decision_log or ())
             before = sent_per_replica(client)
             decisions0, seconds0 = client.state.decisions, client.state.decision_seconds
             run = await bs.run_workload(bs.ClientConfig(url, ""), workload,
@@ -137,6 +141,9 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
                 "decision_us": 1e6 * (client.state.decision_seconds - seconds0) / decisions
                 if decisions else None,
             }
+            if args.decisions:
+                out["workloads"][wname]["decisions"] = [
+                    dataclasses.asdict(d) for d in client.state.decision_log[logged:]]
             if engine_config.kv_share != "off":
                 out["workloads"][wname]["share"] = await share_figures(client, shared_before)
                 shared_before = out["workloads"][wname]["share"]["total"]
@@ -224,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny workloads: a smoke run")
     p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--decisions", action="store_true",
+                   help="cache-aware: record what the score saw at each decision (held, "
+                        "loadable, in flight, queued seconds, score per replica) in --json")
     p.add_argument("--share", default="off", metavar="off,ray,dir",
                    help="cluster stores to compare (--kv-share): each router runs once per "
                         "store; dir is a fresh temporary directory per configuration")

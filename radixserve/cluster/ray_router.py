@@ -30,7 +30,7 @@ from radixserve.routing import (CacheAwareRouter, LoadBound, PowerOfTwoRouter,
                                 RoundRobinRouter, RouteRequest)
 
 from .route_info import RouteInfo
-from .view import CandidateView, ClusterState
+from .view import CandidateView, ClusterState, DecisionRecord
 from .views_registry import state_for
 
 log = logging.getLogger("radixserve.cluster")
@@ -156,5 +156,13 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
         if self.policy == "pow2" or info is None or not info.hashes:
             return self._pow2.pick(range(n), queued)
         self._cache_aware.num_replicas = n
-        return self._cache_aware.choose(RouteRequest(info.hashes, info.prompt_tokens,
-                                                     info.routing_key), view)
+        request = RouteRequest(info.hashes, info.prompt_tokens, info.routing_key)
+        ranking = self._cache_aware.ranked(request, view)
+        chosen = self._cache_aware.pick(request, ranking)
+        if self.state.decision_log is not None:
+            self.state.decision_log.append(DecisionRecord(
+                time.time(), [s.replica_id for s in view.states],
+                view.cached_tokens(request), view.shared_tokens(request),
+                view.queued_requests(), view.queued_seconds(), ranking.scores,
+                ranking.candidates, ranking.tied, chosen))
+        return chosen

@@ -102,6 +102,9 @@ class ClusterState:
         # --router-view events: who follows each replica's advertised KV events (the
         # EventFeed: it sets the digests); None: digests come with the routing stats.
         self.event_source = None
+        # What each cache-aware decision saw (a list to append to, set by a benchmark to
+        # explain a spread; None: nothing recorded).
+        self.decision_log: list[DecisionRecord] | None = None
 
     def replica(self, replica_id: str) -> ReplicaState:
         state = self.replicas.get(replica_id)
@@ -176,6 +179,22 @@ class ClusterState:
         """Tokens in every replica's latest digest (what the view knows is cached)."""
         return sum(len(s.digest.hashes) * self.block_tokens
                    for s in self.replicas.values() if s.digest is not None)
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One cache-aware decision as its score saw it, per candidate replica (sorted ids)."""
+
+    at: float                         # time.time() on the router
+    replica_ids: list[str]
+    held_tokens: list[int]            # prompt tokens each replica holds (or was sent)
+    loadable_tokens: int              # prompt tokens any replica could load from the store
+    in_flight: list[int]
+    queued_seconds: list[float]
+    scores: list[float]
+    candidates: list[int]             # within the load bound
+    tied: list[int]                   # the best-scored candidates
+    chosen: int
 
 
 @dataclass
