@@ -30,7 +30,7 @@ from radixserve.routing import (CacheAwareRouter, LoadBound, PowerOfTwoRouter,
                                 RoundRobinRouter, RouteRequest)
 
 from .route_info import RouteInfo
-from .view import CandidateView, ClusterState, DecisionRecord
+from .view import CandidateView, ClusterState, DecisionRecord, SentRecord
 from .views_registry import state_for
 
 log = logging.getLogger("radixserve.cluster")
@@ -80,10 +80,14 @@ class ViewMixin:
         if info is None or info.target is not None:
             return
         with self.state.lock:
+            if confirmed and self.state.request_log is not None:
+                self.state.request_log.append(SentRecord(time.time(), info.hashes,
+                                                         info.prompt_tokens, replica_id))
             state = self.state.replica(replica_id)
             held = state.held_blocks(info.hashes) * self.state.block_tokens
             self.state.routed(pending_request.metadata.internal_request_id, replica_id,
-                              info.hashes, max(0, info.prompt_tokens - held), confirmed)
+                              info.hashes, max(0, info.prompt_tokens - held), confirmed,
+                              info.prompt_tokens)
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)
