@@ -4,24 +4,11 @@ it (82 shared routing blocks of 16 tokens, 2 own blocks and a 4-token tail per p
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 from radixserve.cluster.view import SentRecord
 from radixserve.replay.cluster import ServiceModel
 from radixserve.routing import LoadBound
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster_replay.py"
 PREFIX_BLOCKS, PROMPT = 82, 1348            # 1,312 shared tokens; 16 prompts of 1,348
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("cluster_replay", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module         # dataclasses resolve the module by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def fewshot_log(replicas: list[str], first: int = 0) -> list[SentRecord]:
@@ -32,8 +19,9 @@ def fewshot_log(replicas: list[str], first: int = 0) -> list[SentRecord]:
                        replicas[q % len(replicas)]) for q in range(16)]
 
 
-def test_measured_routing_replays_the_placement_and_the_store_computes_the_prefix_once():
-    m = load_script()
+def test_measured_routing_replays_the_placement_and_the_store_computes_the_prefix_once(
+        load_script):
+    m = load_script("cluster_replay")
     replicas = ["a", "b", "c", "d"]
     log = fewshot_log(replicas)
 
@@ -51,10 +39,10 @@ def test_measured_routing_replays_the_placement_and_the_store_computes_the_prefi
     assert off["loaded_tokens"] == 0
 
 
-def test_a_later_workloads_figures_are_its_own():
+def test_a_later_workloads_figures_are_its_own(load_script):
     """Two workloads on one deployment: the second's figures exclude the first's, and its
     prefix, already held, is not computed again."""
-    m = load_script()
+    m = load_script("cluster_replay")
     replicas = ["a", "b", "c", "d"]
     log = fewshot_log(replicas) + [
         SentRecord(r.at + 100, r.hashes, r.prompt_tokens, r.replica_id)
