@@ -242,12 +242,14 @@ class PeerShare:
         waiting on a peer's claim (`wait_left_s`: what is left of that wait) may take until
         the wait's end: that wait is already bounded by the time to compute, and one slow
         poll among the hundreds of a long wait (a busy machine, a busy directory actor)
-        must not turn the peer's prefix into a recompute."""
+        must not turn the peer's prefix into a recompute. Other misses still skip the
+        store once any lookup has gone unanswered for its compute time (`stuck_at`)."""
         if ticket.lookup is not None:
             self._settle(ticket, ticket.lookup)
-        budget = max(self._lookup_budget(len(keys)), wait_left_s)
+        now, budget = time.monotonic(), self._lookup_budget(len(keys))
         ticket.lookup = look = Lookup(keys, have, not ticket.gave_up,
-                                      self._claim_ttl(len(keys)), time.monotonic() + budget)
+                                      self._claim_ttl(len(keys)),
+                                      now + max(budget, wait_left_s), now + budget)
         ticket.retry_at = time.monotonic() + POLL_S
         self.lookups.ask(look)
         raise ReadPending
