@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import shutil
 import statistics
@@ -110,8 +111,14 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
                  "kv_tokens_per_replica": engine_config.kv_cache_tokens, "workloads": {},
                  "share": engine_config.kv_share}
     shared_before = None
+    if args.decisions:
+        client.state.decision_log = []
+    if args.replay:
+        client.state.request_log = []
+    ends = []                               # where each workload's requests end in the log
     try:
         for wname, workload in workloads:
+            logged = len(client.state.decision_log or ())
             before = sent_per_replica(client)
             decisions0, seconds0 = client.state.decisions, client.state.decision_seconds
             run = await bs.run_workload(bs.ClientConfig(url, ""), workload,
@@ -137,10 +144,19 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
                 "decision_us": 1e6 * (client.state.decision_seconds - seconds0) / decisions
                 if decisions else None,
             }
+            if args.decisions:
+                out["workloads"][wname]["decisions"] = [
+                    dataclasses.asdict(d) for d in client.state.decision_log[logged:]]
             if engine_config.kv_share != "off":
                 out["workloads"][wname]["share"] = await share_figures(client, shared_before)
                 shared_before = out["workloads"][wname]["share"]["total"]
+            ends.append(len(client.state.request_log or ()))
             print(f"[{name}] {wname}: {json.dumps(out['workloads'][wname])}", file=sys.stderr)
+        if args.replay:
+            replayed = replay_run(client, ends, options, engine_config, args)
+            for (wname, _), own, measured in zip(workloads, replayed["own"],
+                                                 replayed["measured"]):
+                out["workloads"][wname]["replay"] = {"own": own, "measured": measured}
         if options.router == "cache-aware":
             out["view_lag"] = await measure_view_lag(client)
     finally:
@@ -149,12 +165,29 @@ async def run_config(name: str, options: ClusterOptions, engine_config: EngineCo
     return out
 
 
+def replay_run(client, ends: list[int], options: ClusterOptions,
+               engine_config: EngineConfig, args) -> dict:
+    """--replay: the replay's figures on the requests this configuration dispatched."""
+    from cluster_replay import ReplaySetup, replay_workloads
+
+    from radixserve.replay.cluster import ServiceModel
+
+    log = list(client.state.request_log)
+    setup = ReplaySetup(sorted({s.replica_id for s in log} | set(client.replica_ids())),
+                        options.router, engine_config.kv_cache_tokens,
+                        engine_config.kv_share != "off", options.load_bound,
+                        client.state.block_tokens, args.output_tokens,
+                        ServiceModel(args.replay_prefill_s, args.replay_decode_s))
+    return replay_workloads(log, ends, setup)
+
+
 async def share_figures(client, before: dict | None) -> dict:
     """--kv-share: what the replicas moved through the cluster store during one workload
     (the difference of their summed counters), and the running total."""
     from radixserve.cluster.client import sum_stats
 
-    share = sum_stats(list((await client.refresh_stats()).values())).share
+    replicas = await client.refresh_stats()
+    share = sum_stats(list(replicas.values())).share
     total = {k: getattr(share, k) for k in ("loaded_tokens", "bytes_fetched", "load_seconds",
                                             "published_pages", "refused_pages",
                                             "forgotten_pages", "claimed_pages", "waits",
@@ -163,7 +196,10 @@ async def share_figures(client, before: dict | None) -> dict:
     delta = {k: v - (before or {}).get(k, 0) for k, v in total.items()}
     delta["load_ms_per_token"] = (1e3 * delta["load_seconds"] / delta["loaded_tokens"]
                                   if delta["loaded_tokens"] else None)
-    return {**delta, "total": total}
+    per_replica = {rid: {k: getattr(st.share, k) for k in ("loaded_tokens", "waits",
+                                                            "lookups_late", "claimed_pages")}
+                   for rid, st in replicas.items() if st.share is not None}
+    return {**delta, "total": total, "per_replica_total": per_replica}
 
 
 def waits_column(share: dict | None) -> str:
@@ -194,11 +230,36 @@ def report(results: list[dict], workload_names: list[str]) -> str:
                          f"{fmt(m.get('share', {}).get('loaded_tokens'), '.0f'):>9}"
                          f"{fmt(m.get('share', {}).get('load_ms_per_token'), '.3f'):>8}"
                          f"{waits_column(m.get('share')):>15}")
+    if any("replay" in m for r in results for m in r["workloads"].values()):
+        lines.append(replay_report(results, workload_names))
     for r in results:
         if "view_lag" in r:
             lag = r["view_lag"]
             lines.append(f"\n{r['config']}: view lag p50 {lag['view_lag_ms_p50']:.0f} ms, "
                          f"max {lag['view_lag_ms_max']:.0f} ms")
+    return "\n".join(lines)
+
+
+def replay_report(results: list[dict], workload_names: list[str]) -> str:
+    """--replay: measured, then the replay with its own routing and with the measured one."""
+    lines = ["\nreplay vs measured (computed prompt tokens / hit rate counting loads / "
+             "loaded tokens / req max/mean)"]
+    for w in workload_names:
+        lines.append(f"\n{w}")
+        lines.append(f"  {'configuration':<38}{'measured':>30}{'replay, own routing':>30}"
+                     f"{'replay, measured routing':>30}")
+        for r in results:
+            m = r["workloads"][w]
+            if "replay" not in m:
+                continue
+            loaded = m.get("share", {}).get("loaded_tokens", 0)
+            cells = [(m["computed_tokens"], m["token_hit_rate"], loaded,
+                      m["requests_max_over_mean"])]
+            cells += [(p["computed_tokens"], p["token_hit_rate"], p["loaded_tokens"],
+                       p["requests_max_over_mean"])
+                      for p in (m["replay"]["own"], m["replay"]["measured"])]
+            text = [f"{c} / {fmt(h, '.3f')} / {lo} / {fmt(s, '.2f')}" for c, h, lo, s in cells]
+            lines.append(f"  {r['config']:<38}" + "".join(f"{t:>30}" for t in text))
     return "\n".join(lines)
 
 
@@ -224,6 +285,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny workloads: a smoke run")
     p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--decisions", action="store_true",
+                   help="cache-aware: record what the score saw at each decision (held, "
+                        "loadable, in flight, queued seconds, score per replica) in --json")
+    p.add_argument("--replay", action="store_true",
+                   help="replay each configuration's dispatched requests in the replay's "
+                        "cluster simulation (--replicas N [--share]): its own routing and "
+                        "the measured routing, beside the measured figures")
+    p.add_argument("--replay-prefill-s", type=float, default=3e-3,
+                   help="--replay service model: seconds per computed prompt token")
+    p.add_argument("--replay-decode-s", type=float, default=0.05,
+                   help="--replay service model: seconds per output token")
     p.add_argument("--share", default="off", metavar="off,ray,dir",
                    help="cluster stores to compare (--kv-share): each router runs once per "
                         "store; dir is a fresh temporary directory per configuration")
@@ -232,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def main_async(args) -> list[dict]:
     sizes = bs.QUICK_SIZES if args.quick else bs.Sizes()
+    args.output_tokens = sizes.output_len           # every workload's max_tokens (--replay)
     names = args.workloads.split(",")
     workloads = build_workloads(names, sizes, args.seed)
     ray_cpus = args.ray_cpus or max(2, int(args.replicas * args.replica_cpus + 1))

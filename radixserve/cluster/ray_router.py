@@ -30,7 +30,7 @@ from radixserve.routing import (CacheAwareRouter, LoadBound, PowerOfTwoRouter,
                                 RoundRobinRouter, RouteRequest)
 
 from .route_info import RouteInfo
-from .view import CandidateView, ClusterState
+from .view import CandidateView, ClusterState, DecisionRecord, SentRecord
 from .views_registry import state_for
 
 log = logging.getLogger("radixserve.cluster")
@@ -80,10 +80,14 @@ class ViewMixin:
         if info is None or info.target is not None:
             return
         with self.state.lock:
+            if confirmed and self.state.request_log is not None:
+                self.state.request_log.append(SentRecord(time.time(), info.hashes,
+                                                         info.prompt_tokens, replica_id))
             state = self.state.replica(replica_id)
             held = state.held_blocks(info.hashes) * self.state.block_tokens
             self.state.routed(pending_request.metadata.internal_request_id, replica_id,
-                              info.hashes, max(0, info.prompt_tokens - held), confirmed)
+                              info.hashes, max(0, info.prompt_tokens - held), confirmed,
+                              info.prompt_tokens)
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)
@@ -156,5 +160,13 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
         if self.policy == "pow2" or info is None or not info.hashes:
             return self._pow2.pick(range(n), queued)
         self._cache_aware.num_replicas = n
-        return self._cache_aware.choose(RouteRequest(info.hashes, info.prompt_tokens,
-                                                     info.routing_key), view)
+        request = RouteRequest(info.hashes, info.prompt_tokens, info.routing_key)
+        ranking = self._cache_aware.ranked(request, view)
+        chosen = self._cache_aware.pick(request, ranking)
+        if self.state.decision_log is not None:
+            self.state.decision_log.append(DecisionRecord(
+                time.time(), [s.replica_id for s in view.states],
+                view.cached_tokens(request), view.shared_tokens(request),
+                view.queued_requests(), view.queued_seconds(), ranking.scores,
+                ranking.candidates, ranking.tied, chosen))
+        return chosen

@@ -34,10 +34,21 @@ TENTATIVE_S = 5.0        # a choice Ray Serve never confirmed (request gone befo
 @dataclass
 class RoutedRequest:
     hashes: list[int]
-    uncached_tokens: int
+    uncached_tokens: int             # the prompt tokens its replica lacked when it was sent
     routed_at: float
     completed_at: float | None = None
     confirmed: bool = False          # Ray Serve dispatched it (on_request_routed)
+    prompt_tokens: int = 0           # 0: unknown (its prefill owed stays uncached_tokens)
+
+    def owed_tokens(self, digest: CacheDigest | None, block_tokens: int) -> int:
+        """The prefill it still owes: what its replica lacked when it was sent, less what
+        a digest taken since shows in the cache (prefilled, or loaded from a peer with
+        --kv-share: a request that waited on a peer's prefill and loaded it owes nothing
+        more, though it was sent as a miss)."""
+        if digest is None or digest.taken_at <= self.routed_at or not self.prompt_tokens:
+            return self.uncached_tokens
+        done = matched_blocks(self.hashes, digest.hashes) * block_tokens
+        return min(self.uncached_tokens, max(0, self.prompt_tokens - done))
 
     def pending(self, now: float) -> bool:
         """Still owed by its replica: not completed, and dispatched or just chosen."""
@@ -57,10 +68,11 @@ class ReplicaState:
         now = time.time()
         return sum(1 for r in self.routed.values() if r.pending(now))
 
-    @property
-    def queued_prefill_tokens(self) -> int:
+    def queued_prefill_tokens(self, block_tokens: int) -> int:
+        """The prefill its requests in flight still owe (RoutedRequest.owed_tokens)."""
         now = time.time()
-        return sum(r.uncached_tokens for r in self.routed.values() if r.pending(now))
+        return sum(r.owed_tokens(self.digest, block_tokens) for r in self.routed.values()
+                   if r.pending(now))
 
     def held_blocks(self, hashes: Sequence[int]) -> int:
         """Leading blocks of a prompt this replica holds (or will, having been sent it)."""
@@ -102,6 +114,12 @@ class ClusterState:
         # --router-view events: who follows each replica's advertised KV events (the
         # EventFeed: it sets the digests); None: digests come with the routing stats.
         self.event_source = None
+        # What each cache-aware decision saw (a list to append to, set by a benchmark to
+        # explain a spread; None: nothing recorded).
+        self.decision_log: list[DecisionRecord] | None = None
+        # Every request Ray Serve dispatched, in order (set by a benchmark to replay the
+        # same sequence: scripts/bench_cluster.py --replay; None: nothing recorded).
+        self.request_log: list[SentRecord] | None = None
 
     def replica(self, replica_id: str) -> ReplicaState:
         state = self.replicas.get(replica_id)
@@ -141,7 +159,7 @@ class ClusterState:
             state.take_digest(digest, routing_stats.get("stats"))
 
     def routed(self, request_id: str, replica_id: str, hashes: list[int],
-               uncached_tokens: int, confirmed: bool) -> None:
+               uncached_tokens: int, confirmed: bool, prompt_tokens: int = 0) -> None:
         """The router chose `replica_id` for a request (confirmed: Ray Serve dispatched it
         there). Recorded at the choice, so a burst of decisions sees the earlier ones."""
         previous = self._owner.get(request_id)
@@ -163,7 +181,8 @@ class ClusterState:
         for k in stale:
             del state.routed[k]
             self._owner.pop(k, None)
-        state.routed[request_id] = RoutedRequest(hashes, uncached_tokens, now, None, confirmed)
+        state.routed[request_id] = RoutedRequest(hashes, uncached_tokens, now, None, confirmed,
+                                                 prompt_tokens)
         self._owner[request_id] = replica_id
 
     def completed(self, request_id: str) -> None:
@@ -176,6 +195,32 @@ class ClusterState:
         """Tokens in every replica's latest digest (what the view knows is cached)."""
         return sum(len(s.digest.hashes) * self.block_tokens
                    for s in self.replicas.values() if s.digest is not None)
+
+
+@dataclass(frozen=True)
+class SentRecord:
+    """One request as dispatched: when, its prompt's routing hashes and length, where."""
+
+    at: float                         # time.time() on the router
+    hashes: list[int]
+    prompt_tokens: int
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One cache-aware decision as its score saw it, per candidate replica (sorted ids)."""
+
+    at: float                         # time.time() on the router
+    replica_ids: list[str]
+    held_tokens: list[int]            # prompt tokens each replica holds (or was sent)
+    loadable_tokens: int              # prompt tokens any replica could load from the store
+    in_flight: list[int]
+    queued_seconds: list[float]
+    scores: list[float]
+    candidates: list[int]             # within the load bound
+    tied: list[int]                   # the best-scored candidates
+    chosen: int
 
 
 @dataclass
@@ -196,7 +241,7 @@ class CandidateView:
         return [s.in_flight for s in self.states]
 
     def queued_seconds(self) -> list[float]:
-        return [s.queued_prefill_tokens * self.prefill_seconds_per_token
+        return [s.queued_prefill_tokens(self.block_tokens) * self.prefill_seconds_per_token
                 + s.in_flight * self.decode_seconds_per_request for s in self.states]
 
     def cached_tokens(self, request: RouteRequest) -> list[int]:

@@ -214,16 +214,20 @@ class Engine(OneProcessStats):
         if self.kv_events is not None:
             self.kv_events.close()
         if self.peers is not None:
-            await self.share_published()        # a step cut short still hands its pages over
-            await asyncio.to_thread(self.peers.close)
-    async def share_published(self) -> None:
-        """--kv-share: wait until the pages queued for publishing so far are in the store.
-        The step that copies them runs on the compute thread (one thread: a no-op queued
-        behind it runs once it has), then the publisher thread hands them over."""
+            # A step cut short still hands its pages over; a stuck store holds neither
+            # this nor the threads' stop longer than the peers' close bound (logged).
+            await self.share_published(self.peers.close_wait_s)
+            await asyncio.to_thread(self.peers.close, self.peers.close_wait_s)
+
+    async def share_published(self, timeout: float | None = None) -> bool:
+        """--kv-share: wait until the pages queued for publishing so far are in the store
+        (False: `timeout` seconds passed first). The step that copies them runs on the
+        compute thread (one thread: a no-op queued behind it runs once it has), then the
+        publisher thread hands them over."""
         if self.peers is None:
-            return
+            return True
         await self._on_compute(lambda: None)
-        await asyncio.to_thread(self.peers.drain)
+        return await asyncio.to_thread(self.peers.drain, timeout)
 
     async def save_cache(self, deadline: float | None = None) -> dict:
         """Write the cache to --kv-disk-dir now (POST /cache/save); requests keep running.

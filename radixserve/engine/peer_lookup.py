@@ -39,6 +39,8 @@ class Lookup:
     may_wait: bool                  # a live peer claim on the first missing page: wait
     claim_ttl_s: float              # how long this replica's claims last
     deadline: float = math.inf      # time.monotonic() after which the asker computes instead
+    stuck_at: float = math.inf      # ... after which, unanswered, the store counts as stuck
+                                    #   (a waiting poll's deadline is later: peer_share.py)
     # The answer, written by the lookup thread before `done`.
     published: int = 0              # leading keys the store listed
     fetched: Fetched = field(default_factory=Fetched)
@@ -106,7 +108,7 @@ class LookupThread(QueueWorker[Lookup]):
     def stuck(self) -> bool:
         """The lookup being answered is past its deadline (the store is stuck or slow)."""
         current = self.current
-        return current is not None and current.overdue
+        return current is not None and not current.done and time.monotonic() > current.stuck_at
 
     def _handle(self, lookup: Lookup) -> None:
         if lookup.abandoned:

@@ -32,6 +32,7 @@ request left unlocked, before an eviction can reuse them), the tiers' moves, pee
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -54,11 +55,14 @@ if TYPE_CHECKING:
 
 __all__ = ["PeerLoadOrder", "PeerOrders", "PeerShare", "PublishOrder", "ShareStats"]
 
+log = logging.getLogger(__name__)
+
 KNOWN_KEYS = 65536      # keys remembered as in the store (published or fetched here)
 POLL_S = 0.02           # a request waiting on a peer's claim asks the store this often
 CLAIM_TTL_S = 30.0      # a claim's length before this replica has measured its prefill
 MIN_CLAIM_S = 2.0       # ... and its bounds once it has (4x the measured compute time)
 UNMEASURED_LOOKUP_S = 1.0   # a lookup's deadline before this replica has measured a prefill
+CLOSE_WAIT_S = 5.0      # shutdown waits this long at most for the store's threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +173,7 @@ class PeerShare:
         self.page_size = page_size
         self.owner = owner              # this replica, in claims (and the Ray directory)
         self.lookup_min_s = lookup_min_s    # a lookup's deadline is at least this
+        self.close_wait_s = CLOSE_WAIT_S    # shutdown's bound on the store's threads
         self.costs = costs if costs is not None else TierCosts()
         self.publisher = Publisher(store, owner)
         self.lookups = LookupThread(self._answer, self._release)
@@ -218,23 +223,33 @@ class PeerShare:
             keys = self.keys(seq.token_ids, want, seq.request.namespace)[have:]
             self._ask(ticket, tuple(keys), have)
         if look.waits_on_peer and not ticket.gave_up:
-            if self._keep_waiting(ticket, look):
+            left = self._wait_left(ticket, look)
+            if left > 0:
                 if time.monotonic() < ticket.retry_at:
                     raise ReadPending
-                self._ask(ticket, look.keys, have)      # asks again: published yet?
+                self._ask(ticket, look.keys, have, left)    # asks again: published yet?
             ticket.gave_up = True                       # waited long enough: compute
             self._stats.waits_expired += 1
             self._ask(ticket, look.keys, have)
         return self._take_answer(lease, seq, ticket, look)
 
-    def _ask(self, ticket: ShareTicket, keys: tuple[bytes, ...], have: int) -> None:
+    def _ask(self, ticket: ShareTicket, keys: tuple[bytes, ...], have: int,
+             wait_left_s: float = 0.0) -> None:
         """Send a lookup for `keys` to the lookup thread; the request waits (ReadPending).
-        Claims an earlier answer made stay the sequence's (released when it ends)."""
+        Claims an earlier answer made stay the sequence's (released when it ends).
+
+        Its deadline is the time computing the pages would take; a poll of a sequence
+        waiting on a peer's claim (`wait_left_s`: what is left of that wait) may take until
+        the wait's end: that wait is already bounded by the time to compute, and one slow
+        poll among the hundreds of a long wait (a busy machine, a busy directory actor)
+        must not turn the peer's prefix into a recompute. Other misses still skip the
+        store once any lookup has gone unanswered for its compute time (`stuck_at`)."""
         if ticket.lookup is not None:
             self._settle(ticket, ticket.lookup)
+        now, budget = time.monotonic(), self._lookup_budget(len(keys))
         ticket.lookup = look = Lookup(keys, have, not ticket.gave_up,
                                       self._claim_ttl(len(keys)),
-                                      time.monotonic() + self._lookup_budget(len(keys)))
+                                      now + max(budget, wait_left_s), now + budget)
         ticket.retry_at = time.monotonic() + POLL_S
         self.lookups.ask(look)
         raise ReadPending
@@ -271,9 +286,9 @@ class PeerShare:
             return CLAIM_TTL_S
         return min(CLAIM_TTL_S, max(MIN_CLAIM_S, 4 * per_token * num_pages * self.page_size))
 
-    def _keep_waiting(self, ticket: ShareTicket, look: Lookup) -> bool:
-        """Within the wait's bound: the claim's deadline, or as long as computing the
-        pages would take (measured), whichever comes first."""
+    def _wait_left(self, ticket: ShareTicket, look: Lookup) -> float:
+        """Seconds left of the wait's bound (<= 0: compute): the claim's deadline, or as
+        long as computing the pages would take (measured), whichever comes first."""
         now = time.time()
         if ticket.wait_started is None:
             ticket.wait_started = now
@@ -283,7 +298,7 @@ class PeerShare:
         if per_token is not None:
             bound = min(bound, ticket.wait_started
                         + per_token * len(look.keys) * self.page_size)
-        return now < bound
+        return bound - now
 
     def _answer(self, look: Lookup) -> None:
         """On the lookup thread: how far the store has the prompt; claim the pages after
@@ -353,9 +368,14 @@ class PeerShare:
 
     def _release(self, keys: tuple[bytes, ...]) -> None:
         """Drop this replica's claims on `keys`, on the publisher's thread (after any
-        publish queued before: a claim goes once its pages are in the store)."""
-        if keys:
+        publish queued before: a claim goes once its pages are in the store); once the
+        publisher has stopped (a lookup answered after shutdown), on the caller's."""
+        if not keys:
+            return
+        if self.publisher.alive:
             self.publisher.submit((), [], keys)
+        else:
+            self.store.release_claims(keys, self.owner)
 
     # ------------------------------------------------------------------ publish
     def publish(self, seq: SeqState) -> None:
@@ -385,9 +405,10 @@ class PeerShare:
     def has_orders(self) -> bool:
         return bool(self._orders)
 
-    def drain(self) -> None:
-        """Block until every page handed to the publisher is in the store (tests, saves)."""
-        self.publisher.drain()
+    def drain(self, timeout: float | None = None) -> bool:
+        """Block until every page handed to the publisher is in the store (tests, saves);
+        False if `timeout` seconds passed first (a stuck store)."""
+        return self.publisher.drain(timeout)
 
     def stats(self) -> ShareStats:
         s, c = self._stats, self.store.counters
@@ -397,7 +418,22 @@ class PeerShare:
         s.pending_publishes = self.publisher.queued
         return s
 
-    def close(self) -> None:
-        self.lookups.close()
-        self.publisher.close()
+    def close(self, wait_s: float | None = None) -> None:
+        """Stop the lookup and publisher threads, waiting `wait_s` seconds at most for each:
+        a store call that never returns (a hung NFS mount, an unreachable directory actor)
+        must not hold the engine's shutdown. A thread still in such a call is a daemon and
+        is left behind, logged; a lookup it answers late releases its claims itself (on
+        that thread, as the publisher is gone); claims nothing could release expire by
+        their deadline (CLAIM_TTL_S at most). `wait_s` defaults to `close_wait_s`."""
+        wait_s = self.close_wait_s if wait_s is None else wait_s
+        if not self.lookups.close(wait_s):
+            current = self.lookups.current
+            if current is not None:
+                current.abandoned = True        # its claims go when it is answered
+            log.warning("--kv-share: the %s store did not answer a lookup within %.1f s of "
+                        "shutdown; its thread is left behind", self.store.name, wait_s)
+        if not self.publisher.close(wait_s):
+            log.warning("--kv-share: the %s store did not take %d queued publish(es) within "
+                        "%.1f s of shutdown; they are dropped", self.store.name,
+                        self.publisher.queued, wait_s)
         self.store.close()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from radixserve.routing import LoadBound, RouteRequest, make_router
+from radixserve.routing import LoadBound, RouteRequest, Router, make_router
 
 from .belady import OFFLINE_POLICIES
 from .replayer import HitCounts, ReplayConfig, _Run
@@ -172,8 +172,13 @@ class _Replicas:
         return [self._held(run, item) for run in self.runs]
 
     def shared_tokens(self, request: RouteRequest) -> int:
-        """The prompt tokens the cluster store holds (0 without one)."""
-        return self._held(self.store, self.item) if self.store is not None else 0
+        """The prompt tokens another replica could load (0 without a store): what the store
+        holds, or any replica holds or is computing (it publishes them when its prefill
+        ends, and a replica that needs them meanwhile waits for that: its claim). The
+        serving router's view counts the same (cluster/view.py)."""
+        if self.store is None:
+            return 0
+        return max(self._held(self.store, self.item), *self.cached_tokens(request))
 
     def claimed_tokens(self, item, in_flight: Sequence[tuple[float, int, int]],
                        replica: int) -> tuple[int, float]:
@@ -232,19 +237,23 @@ def route_requests(workload: Workload) -> list[RouteRequest]:
 
 def simulate_cluster(workload: Workload, config: ClusterConfig,
                      requests: Sequence[RouteRequest] | None = None,
-                     progress: Callable[[int], None] | None = None) -> ClusterStats:
-    """Route and serve the whole workload once; every replica starts cold."""
+                     progress: Callable[[int], None] | None = None,
+                     router: Router | None = None) -> ClusterStats:
+    """Route and serve the whole workload once; every replica starts cold. `router`: a
+    policy object to use instead of `config.router`'s (e.g. one that replays a served
+    run's own choices)."""
     if requests is None:
         requests = route_requests(workload)
     cluster = _Replicas(workload, config)
     service = config.service
-    router = make_router(config.router, config.replicas,
-                         capacity_pages=cluster.runs[0].mem.num_pages,
-                         prefill_seconds_per_token=service.prefill_seconds_per_token,
-                         cache_weight=config.cache_weight,
-                         load_bound=config.load_bound, seed=config.seed,
-                         load_fraction=config.share_load_fraction
-                         if config.share_tokens else None)
+    if router is None:
+        router = make_router(config.router, config.replicas,
+                             capacity_pages=cluster.runs[0].mem.num_pages,
+                             prefill_seconds_per_token=service.prefill_seconds_per_token,
+                             cache_weight=config.cache_weight,
+                             load_bound=config.load_bound, seed=config.seed,
+                             load_fraction=config.share_load_fraction
+                             if config.share_tokens else None)
     arrivals = arrival_seconds(workload, config.seconds_per_time_unit).tolist()
     outputs = output_tokens(workload)
     stats = ClusterStats(config.replicas, config.router, config.capacity_tokens, config.policy,

@@ -259,6 +259,15 @@ def load_bound_arg(text: str) -> LoadBound:
 load_bound_arg.__name__ = "load bound"      # "invalid load bound value: '0.5'"
 
 
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """A cache-aware decision before its tie-break."""
+
+    candidates: list[int]      # replicas within the load bound
+    scores: list[float]        # every replica's score (lower is better)
+    tied: list[int]            # the candidates with the best score
+
+
 class CacheAwareRouter(Router):
     """Bounded load first, then least estimated time to first token from what each replica
     really holds.
@@ -306,11 +315,18 @@ class CacheAwareRouter(Router):
         return [q + cost * (L - max(c, shared) + f * max(0, shared - c))
                 for q, c in zip(view.queued_seconds(), cached)]
 
-    def choose(self, request, view):
+    def ranked(self, request: RouteRequest, view: ClusterView) -> Ranking:
+        """The candidates within the load bound, every replica's score, the best-scored."""
         candidates = self.load_bound.candidates(view.queued_requests())
         scores = self.scores(request, view)
         best = min(scores[r] for r in candidates)
-        tied = [r for r in candidates if scores[r] == best]
+        return Ranking(candidates, scores, [r for r in candidates if scores[r] == best])
+
+    def choose(self, request, view):
+        return self.pick(request, self.ranked(request, view))
+
+    def pick(self, request: RouteRequest, ranking: Ranking) -> int:
+        tied = ranking.tied
         if len(tied) == 1:
             return tied[0]
         return rendezvous(request.sticky_key, tied)

@@ -2,7 +2,8 @@
 
 The disk writer and reader (disk_writer.py, disk_reader.py) differ only in what they do
 with an item; the thread, the queue, `drain` (wait for everything queued so far) and
-`close` (finish what is queued, then stop) live here once.
+`close` (finish what is queued, then stop) live here once; both can be bounded in time, so
+a thread stuck in a call that never returns (a hung shared store) cannot hold a shutdown.
 """
 
 from __future__ import annotations
@@ -35,15 +36,26 @@ class QueueWorker(Generic[Item]):
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def drain(self) -> None:
-        """Wait until every item queued so far is handled."""
-        self._queue.join()
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every item queued so far is handled (False: `timeout` seconds
+        passed first, e.g. the thread is stuck in one)."""
+        if timeout is None:
+            self._queue.join()
+            return True
+        if not self._thread.is_alive():
+            return self._queue.empty()
+        handled = threading.Event()         # queued behind everything so far
+        self._queue.put(handled)
+        return handled.wait(timeout)
 
-    def close(self) -> None:
-        """Handle what is queued, then stop the thread."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Handle what is queued, then stop the thread. With `timeout`, wait that long at
+        most (False: the thread is still in an item; it is a daemon, so it does not keep
+        the process alive, and it stops after what is queued)."""
         if self._thread.is_alive():
             self._queue.put(None)
-            self._thread.join()
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while True:
@@ -51,6 +63,9 @@ class QueueWorker(Generic[Item]):
             try:
                 if item is None:
                     return
+                if isinstance(item, threading.Event):       # drain(timeout)'s marker
+                    item.set()
+                    continue
                 self._handle(item)
             finally:
                 self._queue.task_done()

@@ -1,6 +1,7 @@
 """The router's view and the cache-aware decision, without a cluster."""
 
 import time
+from types import SimpleNamespace
 
 from radixserve.cluster.cache_digest import CacheDigest
 from radixserve.cluster.prefix_hashes import prompt_hashes
@@ -20,12 +21,18 @@ def digest(*prompts, namespace=None, at=None) -> CacheDigest:
     return CacheDigest(frozenset(held), BLOCK, time.time() if at is None else at)
 
 
-def decide(state: ClusterState, ids, policy="cache-aware", namespace=None) -> str:
-    """The replica RadixRequestRouter's policy picks, over the state's replicas."""
+def policy_router(state: ClusterState, policy="cache-aware", **kwargs) -> RadixRequestRouter:
     router = RadixRequestRouter.__new__(RadixRequestRouter)     # no Ray: policy only
     router.initialize_state(view_key="test-" + str(id(state)), policy=policy,
-                            block_tokens=BLOCK)
+                            block_tokens=BLOCK, **kwargs)
     router.state = state
+    return router
+
+
+def decide(state: ClusterState, ids, policy="cache-aware", namespace=None,
+           router: RadixRequestRouter | None = None) -> str:
+    """The replica RadixRequestRouter's policy picks, over the state's replicas."""
+    router = router or policy_router(state, policy)
     ids_sorted = sorted(state.replicas)
     hashes = prompt_hashes(ids, BLOCK, namespace)
     view = CandidateView([state.replicas[r] for r in ids_sorted], hashes, BLOCK,
@@ -112,3 +119,41 @@ def test_a_burst_counts_choices_not_yet_dispatched_and_stays_within_the_load_bou
         assert max(loads) <= bound.factor * sum(loads) / 4 + bound.slack
     assert sum(state.replicas[r].in_flight for r in "abcd") == 16
     assert state.replicas["b"].in_flight == max(state.replicas[r].in_flight for r in "abcd")
+
+
+def test_a_request_that_loaded_its_prefix_no_longer_counts_as_a_prefill():
+    """bench_cluster's few-shot burst with --kv-share ray (decisions recorded with
+    --decisions): 16 prompts sharing a 1,312-token prefix, 8 at a time. The first wave
+    spreads 2/2/2/2: one replica computes the prefix, the others wait for it and load it.
+    The computing one finishes first and takes two more (fewest in flight). Then a loader
+    finishes its second request and keeps its first in flight (decoding: its digest shows
+    the prefix loaded); the holder has two hits in flight. The next request must go to
+    the loader. Before, a request kept the prefill it was sent with (a miss: 1,348 tokens)
+    until it completed, so the loader looked busier (0.37 s against 0.21 s) and the holder
+    took a sixth request of 16 (max/mean 1.50)."""
+    state = ClusterState(BLOCK)
+    state.keep_only(["r0", "r1", "r2", "r3"])
+    router = policy_router(state, load_fraction=0.25)
+    prefix = list(range(1000, 1000 + 82 * BLOCK))
+    prompts = [prefix + [50_000 + i] * 36 for i in range(11)]
+    sent: dict[str, list[int]] = {r: [] for r in state.replicas}
+
+    def send(i: int) -> str:
+        pick = decide(state, prompts[i], router=router)
+        info = RouteInfo(prompt_hashes(prompts[i], BLOCK, None), len(prompts[i]))
+        pending = SimpleNamespace(args=[info], metadata=SimpleNamespace(
+            internal_request_id=f"q{i}"))
+        router.note(pending, pick, confirmed=True)
+        sent[pick].append(i)
+        return pick
+
+    first = [send(i) for i in range(8)]
+    holder, loader = first[0], first[1]
+    assert sorted(len(v) for v in sent.values()) == [2, 2, 2, 2]
+    for i in sent[holder]:
+        state.completed(f"q{i}")
+    state.published(holder, {"digest": digest(*(prompts[i] for i in sent[holder]))})
+    assert send(8) == send(9) == holder                 # fewest in flight
+    state.completed(f"q{sent[loader][1]}")              # the loader's second finishes
+    state.published(loader, {"digest": digest(*(prompts[i] for i in sent[loader]))})
+    assert send(10) == loader

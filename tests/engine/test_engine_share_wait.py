@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from share_helpers import GREEDY, StoreWrapper, serve, until, use_store
 
 from radixserve.attention.page_bytes import pages_to_bytes
 from radixserve.engine.batch import StepBatch
-from radixserve.engine.peer_share import PeerLoadOrder, PeerOrders, PublishOrder
+from radixserve.engine.peer_share import (UNMEASURED_LOOKUP_S, PeerLoadOrder, PeerOrders,
+                                          PublishOrder)
 from radixserve.share.dir_claims import CLAIM_SUFFIX
 from radixserve.share.dir_store import DirSharedStore
 
@@ -93,6 +95,68 @@ def test_a_replica_waits_for_a_peers_prefill_in_flight_and_loads_it(model_fp32,
     assert rb.final.usage.cached_tokens == pages * 16       # computed only the rest
     assert a.stats().share.claimed_pages == pages and sb.claimed_pages == 0
     assert not claims(tmp_path)                             # every claim released
+
+
+def test_a_slow_poll_during_a_wait_does_not_turn_the_load_into_a_recompute(
+        model_fp32, share_prompts, tmp_path):
+    """B has measured no prefill yet (a replica's first prompt: its lookups' deadline is
+    the unmeasured floor, 1 s) and waits on A's claim. One of B's polls is held past that
+    floor (a busy machine, a busy store): the poll may take until the wait's end, so B
+    still loads A's pages once they are published (before: the poll counted as late and
+    B computed the whole prefix, as each replica did in bench_cluster's few-shot run)."""
+    ps, expected = share_prompts
+    a = make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}")
+    b = make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}",
+                    kv_share_lookup_min_s=0.0)
+    gate, poll = threading.Event(), threading.Event()
+    held_at: list[float] = []
+
+    class HeldPublish(StoreWrapper):        # A: a claim that outlasts the test, held publish
+        def claim(self, keys, owner, ttl_s):
+            return self.inner.claim(keys, owner, 3600.0)
+
+        def publish_many(self, keys, payloads):
+            gate.wait()
+            return self.inner.publish_many(keys, payloads)
+
+    class HeldPoll(StoreWrapper):           # B: once armed, its next lookup is held
+        armed = False
+
+        def published(self, keys):
+            if self.armed:
+                self.armed = False
+                held_at.append(time.monotonic())
+                poll.wait()
+            return self.inner.published(keys)
+
+    use_store(a, HeldPublish(a.peers.store))
+    use_store(b, held := HeldPoll(b.peers.store))
+    assert b.peers.costs.prefill_s_per_token is None
+
+    async def scenario():
+        ta = asyncio.create_task(collect(a.generate(ps[0], GREEDY)))
+        await until(lambda: claims(tmp_path))       # A claimed the prompt's pages
+        tb = asyncio.create_task(collect(b.generate(ps[0], GREEDY)))
+        await until(lambda: b.peers.stats().waits == 1)     # B saw the claim: waits
+        held.armed = True
+        await until(lambda: held_at)                # one of B's polls is held
+        look = b.peers.lookups.current
+        assert look is not None and look.deadline - time.monotonic() > 100 * UNMEASURED_LOOKUP_S
+        await until(lambda: time.monotonic() > held_at[0] + UNMEASURED_LOOKUP_S)
+        gate.set()                                  # A publishes ...
+        await until(lambda: a.peers.publisher.queued == 0)
+        poll.set()                                  # ... and B's poll goes on: it loads
+        return await ta, await tb
+
+    try:
+        ra, rb = run((a, b), gate, scenario)
+    finally:
+        poll.set()
+    assert ra.token_ids[0] == rb.token_ids[0] == expected[0]
+    sb = b.stats().share
+    assert sb.lookups_late == 0 and sb.waits_expired == 0
+    assert sb.loaded_tokens == (len(ps[0]) - 1) // 16 * 16
+    assert not claims(tmp_path)
 
 
 def test_a_dead_claimers_claim_expires_and_the_waiter_computes(model_fp32, share_prompts,
@@ -185,6 +249,36 @@ def test_a_slow_store_holds_up_no_other_requests_steps(model_fp32, share_prompts
     assert len(other.token_ids[0]) == GREEDY.max_tokens
 
 
+class StuckLookup(StoreWrapper):
+    """Once `armed`, the store's lookup blocks until `gate` opens: in `published` (before
+    anything is claimed), or with `after_claim`, in `claim` once its claims are made."""
+
+    def __init__(self, inner, after_claim: bool = False):
+        super().__init__(inner)
+        self.armed = False
+        self.after_claim = after_claim
+        self.gate = threading.Event()
+        self.asked: list = []
+
+    def _hold(self, keys):
+        if self.armed:
+            self.asked.append(keys)
+            self.gate.wait()
+
+    def published(self, keys):
+        if not self.after_claim:
+            self._hold(keys)
+        return self.inner.published(keys)
+
+    def claim(self, keys, owner, ttl_s):
+        if self.after_claim:            # claims that outlast the test: only a release ends them
+            ttl_s = 3600.0
+        claim = self.inner.claim(keys, owner, ttl_s)
+        if self.after_claim:
+            self._hold(keys)
+        return claim
+
+
 def test_a_stuck_store_holds_a_miss_no_longer_than_computing_it(model_fp32, share_prompts,
                                                                 tmp_path):
     """The store stops answering (its lookup blocks until the test lets it go). A pool miss
@@ -195,19 +289,8 @@ def test_a_stuck_store_holds_a_miss_no_longer_than_computing_it(model_fp32, shar
     ps, expected = share_prompts
     b = make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}",
                     kv_share_lookup_min_s=0.0)
-    gate = threading.Event()
-    asked: list = []
-
-    class StuckLookup(StoreWrapper):
-        armed = False
-
-        def published(self, keys):
-            if self.armed:
-                asked.append(keys)
-                gate.wait()
-            return self.inner.published(keys)
-
     use_store(b, store := StuckLookup(b.peers.store))
+    gate, asked = store.gate, store.asked
 
     async def scenario():
         await collect(b.generate(ps[0], GREEDY))        # measures the prefill; in the pool
@@ -291,3 +374,38 @@ def test_a_step_that_fails_before_a_peer_load_still_fills_its_pages(model_fp32):
     with pytest.raises(OSError, match="publisher failed"):
         b.runner.execute(batch)
     assert tuple(pages_to_bytes(pool, dst)) == payloads
+
+
+def test_a_stuck_store_does_not_hold_the_engines_shutdown(model_fp32, share_prompts, tmp_path,
+                                                         caplog):
+    """The lookup thread is inside a store call (after claiming the prompt's pages) that has
+    not returned when the engine shuts down: shutdown waits for it only `close_wait_s`,
+    warns, and returns. When the call returns later, the claims it made are released (the
+    publisher is gone: by the lookup thread itself); pages were conserved before shutdown."""
+    ps, expected = share_prompts
+    b = make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}",
+                    kv_share_lookup_min_s=0.0)
+    use_store(b, store := StuckLookup(b.peers.store, after_claim=True))
+    b.peers.close_wait_s = 0.05
+
+    async def main():
+        await b.start()
+        try:
+            store.armed = True
+            late = await collect(b.generate(ps[0], GREEDY))     # its lookup is stuck
+            await wait_idle(b)
+            check_pages(b)
+            await asyncio.wait_for(b.shutdown(), 60)    # the bound turns a hang into a failure
+            assert not store.gate.is_set() and b.peers.lookups.alive   # returned while stuck
+            assert claims(tmp_path)     # the stuck lookup's claims, still held
+            return late
+        finally:
+            store.gate.set()
+
+    late = asyncio.run(main())
+    assert late.token_ids[0] == expected[0]
+    assert len(store.asked) == 1
+    assert "did not answer a lookup" in caplog.text
+    b.peers.lookups.close()             # its call returned (the gate opened): thread ends
+    assert not b.peers.lookups.alive
+    assert not claims(tmp_path)         # ... and released them
