@@ -88,8 +88,11 @@ async def close_unread(request: web.Request, response: web.Response) -> None:
     ~3 ms of the loop's CPU, holding the GIL, per 5 MB refused (measured for issue 39).
     A client that reads the reply while it sends (httpx, so the OpenAI SDK; curl) gets the
     413; one that writes the whole body first (http.client, requests) may see a reset."""
-    await response.prepare(request)
-    await response.write_eof()
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:
+        pass                            # the client left first: nothing to tell it
     request.protocol.force_close()      # flushes the reply, then closes: nothing more read
 
 
