@@ -41,6 +41,20 @@ class Outcome:
             return None
 
 
+def read_until_closed(sock: socket.socket) -> bytes:
+    """All the server sends until it closes (or resets) the connection; a socket timeout
+    is left to the caller."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        raise
+    except OSError:
+        pass
+    return data
+
+
 def _raw_with_timeout(url: str, payload: bytes, *, head: bytes = b"", trickle_s: float = 0.0,
          keep_open_s: float = 120.0, half_close: bool = False) -> tuple[int | None, bytes]:
     """Send `head` at once, then `payload` (one byte every `trickle_s` if set); the reply's
@@ -61,14 +75,10 @@ def _raw_with_timeout(url: str, payload: bytes, *, head: bytes = b"", trickle_s:
                 sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass                    # the server answered (and closed) before we were done
-        data = b""
         try:
-            while chunk := sock.recv(65536):
-                data += chunk
+            data = read_until_closed(sock)
         except TimeoutError:
             return None, HELD
-        except OSError:
-            pass
     if not data.startswith(b"HTTP/1.1 "):
         return None, data
     head, _, body = data.partition(b"\r\n\r\n")
@@ -187,12 +197,10 @@ def open_idle_connections(url: str, count: int, keep_open_s: float = 120.0) -> l
     outcomes: list[Outcome] = []
     t0 = time.monotonic()
     for sock in socks:
-        data = b""
         try:
-            while chunk := sock.recv(65536):
-                data += chunk
+            data = read_until_closed(sock)
         except OSError:
-            pass
+            data = b""
         sock.close()
         status = int(data.split()[1]) if data.startswith(b"HTTP/1.1 ") else None
         outcomes.append(Outcome("idle connection", status, data.partition(b"\r\n\r\n")[2],

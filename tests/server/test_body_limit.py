@@ -23,6 +23,7 @@ from radixserve.server.errors import ApiError
 from radixserve.server.state import ServerConfig
 from tests.server import http
 from tests.server.fake_engine import FakeEngine
+from tests.server.hostile import read_until_closed
 from tests.server.live import LiveServer
 
 CONTEXT = 512
@@ -60,13 +61,7 @@ def exchange(url: str, head: bytes, chunks=()) -> tuple[bytes, int]:
                 sent += len(chunk)
         except OSError:
             pass                                # closed on us: the reply is still readable
-        reply = b""
-        try:
-            while data := sock.recv(65536):
-                reply += data
-        except OSError:
-            pass
-    return reply, sent
+        return read_until_closed(sock), sent
 
 
 def post_head(length: int | None) -> bytes:
