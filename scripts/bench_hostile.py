@@ -15,7 +15,11 @@ server while one client posts the big bodies of the mix (5 MB prompt, 200,000 me
 megabytes of stop strings) in turn to a sink (another process that reads and drops them:
 the control, which costs the client and the machine the same) and to the server; the
 server's extra gap is the difference. Phases alternate (sink, server, sink, server, ...)
-so that drift in the machine's load falls on both. `--control-only` runs just this.
+so that drift in the machine's load falls on both. `--control-only` runs just this. Beside
+the gaps, per phase: the server's CPU and its event loop thread's CPU (what the loop spends
+on the bodies, holding the GIL the compute thread needs: an upper bound on what the bodies
+add to a chunk's gap that load on the machine hardly disturbs) and the bodies posted (a
+body the server refuses unread returns sooner, so more of them are posted per chunk).
 """
 
 from __future__ import annotations
@@ -132,12 +136,17 @@ def start_sink() -> tuple[subprocess.Popen, str]:
         if proc.poll() is not None:
             raise RuntimeError("the sink did not start")
         time.sleep(0.05)
-    return proc, f"http://127.0.0.1:{port_file.read_text()}"
+    url = f"http://127.0.0.1:{port_file.read_text()}"
+    port_file.unlink()
+    return proc, url
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all its threads (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU time of a process, all its threads (/proc/PID/stat), or of one of
+    its threads (/proc/PID/task/TID/stat; the main thread's id is the pid: the server's
+    event loop, which holds the GIL while it reads, parses and refuses bodies)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(path).read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -151,7 +160,8 @@ def big_body_phases(url: str, sink_url: str, rounds: int, client_timeout_s: floa
     cases = [c for c in hostile_cases(client_timeout_s) if c.name in BIG_BODY_CASES]
     gaps: dict[str, list[float]] = {"sink": [], "server": []}
     per_round: list[dict[str, list[float]]] = []
-    cpu: dict[str, list[tuple[float, int]]] = {"sink": [], "server": []}   # (seconds, chunks)
+    # per phase: (server CPU s, its loop thread's CPU s, probe chunks, big bodies posted)
+    cpu: dict[str, list[tuple[float, float, int, int]]] = {"sink": [], "server": []}
     statuses: dict[str, set] = {"sink": set(), "server": set()}
     probe = Probe(url).start()
     try:
@@ -160,16 +170,20 @@ def big_body_phases(url: str, sink_url: str, rounds: int, client_timeout_s: floa
         for _ in range(rounds):
             per_round.append({})
             for target, target_url in (("sink", sink_url), ("server", url)):
-                before = len(probe.gaps)
-                cpu_before = cpu_seconds(server_pid) if server_pid else 0.0
+                before, bodies = len(probe.gaps), 0
+                if server_pid:
+                    cpu_before = cpu_seconds(server_pid), cpu_seconds(server_pid, server_pid)
                 while len(probe.gaps) - before < phase_chunks and not probe.failures:
                     for case in cases:
                         statuses[target].add(run_case(target_url, case).status)
+                        bodies += 1
                 phase = probe.gaps[before:]
                 gaps[target] += phase
                 per_round[-1][target] = phase
                 if server_pid:
-                    cpu[target].append((cpu_seconds(server_pid) - cpu_before, len(phase)))
+                    cpu[target].append((cpu_seconds(server_pid) - cpu_before[0],
+                                        cpu_seconds(server_pid, server_pid) - cpu_before[1],
+                                        len(phase), bodies))
     finally:
         probe.stop()
     return {"gaps": gaps, "rounds": per_round, "cpu": cpu, "statuses": statuses,
@@ -209,10 +223,19 @@ def control_report(name: str, control: dict) -> None:
                   f"median {1000 * statistics.median(per_round):+.0f} ms")
     cpu = control.get("cpu", {})
     if cpu.get("sink") and cpu.get("server"):
-        per_chunk = {t: sum(s for s, _ in v) / max(1, sum(n for _, n in v)) for t, v in cpu.items()}
-        sink_cpu, server_cpu = per_chunk["sink"], per_chunk["server"]
+        def per(arm: str, field: int, unit: int) -> float:
+            return sum(p[field] for p in cpu[arm]) / max(1, sum(p[unit] for p in cpu[arm]))
+        sink_cpu, server_cpu = per("sink", 0, 2), per("server", 0, 2)
         print(f"- server CPU seconds (all threads) per probe chunk: sink phases {sink_cpu:.3f}, "
               f"server phases {server_cpu:.3f} ({server_cpu - sink_cpu:+.3f})")
+        sink_loop, server_loop = per("sink", 1, 2), per("server", 1, 2)
+        # what the loop spends on the bodies holds the GIL the compute thread needs: an
+        # upper bound, steady under load, of what they can add to a chunk's gap
+        print(f"- its event loop's CPU seconds per probe chunk: sink phases {sink_loop:.4f}, "
+              f"server phases {server_loop:.4f} ({server_loop - sink_loop:+.4f}); big bodies "
+              f"per probe chunk: {per('sink', 3, 2):.1f} to the sink, "
+              f"{per('server', 3, 2):.1f} to the server")
+
     if control["failures"]:
         print(f"- probe failures: {control['failures']}")
 

@@ -1,6 +1,8 @@
 """Reading a request body under the server's limits: its size (413 by the declared
-Content-Length before reading, or as soon as the limit is passed), its time (408 for a body
-that trickles in), and decoding a big one off the event loop."""
+Content-Length before reading, or as soon as a chunked body passes the limit; the limit is
+`--max-body-bytes`, by default derived from the context: body_limit.py), its time (408 for
+a body that trickles in), and decoding a big one off the event loop. A 413's connection is
+closed without reading the rest of the body (app.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from radixserve.server import protocol as P
+from radixserve.server.body_limit import BodyLimit
 from radixserve.server.errors import ApiError
 from radixserve.server.state import STATE
 
@@ -17,8 +20,9 @@ T = TypeVar("T")
 OFF_LOOP_BYTES = 256 * 1024     # bodies this big are decoded off the event loop (~1 ms of JSON)
 
 
-def body_too_large(limit: int) -> ApiError:
-    return ApiError(413, f"request body is larger than the limit of {limit} bytes",
+def body_too_large(limit: BodyLimit) -> ApiError:
+    return ApiError(413, f"request body is larger than the limit of {limit.bytes} bytes "
+                         f"({limit.source})",
                     type="invalid_request_error", code="body_too_large")
 
 
@@ -30,9 +34,9 @@ def body_timeout(seconds: float) -> ApiError:
 async def read_body(request: web.Request) -> bytes:
     """The whole body, or 413 / 408; a declared Content-Length over the limit is refused
     before reading a byte."""
-    config = request.app[STATE].config
-    limit = config.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
+    state = request.app[STATE]
+    config, limit = state.config, state.body_limit
+    if request.content_length is not None and request.content_length > limit.bytes:
         raise body_too_large(limit)
     chunks: list[bytes] = []
     size = 0
@@ -40,7 +44,7 @@ async def read_body(request: web.Request) -> bytes:
         async with asyncio.timeout(config.body_timeout_s):
             while chunk := await request.content.readany():
                 size += len(chunk)
-                if size > limit:
+                if size > limit.bytes:
                     raise body_too_large(limit)
                 chunks.append(chunk)
     except TimeoutError:

@@ -27,8 +27,8 @@ from radixserve.phase_timer import PhaseTimer
 from radixserve.server.app import RunningServer, bound_address, drain_and_stop, start_server
 from radixserve.server.auth import AuthConfig
 from radixserve.server.conversations import ConversationConfig
-from radixserve.server.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
-from radixserve.units import parse_bytes
+from radixserve.server.body_limit import AUTO, parse_max_body_bytes
+from radixserve.server.state import ServerConfig, ServerState
 
 API_KEY_ENV = "RADIXSERVE_API_KEY"
 
@@ -48,8 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", default=None,
                    help="the model name clients send and see (default: --model)")
     defaults = ServerConfig()
-    g.add_argument("--max-body-bytes", type=parse_bytes, default=DEFAULT_MAX_BODY_BYTES,
-                   help="larger request bodies get 413, as soon as the limit is passed")
+    g.add_argument("--max-body-bytes", type=parse_max_body_bytes, default=AUTO,
+                   help="larger request bodies get 413, by their declared length before a "
+                        "byte is read, or as soon as the limit is passed (auto: 1 MiB + 64 "
+                        "bytes per token of the context)")
     g.add_argument("--header-timeout-s", type=float, default=defaults.header_timeout_s,
                    help="a connection that has not sent a request's headers this long after "
                         "opening (or after its previous response) is closed")
@@ -180,6 +182,8 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
     host, port = bound_address(server)
     print(f"radixserve: serving {state.info.name!r} on http://{host}:{port} "
           f"(context {state.info.max_model_len} tokens)", flush=True)
+    print(f"radixserve: request bodies up to {state.body_limit.bytes} bytes "
+          f"({state.body_limit.source})", flush=True)
     print(f"radixserve: {describe_pool(engine)}", flush=True)
     disk = engine.stats().kv_disk
     if disk is not None:

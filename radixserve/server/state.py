@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from contextlib import contextmanager
+from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -16,6 +17,7 @@ import msgspec
 from aiohttp import web
 
 from radixserve.server.auth import AuthConfig
+from radixserve.server.body_limit import BodyLimit
 from radixserve.server.conversations import ConversationConfig, Conversations
 from radixserve.server.engine_client import EngineClient
 from radixserve.server.errors import ApiError
@@ -24,15 +26,12 @@ from radixserve.server.prompts import ModelInfo, PromptBuilder, model_info
 from radixserve.server.grammar_metrics import GrammarCollector
 from radixserve.server.structured import grammar_compiler
 
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-
-
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     auth: AuthConfig = field(default_factory=AuthConfig)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_bytes: int | None = None     # None: auto, from the context (body_limit.py)
     shutdown_grace_s: float = 30.0
     served_model_name: str | None = None
     retry_after_s: int = 1
@@ -74,6 +73,10 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    @cached_property
+    def body_limit(self) -> BodyLimit:
+        return BodyLimit.resolve(self.config.max_body_bytes, self.info.max_model_len)
 
     @classmethod
     def create(cls, engine: EngineClient, config: ServerConfig) -> "ServerState":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import urlsplit
 
+from radixserve.server.body_limit import BodyLimit
 from tests.server import http
 
 CHAT = "/v1/chat/completions"
@@ -40,6 +41,20 @@ class Outcome:
             return None
 
 
+def read_until_closed(sock: socket.socket) -> bytes:
+    """All the server sends until it closes (or resets) the connection; a socket timeout
+    is left to the caller."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        raise
+    except OSError:
+        pass
+    return data
+
+
 def _raw_with_timeout(url: str, payload: bytes, *, head: bytes = b"", trickle_s: float = 0.0,
          keep_open_s: float = 120.0, half_close: bool = False) -> tuple[int | None, bytes]:
     """Send `head` at once, then `payload` (one byte every `trickle_s` if set); the reply's
@@ -60,14 +75,10 @@ def _raw_with_timeout(url: str, payload: bytes, *, head: bytes = b"", trickle_s:
                 sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass                    # the server answered (and closed) before we were done
-        data = b""
         try:
-            while chunk := sock.recv(65536):
-                data += chunk
+            data = read_until_closed(sock)
         except TimeoutError:
             return None, HELD
-        except OSError:
-            pass
     if not data.startswith(b"HTTP/1.1 "):
         return None, data
     head, _, body = data.partition(b"\r\n\r\n")
@@ -102,13 +113,25 @@ def _post_with_timeout(path: str, body: bytes, content_type: str | None = "appli
     return run
 
 
-def hostile_cases(client_timeout_s: float = 120.0,
-                  headers: dict[str, str] | None = None) -> list[HostileCase]:
+# The default limit (--max-body-bytes auto) of the servers the test and the benchmark run
+# (--max-model-len 2048): 1.125 MiB. The 5 MB prompt, 200,000 messages and 17 stop strings
+# of 450 KB are over it (413, by their declared length); the 1 MB stop string is not (400).
+SERVED_CONTEXT = 2048
+
+
+def hostile_cases(client_timeout_s: float = 120.0, headers: dict[str, str] | None = None,
+                  body_limit: int | None = None) -> list[HostileCase]:
     """The mix of issue 20: each case's request is built once, here, not while measuring.
     `client_timeout_s` only bounds how long a client waits (for servers without timeouts);
-    `headers` (an API key) go with every case whose headers are complete."""
+    `headers` (an API key) go with every case whose headers are complete; a body over
+    `body_limit` (default: the auto limit at SERVED_CONTEXT) expects 413."""
+    limit = body_limit or BodyLimit.resolve(None, SERVED_CONTEXT).bytes
+
     def post(path: str, body: bytes, content_type: str | None = "application/json"):
         return _post_with_timeout(path, body, content_type, client_timeout_s, headers)
+
+    def refused(name: str, path: str, body: bytes, status: int = 400) -> HostileCase:
+        return HostileCase(name, post(path, body), 413 if len(body) > limit else status)
 
     def head(length: int) -> bytes:
         return _post_head(CHAT, length, headers=headers)
@@ -129,8 +152,8 @@ def hostile_cases(client_timeout_s: float = 120.0,
         HostileCase("nested arrays (10,000 levels)", post(CHAT, deep_field), 400),
         HostileCase("nested objects in tools (10,000)", post(CHAT, deep_tools), 400),
         HostileCase("nested arrays on /generate", post("/generate", deep_generate), 400),
-        HostileCase("5 MB prompt", post("/v1/completions", big_prompt), 400),
-        HostileCase("200,000 messages", post(CHAT, many_messages), 400),
+        refused("5 MB prompt", "/v1/completions", big_prompt),
+        refused("200,000 messages", CHAT, many_messages),
         HostileCase("invalid UTF-8", post(CHAT, b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}'), 400),
         HostileCase("n 1000", post(CHAT, chat(n=1000)), 400),
         HostileCase("max_tokens 10^9", post(CHAT, chat(max_tokens=10**9)), 400),
@@ -138,8 +161,8 @@ def hostile_cases(client_timeout_s: float = 120.0,
                                            json.dumps({"prompt": "x", "logprobs": 10**6}).encode()), 400),
         HostileCase("top_logprobs 10^6", post(CHAT, chat(logprobs=True, top_logprobs=10**6)), 400),
         HostileCase("10,000 stop strings", post(CHAT, chat(stop=[f"s{i}" for i in range(10_000)])), 400),
-        HostileCase("17 stop strings of 450 KB", post(CHAT, chat(stop=["y" * 450_000] * 17)), 400),
-        HostileCase("1 MB stop string", post(CHAT, chat(stop="z" * 1_000_000)), 400),
+        refused("17 stop strings of 450 KB", CHAT, chat(stop=["y" * 450_000] * 17)),
+        refused("1 MB stop string", CHAT, chat(stop="z" * 1_000_000)),
         HostileCase("text/plain body", post(CHAT, chat(), "text/plain"), 415),
         HostileCase("form-encoded body", post(CHAT, b"messages=hi", "application/x-www-form-urlencoded"), 415),
         HostileCase("no content type", post(CHAT, chat(), None), 415),
@@ -174,12 +197,10 @@ def open_idle_connections(url: str, count: int, keep_open_s: float = 120.0) -> l
     outcomes: list[Outcome] = []
     t0 = time.monotonic()
     for sock in socks:
-        data = b""
         try:
-            while chunk := sock.recv(65536):
-                data += chunk
+            data = read_until_closed(sock)
         except OSError:
-            pass
+            data = b""
         sock.close()
         status = int(data.split()[1]) if data.startswith(b"HTTP/1.1 ") else None
         outcomes.append(Outcome("idle connection", status, data.partition(b"\r\n\r\n")[2],

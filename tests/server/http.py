@@ -41,7 +41,10 @@ def request(method: str, url: str, json: Any = None, body: bytes | None = None,
     if method == "POST" and content_type is not None:
         hdrs.setdefault("Content-Type", content_type)
     try:
-        conn.request(method, path, body=body, headers=hdrs)
+        try:
+            conn.request(method, path, body=body, headers=hdrs)
+        except (BrokenPipeError, ConnectionResetError):
+            pass    # the server answered early and closed (a 413): read it, as httpx does
         resp = conn.getresponse()
         return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
     finally:
