@@ -74,7 +74,7 @@ def measure(name: str, checkout: Path, extra: list[str], args: argparse.Namespac
         sink, sink_url = start_sink()
         try:
             control = big_body_phases(url, sink_url, args.control_rounds, args.client_timeout_s,
-                                      args.phase_chunks, proc.pid)
+                                      args.phase_chunks, proc.pid, args.body_interval_s)
         finally:
             sink.kill()
             sink.wait()
@@ -151,12 +151,15 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
 
 
 def big_body_phases(url: str, sink_url: str, rounds: int, client_timeout_s: float,
-                    phase_chunks: int = 10, server_pid: int | None = None) -> dict:
+                    phase_chunks: int = 10, server_pid: int | None = None,
+                    body_interval_s: float = 0.0) -> dict:
     """Probe gaps on `url` while one client posts the big bodies to the sink, then to the
     server, alternating `rounds` times; a phase repeats the bodies until the probe has
     streamed `phase_chunks` chunks during it (a busy machine streams slowly). Each phase
     also records the server process's CPU seconds (all threads), a measure that load on the
-    machine disturbs far less than wall-clock gaps."""
+    machine disturbs far less than wall-clock gaps. With `body_interval_s`, bodies start at
+    most one per interval in both arms (the same offered load: a body refused unread
+    returns sooner, and back to back that alone posts several times more of them)."""
     cases = [c for c in hostile_cases(client_timeout_s) if c.name in BIG_BODY_CASES]
     gaps: dict[str, list[float]] = {"sink": [], "server": []}
     per_round: list[dict[str, list[float]]] = []
@@ -175,8 +178,10 @@ def big_body_phases(url: str, sink_url: str, rounds: int, client_timeout_s: floa
                     cpu_before = cpu_seconds(server_pid), cpu_seconds(server_pid, server_pid)
                 while len(probe.gaps) - before < phase_chunks and not probe.failures:
                     for case in cases:
+                        started = time.monotonic()
                         statuses[target].add(run_case(target_url, case).status)
                         bodies += 1
+                        time.sleep(max(0.0, started + body_interval_s - time.monotonic()))
                 phase = probe.gaps[before:]
                 gaps[target] += phase
                 per_round[-1][target] = phase
@@ -267,6 +272,9 @@ def main() -> int:
     ap.add_argument("--checkout", action="append", metavar="NAME=DIR")
     ap.add_argument("--control-rounds", type=int, default=3,
                     help="big-body phases to the sink and to the server, alternating")
+    ap.add_argument("--body-interval-s", type=float, default=0.0,
+                    help="control: start at most one big body per this many seconds, in both "
+                         "arms (0: back to back)")
     ap.add_argument("--phase-chunks", type=int, default=10,
                     help="probe chunks each big-body phase lasts at least")
     ap.add_argument("--control-only", action="store_true", help="only the big-body control run")
