@@ -13,7 +13,9 @@ layer, ``forward`` writes the new K/V into the pool and then
   into the query dimension so no K/V head is repeated (the fused kernel is slower at these
   3-row queries). A lone decode (one stream) whose window lies in a few runs of
   consecutive slots skips the gather: its matmuls read the pool's strided views in place,
-  one pair per run (``torch_plans.slot_runs``; ~1.26x less CPU per batch-1 step).
+  one pair per run (``torch_plans.slot_runs``; ~1.26x less CPU per batch-1 step). Runs are
+  found in slot order (``lone_decode_runs``): one unmasked query does not care about its
+  keys' order, and a served stream's pages come from the allocator in descending ids.
 
 Cascade (shared-prefix) attention, on by default: the radix cache hands one system prompt's
 pages to every request using it, so many sequences of a step start with the same page ids.

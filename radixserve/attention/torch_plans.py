@@ -206,7 +206,17 @@ def decode_chunk(t: StepTables, seqs: np.ndarray, kv_start: np.ndarray,
     return DecodeChunk(tokens=t.tensor(t.qo_indptr[seqs]), rows=t.tensor(rows), mask=mask,
                        batch=len(seqs), max_kv=max_kv,
                        with_lse=cascade and bool((starts > 0).any()),
-                       runs=slot_runs(slots[0]) if len(seqs) == 1 else None)
+                       runs=lone_decode_runs(slots[0]) if len(seqs) == 1 else None)
+
+
+def lone_decode_runs(slots: np.ndarray) -> list[tuple[int, int]] | None:
+    """The runs of a lone decode's window in slot order, not position order: one query
+    without a mask attends to a set of keys (softmax and sum do not depend on their order),
+    so slots handed out in reverse fit too. The allocator gives a fresh prompt's pages in
+    descending ids (its stack pops the lowest id first) and each decoded token the next id
+    up, so in position order a served stream was one run per token (the gather path),
+    sorted it is one run."""
+    return slot_runs(np.sort(slots))
 
 
 def sliding_prefill_plan(t: StepTables, b: int, num_kv_heads: int,
