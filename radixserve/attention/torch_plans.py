@@ -147,6 +147,17 @@ class TorchPlan:
     # Sliding window W -> the plan its layers use (this plan itself when no query of the
     # step sees further back than W, so the window changes nothing).
     by_window: dict[int, TorchPlan] = field(default_factory=dict)
+    # The step is this one decode, read in place (lone_decode): the backend's short path.
+    lone: DecodeChunk | None = None
+
+
+def lone_decode(plan: TorchPlan) -> DecodeChunk | None:
+    """The plan's decode chunk when it is all the step does and reads its K/V in place
+    (one sequence in a few slot runs, no cascade merge), else None."""
+    if plan.prefills or plan.rests or plan.shared or len(plan.decodes) != 1:
+        return None
+    c = plan.decodes[0]
+    return c if c.runs is not None and not c.with_lse else None
 
 
 def chunk_by_budget(order: np.ndarray, sizes: np.ndarray, max_rows: int) -> list[np.ndarray]:

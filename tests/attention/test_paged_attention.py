@@ -194,7 +194,10 @@ def check_lone_decode_in_place(pool: KVPool, sc, pages: np.ndarray, runs: int,
     backend = TorchAttentionBackend(num_qo_heads=6, num_kv_heads=2, head_dim=32)
     plan = backend.prepare(build_metadata(sc.spans, pool.page_size, "cpu"))
     assert plan.decodes[0].runs is not None and len(plan.decodes[0].runs) == runs
+    assert plan.lone is plan.decodes[0]                    # the whole step: the short path
     in_place = backend.forward(plan, 0, sc.q, sc.k, sc.v, pool)
+    plan.lone = None                                       # the general step, same reads
+    assert torch.equal(backend.forward(plan, 0, sc.q, sc.k, sc.v, pool), in_place)
     plan.decodes[0].runs = None                                    # the gather path
     gathered = backend.forward(plan, 0, sc.q, sc.k, sc.v, pool)
     torch.testing.assert_close(in_place, gathered, atol=TOL[dtype] / 4, rtol=0)
