@@ -22,6 +22,9 @@ cancels the load other processes put on the machine.
         --weights-dtypes bf16,int4,int4+float --threads 1 --clock cpu  # int4 by rows
     python scripts/bench_decode_step.py --batch 1 --groups 1 --system 32 --dtype float32 \
         --weights-dtypes int4 --compile --threads 1 --clock cpu   # torch.compile'd layers
+    python scripts/bench_decode_step.py --baseline c27fc98 --batch 1 --groups 1 \
+        --system 512 --page-order reversed --attention-only --threads 1 --clock cpu
+        # a lone decode's attention per step, pages as the allocator hands them out
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class Impl:
         self.StepBatch = mod("engine.batch").StepBatch
         self.SeqSpan = mod("attention.spans").SeqSpan
         self.Params = mod("engine.sampling_params").SamplingParams
+        self.build_metadata = mod("attention.metadata").build_metadata
+        self.ForwardContext = mod("attention.context").ForwardContext
         pool = self.runner.kv_pool
         gen = torch.Generator().manual_seed(fill_seed)
         used = args.kv_tokens
@@ -92,7 +97,7 @@ class Impl:
             pages = np.concatenate([
                 np.arange(g * shared, (g + 1) * shared),
                 private_base + i * private + np.arange(own + 1)]).astype(np.int32)
-            spans.append(self.SeqSpan(pages, shared + own, 1))
+            spans.append(self.SeqSpan(order_pages(pages, args.page_order, i), shared + own, 1))
             ids.append(1000 + i)
             pos.append(shared + own)
         return self._batch(spans, ids, pos)
@@ -120,14 +125,44 @@ class Impl:
                               sample_params=[self.Params(max_tokens=1, temperature=0.0)] * n,
                               generators=[None] * n)
 
-    def time_steps(self, batch, steps: int, clock) -> float:
-        """Median seconds of ``steps`` executions of ``batch``."""
+    @torch.inference_mode()
+    def attention_step(self, batch) -> None:
+        """A decode step's attention alone: the page table, the plan and every layer's
+        forward (K/V write and attention), on fixed random q/k/v of the step's shapes."""
+        r = self.runner
+        meta = self.build_metadata(batch.spans, r.page_size, r.device)
+        ctx = self.ForwardContext.prepare(r.backend, meta, r.kv_pool)
+        q, k, v = self._qkv(meta.num_tokens)
+        for layer in range(len(r.model.layers)):
+            ctx.attention(layer, q, k, v)
+
+    def _qkv(self, tokens: int):
+        cfg = self.runner.model.config
+        gen = torch.Generator().manual_seed(tokens)
+        dt = self.runner.model.dtype
+        return tuple(torch.randn(tokens, heads, cfg.head_dim, generator=gen).to(dt)
+                     for heads in (cfg.num_heads, cfg.num_kv_heads, cfg.num_kv_heads))
+
+    def time_steps(self, batch, steps: int, clock, attention_only: bool = False) -> float:
+        """Median seconds of ``steps`` executions of ``batch`` (or of its attention)."""
+        run = self.attention_step if attention_only else self.runner.execute
         times = []
         for _ in range(steps):
             t0 = clock()
-            self.runner.execute(batch)
+            run(batch)
             times.append(clock() - t0)
         return statistics.median(times)
+
+
+def order_pages(pages: np.ndarray, order: str, seed: int) -> np.ndarray:
+    """A sequence's page ids in the order a test of the attention path wants: as built
+    (ascending), each part reversed as the page allocator hands out a fresh prompt
+    (``reversed``: its stack pops the lowest id first), or shuffled (no runs at all)."""
+    if order == "reversed":
+        return pages[::-1].copy()
+    if order == "shuffled":
+        return np.random.default_rng(seed).permutation(pages)
+    return pages
 
 
 def compile_layers(impl: Impl) -> None:
@@ -196,6 +231,13 @@ def main() -> None:
     p.add_argument("--compile", action="store_true",
                    help="also time each weights form with torch.compile'd layers "
                         "(compile_layers), side by side with the eager one")
+    p.add_argument("--page-order", choices=["ascending", "reversed", "shuffled"],
+                   default="ascending",
+                   help="each decode's page ids in this order (reversed: as the allocator "
+                        "hands out a fresh prompt's pages)")
+    p.add_argument("--attention-only", action="store_true",
+                   help="time the decode step's attention alone (plan + every layer's "
+                        "K/V write and attention), not the whole step")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--top", type=int, default=18)
     args = p.parse_args()
@@ -223,7 +265,8 @@ def main() -> None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} "
               f"clock, {args.dtype}, "
               f"decode batch {args.batch} in {args.groups} groups of {args.system} shared "
-              f"tokens")
+              f"tokens, pages {args.page_order}"
+              + (", attention only" if args.attention_only else ""))
         for kind, method in kinds:
             batches = [getattr(i, method)(args) for i in impls]
             for impl, batch in zip(impls, batches):
@@ -241,7 +284,8 @@ def main() -> None:
                 if r % 2:
                     order.reverse()
                 for impl, batch in order:
-                    times[impl.name].append(impl.time_steps(batch, args.steps, clock))
+                    times[impl.name].append(impl.time_steps(
+                        batch, args.steps, clock, args.attention_only and kind == "decode"))
             for name, ts in times.items():
                 print(f"{kind:<8} {name:<16} ms per step by round: "
                       + " ".join(f"{t * 1e3:7.1f}" for t in ts))

@@ -13,7 +13,9 @@ layer, ``forward`` writes the new K/V into the pool and then
   into the query dimension so no K/V head is repeated (the fused kernel is slower at these
   3-row queries). A lone decode (one stream) whose window lies in a few runs of
   consecutive slots skips the gather: its matmuls read the pool's strided views in place,
-  one pair per run (``torch_plans.slot_runs``; ~1.26x less CPU per batch-1 step).
+  one pair per run (``torch_plans.slot_runs``; ~1.26x less CPU per batch-1 step). Runs are
+  found in slot order (``lone_decode_runs``): one unmasked query does not care about its
+  keys' order, and a served stream's pages come from the allocator in descending ids.
 
 Cascade (shared-prefix) attention, on by default: the radix cache hands one system prompt's
 pages to every request using it, so many sequences of a step start with the same page ids.
@@ -159,6 +161,8 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         plan = self._full_plan(meta, t) if full_used else TorchPlan(meta)
         for w in self._windows:
             plan.by_window[w] = plan if longest <= w else self._sliding_plan(meta, t, w)
+        for p in {id(p): p for p in (plan, *plan.by_window.values())}.values():
+            p.lone = plans.lone_decode(p)
         return plan
 
     def _sliding_plan(self, meta: AttentionMetadata, t: StepTables, window: int) -> TorchPlan:
@@ -253,6 +257,8 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
         window = self.layer_windows[layer] if self.layer_windows is not None else None
         if window is not None:
             plan = plan.by_window[window]
+        if plan.lone is not None and not kv_pool.quantized:
+            return self._lone_decode(plan, layer, q, k, v, kv_pool)
         # Quantized sides come back as their stored codes decode: what later steps read.
         # Only prefills without a cached prefix use them; all other paths read the pool.
         own_kv = any(p.rows is None for p in plan.prefills)
@@ -313,10 +319,7 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
             kb, vb = self._gather(kv_pool, layer, c.rows, dt)
             kd = [kb.view(c.batch, hkv, c.max_kv, d).to(dt)]
             vd = [vb.view(c.batch, hkv, c.max_kv, d).to(dt)]
-        # Two batched matmuls around a softmax computed in fp32 inside (the numerics of
-        # transformers' eager attention): ~2.5x faster than CPU SDPA for 1-row queries.
-        scores = [torch.matmul(qd, k.transpose(-1, -2)) for k in kd]
-        scores = scores[0] if len(scores) == 1 else torch.cat(scores, dim=-1)
+        scores = self._scores(qd, kd)
         if c.with_lse:
             # fp32 scores (the scale applied in the same pass): the lse must be exact.
             scores = (torch.mul(scores, self.sm_scale, out=self._ws.take(
@@ -330,6 +333,31 @@ class TorchAttentionBackend(AttentionBackend[TorchPlan]):
             probs = self._softmax_low_precision(scores, c.mask)
         o = probs_times_values(probs, vd)
         out.index_copy_(0, c.tokens, o.reshape(c.batch, self.num_qo_heads, d))
+
+    def _lone_decode(self, plan: TorchPlan, layer: int, q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
+        """The whole step is one decode reading its K/V in place (one user, one stream):
+        the same ops as ``_decode``'s in-place branch without the step's bookkeeping (no
+        query gather, no output scatter, no shape checks), the query folded by a view."""
+        kv_pool.write(layer, plan.meta.write_slots, k, v, decoded=False)
+        qd = q.reshape(1, self.num_kv_heads, self.group, self.head_dim)
+        return self._attend_runs(plan.lone.runs, layer, qd, kv_pool).view(q.shape)
+
+    def _attend_runs(self, runs: list[tuple[int, int]], layer: int, qd: torch.Tensor,
+                     kv_pool: KVPool) -> torch.Tensor:
+        """One decode's query [1, Hkv, group, D] against its K/V read in place from slot
+        ``runs`` (no mask: its whole window) -> [1, Hkv, group, D]."""
+        kd, vd = self._run_views(kv_pool, layer, runs, qd.dtype)
+        return probs_times_values(self._softmax_low_precision(self._scores(qd, kd), None), vd)
+
+    @staticmethod
+    def _scores(qd: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor:
+        """Decode queries [b, Hkv, group, D] . keys (runs of [b, Hkv, n, D]) -> [b, Hkv,
+        group, keys]. Two batched matmuls around a softmax computed in fp32 inside (the
+        numerics of transformers' eager attention): ~2.5x faster than CPU SDPA for 1-row
+        queries; this is the first."""
+        scores = [torch.matmul(qd, k.transpose(-1, -2)) for k in keys]
+        return scores[0] if len(scores) == 1 else torch.cat(scores, dim=-1)
 
     def _run_views(self, kv_pool: KVPool, layer: int, runs: list[tuple[int, int]],
                    dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

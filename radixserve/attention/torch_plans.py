@@ -147,6 +147,17 @@ class TorchPlan:
     # Sliding window W -> the plan its layers use (this plan itself when no query of the
     # step sees further back than W, so the window changes nothing).
     by_window: dict[int, TorchPlan] = field(default_factory=dict)
+    # The step is this one decode, read in place (lone_decode): the backend's short path.
+    lone: DecodeChunk | None = None
+
+
+def lone_decode(plan: TorchPlan) -> DecodeChunk | None:
+    """The plan's decode chunk when it is all the step does and reads its K/V in place
+    (one sequence in a few slot runs, no cascade merge), else None."""
+    if plan.prefills or plan.rests or plan.shared or len(plan.decodes) != 1:
+        return None
+    c = plan.decodes[0]
+    return c if c.runs is not None and not c.with_lse else None
 
 
 def chunk_by_budget(order: np.ndarray, sizes: np.ndarray, max_rows: int) -> list[np.ndarray]:
@@ -206,7 +217,17 @@ def decode_chunk(t: StepTables, seqs: np.ndarray, kv_start: np.ndarray,
     return DecodeChunk(tokens=t.tensor(t.qo_indptr[seqs]), rows=t.tensor(rows), mask=mask,
                        batch=len(seqs), max_kv=max_kv,
                        with_lse=cascade and bool((starts > 0).any()),
-                       runs=slot_runs(slots[0]) if len(seqs) == 1 else None)
+                       runs=lone_decode_runs(slots[0]) if len(seqs) == 1 else None)
+
+
+def lone_decode_runs(slots: np.ndarray) -> list[tuple[int, int]] | None:
+    """The runs of a lone decode's window in slot order, not position order: one query
+    without a mask attends to a set of keys (softmax and sum do not depend on their order),
+    so slots handed out in reverse fit too. The allocator gives a fresh prompt's pages in
+    descending ids (its stack pops the lowest id first) and each decoded token the next id
+    up, so in position order a served stream was one run per token (the gather path),
+    sorted it is one run."""
+    return slot_runs(np.sort(slots))
 
 
 def sliding_prefill_plan(t: StepTables, b: int, num_kv_heads: int,

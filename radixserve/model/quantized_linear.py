@@ -118,6 +118,12 @@ def _flat_call(x: torch.Tensor, fn, bias: torch.Tensor | None,
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
+def _plain_rows(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """A contiguous [T, in] input and no bias: the kernels take it as it is (the model's
+    every linear; the short path saves ~10 us a call, four calls per layer per step)."""
+    return bias is None and x.dim() == 2 and x.is_contiguous()
+
+
 class Int4Linear(nn.Module):
     """A linear layer of packed int4 weights (``_weight_int4pack_mm_for_cpu``)."""
 
@@ -144,8 +150,12 @@ class Int4Linear(nn.Module):
         self.scale_zeros = sz.to(self.scale_zeros.dtype).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sz = self.scale_zeros
+        if _plain_rows(x, self.bias):
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(sz.dtype), self.packed, GROUP_SIZE, sz).to(x.dtype)
         return _flat_call(x, lambda a: torch.ops.aten._weight_int4pack_mm_for_cpu(
-            a, self.packed, GROUP_SIZE, self.scale_zeros), self.bias, self.scale_zeros.dtype)
+            a, self.packed, GROUP_SIZE, sz), self.bias, sz.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group=32"
@@ -170,6 +180,9 @@ class Int8Linear(nn.Module):
         self.q, self.scale = q.contiguous(), scale.to(self.scale.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _plain_rows(x, self.bias):
+            return torch.ops.aten._weight_int8pack_mm(
+                x.to(self.scale.dtype), self.q, self.scale).to(x.dtype)
         return _flat_call(x, lambda a: torch.ops.aten._weight_int8pack_mm(
             a, self.q, self.scale), self.bias, self.scale.dtype)
 

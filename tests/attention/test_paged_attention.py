@@ -8,6 +8,7 @@ from attn_helpers import dense_attention, make_scenario, slot_of
 from radixserve.attention import SeqSpan, TorchAttentionBackend, build_metadata
 from radixserve.attention.kv_pool import KVPool
 from radixserve.attention.torch_plans import slot_runs
+from radixserve.cache.page_allocator import PageAllocator
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
@@ -178,17 +179,42 @@ def test_lone_decode_read_in_place_equals_gathered_and_dense(runs, page_size, dt
     pool in place: the same result as the gather path and dense attention."""
     pool = KVPool(1, 800 // page_size + 8, page_size, 2, 32, dtype, "cpu")
     sc = make_scenario(pool, [(150, 1)], 6, seed=runs + page_size)
-    pages = pages_in_runs(len(sc.spans[0].pages), runs)
+    check_lone_decode_in_place(pool, sc, pages_in_runs(len(sc.spans[0].pages), runs), runs,
+                               dtype)
+
+
+def check_lone_decode_in_place(pool: KVPool, sc, pages: np.ndarray, runs: int,
+                               dtype: torch.dtype) -> None:
+    """Move the scenario's lone decode (150 cached tokens) onto ``pages``, then check its
+    plan reads ``runs`` runs in place, equal to the gather path and to dense attention."""
     for p in range(150):                     # the cached prefix, written at the new slots
-        slot = slot_of(pages, p, page_size)
+        slot = slot_of(pages, p, pool.page_size)
         pool.k_flat[0][slot], pool.v_flat[0][slot] = sc.full_k[0][p], sc.full_v[0][p]
     sc.spans[0] = SeqSpan(pages, 150, 1)
     backend = TorchAttentionBackend(num_qo_heads=6, num_kv_heads=2, head_dim=32)
-    plan = backend.prepare(build_metadata(sc.spans, page_size, "cpu"))
+    plan = backend.prepare(build_metadata(sc.spans, pool.page_size, "cpu"))
     assert plan.decodes[0].runs is not None and len(plan.decodes[0].runs) == runs
+    assert plan.lone is plan.decodes[0]                    # the whole step: the short path
     in_place = backend.forward(plan, 0, sc.q, sc.k, sc.v, pool)
+    plan.lone = None                                       # the general step, same reads
+    assert torch.equal(backend.forward(plan, 0, sc.q, sc.k, sc.v, pool), in_place)
     plan.decodes[0].runs = None                                    # the gather path
     gathered = backend.forward(plan, 0, sc.q, sc.k, sc.v, pool)
     torch.testing.assert_close(in_place, gathered, atol=TOL[dtype] / 4, rtol=0)
     err = (in_place.double() - dense_attention(sc)).abs().max().item()
     assert err < TOL[dtype], f"max abs error {err}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lone_decode_on_allocator_pages_reads_in_place(dtype):
+    """A served stream's pages as the allocator hands them out: the prompt's in one call
+    (descending ids), then one per decoded token (ascending). In position order every
+    token is its own run; the plan reads them in slot order: one run, in place."""
+    pool = KVPool(1, 300, 1, 2, 32, dtype, "cpu")
+    sc = make_scenario(pool, [(150, 1)], 6, seed=11)
+    allocator = PageAllocator(pool.num_pages)
+    prompt = allocator.alloc(140)
+    decoded = np.concatenate([allocator.alloc(1) for _ in range(11)])
+    pages = np.concatenate([prompt, decoded]).astype(np.int32)
+    assert (np.diff(prompt) == -1).all() and (np.diff(decoded) == 1).all()
+    check_lone_decode_in_place(pool, sc, pages, 1, dtype)
