@@ -15,7 +15,7 @@ from radixserve.server.openapi import RouteDoc, documented
 from radixserve.server import cache_breakpoints as B
 from radixserve.server.anthropic_protocol import MessagesRequest
 from radixserve.server.anthropic_tools import tool_use_block
-from radixserve.server.body import read_json
+from radixserve.server.body import expect_continue, read_json
 from radixserve.server.engine_client import TokenizerClient
 from radixserve.server.miss_report import cache_extension
 from radixserve.server.openai_serving import Renderer, run_on_engine
@@ -231,4 +231,4 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/messages", create_message)
+    app.router.add_post("/v1/messages", create_message, expect_handler=expect_continue)

@@ -2,7 +2,9 @@
 Content-Length before reading, or as soon as a chunked body passes the limit; the limit is
 `--max-body-bytes`, by default derived from the context: body_limit.py), its time (408 for
 a body that trickles in), and decoding a big one off the event loop. A 413's connection is
-closed without reading the rest of the body (app.py)."""
+closed without reading the rest of the body (app.py). A client that sends
+`Expect: 100-continue` is told "100 Continue" only when its declared length fits; otherwise
+it gets the 413 before it sends a byte (`expect_continue`)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from aiohttp import web
 from radixserve.server import protocol as P
 from radixserve.server.body_limit import BodyLimit
 from radixserve.server.errors import ApiError
-from radixserve.server.state import STATE
+from radixserve.server.state import STATE, error_response
 
 T = TypeVar("T")
 OFF_LOOP_BYTES = 256 * 1024     # bodies this big are decoded off the event loop (~1 ms of JSON)
@@ -29,6 +31,25 @@ def body_too_large(limit: BodyLimit) -> ApiError:
 def body_timeout(seconds: float) -> ApiError:
     return ApiError(408, f"the request body did not arrive within {seconds:g} s",
                     type="invalid_request_error", code="request_timeout")
+
+
+async def expect_continue(request: web.Request) -> web.Response | None:
+    """Every POST route's `Expect` handler. aiohttp's default answers "100 Continue" to any
+    body, before the route (and our size check) runs; this one refuses a declared length
+    over the limit with the 413 first, so the client never sends the body. aiohttp calls it
+    before the middlewares, so the responses are built here."""
+    expect = request.headers.get("Expect", "").lower()
+    if expect != "100-continue" or request.version < (1, 1):
+        return error_response(ApiError(417, f"unsupported Expect header: {expect[:100]!r}",
+                                       type="invalid_request_error", code="expectation_failed"))
+    limit = request.app[STATE].body_limit
+    if request.content_length is not None and request.content_length > limit.bytes:
+        response = error_response(body_too_large(limit))
+        response.force_close()          # nothing of the body was sent: nothing to read
+        return response
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0      # as aiohttp's own handler: the reply starts after it
+    return None
 
 
 async def read_body(request: web.Request) -> bytes:

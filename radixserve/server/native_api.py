@@ -18,7 +18,7 @@ from radixserve.engine.outputs import RequestOutput
 from radixserve.cache.namespaces import in_namespace
 from radixserve.engine.pins import PinInfo
 from radixserve.server import protocol as P
-from radixserve.server.body import read_json
+from radixserve.server.body import expect_continue, read_json
 from radixserve.server.errors import ApiError
 from radixserve.server.metrics import CONTENT_TYPE
 from radixserve.server import native_schemas as NS
@@ -248,9 +248,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/generate", generate)
+    app.router.add_post("/generate", generate, expect_handler=expect_continue)
     app.router.add_get("/health", health)
     app.router.add_get("/cache/stats", cache_stats)
-    app.router.add_post("/cache/flush", cache_flush)
-    app.router.add_post("/cache/save", cache_save)
+    app.router.add_post("/cache/flush", cache_flush, expect_handler=expect_continue)
+    app.router.add_post("/cache/save", cache_save, expect_handler=expect_continue)
     app.router.add_get("/metrics", metrics)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from radixserve.server import protocol as P
-from radixserve.server.body import read_json
+from radixserve.server.body import expect_continue, read_json
 from radixserve.server.errors import ApiError
 from radixserve.server.openapi import RouteDoc, documented
 from radixserve.server.openai_serving import (ChatRenderer, CompletionRenderer, Renderer,
@@ -74,7 +74,8 @@ def _card(info: ModelInfo) -> P.ModelCard:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions,
+                        expect_handler=expect_continue)
+    app.router.add_post("/v1/completions", completions, expect_handler=expect_continue)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)

@@ -14,7 +14,7 @@ from aiohttp import web
 from radixserve.cache.summary import DEFAULT_NAMESPACE, namespace_id
 from radixserve.engine.errors import UnknownPin
 from radixserve.server import protocol as P
-from radixserve.server.body import read_json
+from radixserve.server.body import expect_continue, read_json
 from radixserve.server.errors import ApiError
 from radixserve.server.openapi import RouteDoc, documented
 from radixserve.server.native_api import tenant_namespace, visible_pins
@@ -61,5 +61,5 @@ async def unpin(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/cache/pin", pin)
+    app.router.add_post("/cache/pin", pin, expect_handler=expect_continue)
     app.router.add_delete("/cache/pin/{pin_id}", unpin)

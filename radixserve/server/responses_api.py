@@ -13,7 +13,7 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from radixserve.engine.outputs import RequestOutput
-from radixserve.server.body import read_json
+from radixserve.server.body import expect_continue, read_json
 from radixserve.server.conversations import Conversations, TurnPrompt, new_response_id
 from radixserve.server.openai_serving import run_on_engine
 from radixserve.server.openapi import RouteDoc, documented
@@ -88,7 +88,7 @@ async def delete_response(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/responses", create_response)
+    app.router.add_post("/v1/responses", create_response, expect_handler=expect_continue)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     conv = app[STATE].conversations

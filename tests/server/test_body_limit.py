@@ -130,3 +130,43 @@ def test_a_413_closes_the_connection_without_reading_the_rest():
     assert response.status == 400 and not protocol.force_close.called
     response = asyncio.run(run(refuse))
     assert response.status == 413 and response.prepared and protocol.force_close.called
+
+
+def expect_head(length: int, expect: str = "100-continue") -> bytes:
+    return post_head(length)[:-2] + f"Expect: {expect}\r\nConnection: close\r\n\r\n".encode()
+
+
+def test_expect_100_continue_is_answered_only_when_the_body_fits(server):
+    """curl and many HTTP clients send `Expect: 100-continue` for big bodies and wait for the
+    interim reply: one over the limit is refused before "100 Continue" (so nothing is
+    sent), one within it gets "100 Continue" and then its answer."""
+    reply, sent = exchange(server.url, expect_head(AUTO_LIMIT + 1))
+    assert b"100 Continue" not in reply and sent == 0
+    assert_refused(reply, AUTO_LIMIT)
+    body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    parts = urlsplit(server.url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+        sock.sendall(expect_head(len(body)))
+        interim = b""
+        while not interim.endswith(b"\r\n\r\n"):
+            interim += sock.recv(1)            # the interim reply comes before any body
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 200 ")
+    reply, _ = exchange(server.url, expect_head(len(body), "something-else"), [body])
+    assert reply.startswith(b"HTTP/1.1 417 ")
+    assert json.loads(reply.partition(b"\r\n\r\n")[2])["error"]["code"] == "expectation_failed"
+    still_serving(server)
+
+
+def test_every_post_route_checks_the_length_before_continuing(server):
+    from radixserve.server.app import build_app
+    paths = sorted({route.resource.canonical for route in build_app(server.state).router.routes()
+                    if route.method == "POST"})
+    assert len(paths) >= 8
+    for path in paths:
+        head = expect_head(AUTO_LIMIT + 1).replace(b"/v1/completions", path.encode(), 1)
+        reply, sent = exchange(server.url, head)
+        assert sent == 0 and b"100 Continue" not in reply, path
+        assert_refused(reply, AUTO_LIMIT)
+    still_serving(server)
