@@ -97,6 +97,7 @@ class ProcessPublisher:
         self._closing = False
         self._final_stats: PublisherStats | None = None
         self.writer_cpu_s = 0.0     # the writer thread's CPU so far (bench_scheduler.py)
+        self.writer_wakes = 0       # times the writer thread woke to write (same)
         self._lock = threading.Lock()
         self._writer = threading.Thread(target=self._write_loop, name="kv-events-writer",
                                         daemon=True)
@@ -199,6 +200,11 @@ class ProcessPublisher:
             bad_replay_requests=int(c["bad_replay_requests"]), cpu_s=c["cpu_s"],
             failed_batches=int(c["failed_batches"]), publisher_exits=int(self.exited()))
 
+    def child_wakes(self) -> int:
+        """The child's voluntary context switches so far: how often it slept and woke
+        (bench_scheduler.py)."""
+        return int(self._block.get("wakes"))
+
     def exited(self) -> bool:
         """Whether the child ended before close (logged once when first seen)."""
         if not self._exited and not self._closing and self._child.poll() is not None:
@@ -262,6 +268,7 @@ class ProcessPublisher:
         stop = False
         while not stop:
             frames = [self._queue.get()]
+            self.writer_wakes += 1
             size = len(frames[0]) if frames[0] is not _STOP else 0
             while size < self.MAX_WRITE_BYTES:      # what queued meanwhile: one write
                 try:

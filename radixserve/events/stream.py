@@ -64,7 +64,8 @@ class KVEvents:
     """The tree's observer and the publisher of one engine."""
 
     def __init__(self, tree: RadixCache, config: KVEventsConfig, pool_device: str,
-                 rank: int = 0, queue_batches: int = 4096, pipe_bytes: int = 1 << 20):
+                 rank: int = 0, queue_batches: int = 4096, pipe_bytes: int = 1 << 20,
+                 busy_poll_ms: float | None = None):
         self.config = config
         self.tree = tree
         # (checks the block size here, whichever mode)
@@ -79,7 +80,9 @@ class KVEvents:
                  "topic": config.topic, "encoding": config.encoding,
                  "block_size": config.block_size, "page_size": tree.page_size,
                  "pool_device": pool_device, "rank": rank, "first_seq": None,
-                 "buffer_batches": 10_000}, max_queue_batches=queue_batches,
+                 "buffer_batches": 10_000,
+                 **({} if busy_poll_ms is None else {"busy_poll_ms": busy_poll_ms})},
+                max_queue_batches=queue_batches,
                 pipe_bytes=pipe_bytes)
         else:
             self.replay = FactReplay(blocks)

@@ -127,3 +127,22 @@ def test_a_process_that_cannot_bind_fails_the_start_with_its_reason():
         assert tree.observer is None        # nothing attached: the engine did not start
     finally:
         taken.close(linger=0)
+
+
+def test_the_process_waits_on_its_pipe_one_wake_a_frame():
+    # Its wake-ups preempted the engine's thread when it polled (child.py): now it sleeps
+    # until a frame comes. Counted by the kernel (its voluntary context switches), with
+    # no subscriber (a PUB nobody reads sends nothing, so no ZeroMQ thread wakes).
+    kv, tree, mem = new_events("process", pages=4096)
+    pub = kv.publisher
+    try:
+        assert pub.wait_idle(30)
+        before = pub.child_wakes()
+        for i in range(20):
+            run(tree, mem, [7000 + 40 * i + t for t in range(40)])
+            kv.flush()
+            assert pub.wait_idle(30)    # ~1-3 ms of the engine's polling between frames
+        wakes = pub.child_wakes() - before
+        assert 20 <= wakes <= 30, wakes
+    finally:
+        kv.close()
