@@ -219,8 +219,7 @@ class ProcessPublisher:
         """(Engine's thread; nothing queued.) The restarted child replaces the dead one,
         whose counters are kept."""
         old, fresh = self._child, self._fresh
-        old.close_pipe()
-        old.process.wait()
+        _end(old, 5.0, close_block=False)       # gone already: reaped at once
         counts = old.block.read()
         for name in _COUNTS + ("cpu_s",):
             self._past[name] += counts[name]
