@@ -17,7 +17,7 @@ import struct
 __all__ = ["FIELDS", "StatsBlock"]
 
 # The slots, in order; cpu_s is a double, the others are counts.
-# wakes: the child's voluntary context switches (each a sleep it woke from).
+# wakes: the child's voluntary context switches, its threads' (each a sleep it woke from).
 FIELDS = ("handled_frames", "published_batches", "published_bytes", "replay_requests",
           "bad_replay_requests", "failed_batches", "cpu_s", "wakes", "read_bytes")
 _LAYOUT = struct.Struct("<6qdq")    # all but read_bytes, which `set_read_bytes` writes

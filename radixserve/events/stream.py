@@ -10,9 +10,9 @@ block_events.py), encodes and sends it. The publisher is a process of its own by
 encodes the facts as one message and writes it to the child's pipe) or a thread of the
 engine's (`thread`: publisher.py);
 both run the same replay and wire code, so they send the same events. If the queue ever
-overflows (a stuck thread), or a batch fails, dropped facts would leave the events wrong
-for good, so the queue is replaced by a snapshot of the whole tree: consumers get
-AllBlocksCleared and then every block held.
+overflows (a stuck thread), or a batch fails, or the publisher process died and was
+restarted, dropped facts would leave the events wrong for good, so the queue is replaced
+by a snapshot of the whole tree: consumers get AllBlocksCleared and then every block held.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class KVEventsConfig:
 
 
 class KVEvents:
-    """The tree's observer and the publisher of one engine."""
+    """The tree's observer and the publisher of one engine. `busy_poll_ms`: the publisher
+    process's pipe poll (child.py; None: its default, waiting), for bench_scheduler.py."""
 
     def __init__(self, tree: RadixCache, config: KVEventsConfig, pool_device: str,
                  rank: int = 0, queue_batches: int = 4096, pipe_bytes: int = 1 << 20,
