@@ -33,6 +33,12 @@ interval and the IQR over the pairs. ~5 minutes for 16 pairs of 60 steps:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_scheduler.py --kv-events steady --rounds 16 --steps 60
 
+Beside the ratios, `steady` prints counters per step, off and on (step_counters.py: the
+engine thread's GC collections and their CPU, net allocated blocks, context switches; the
+pipe writer's and the publisher process's wake-ups): steadier than time on a busy machine,
+and they name a cause. `--busy-poll-ms`, `--gc-freeze` and `--pin` vary one suspect each.
+The whole step with a real forward: bench_kv_events_step.py.
+
 Both end with the events' own CPU on each thread, measured so that a busy machine moves
 it least: the scheduler thread's (a churn round's observer calls recorded, then made again
 under one timer per step, best of 5: timing each call adds the timer's own cost, ~0.4 us,
