@@ -36,7 +36,8 @@ interval and the IQR over the pairs. ~5 minutes for 16 pairs of 60 steps:
 Beside the ratios, `steady` prints counters per step, off and on (step_counters.py: the
 engine thread's GC collections and their CPU, net allocated blocks, context switches; the
 pipe writer's and the publisher process's wake-ups): steadier than time on a busy machine,
-and they name a cause. `--busy-poll-ms`, `--gc-freeze` and `--pin` vary one suspect each.
+and they name a cause. `--busy-poll-ms`, `--gc-freeze`, `--pin` and `--child-discards`
+vary one suspect each.
 The whole step with a real forward: bench_kv_events_step.py.
 
 Both end with the events' own CPU on each thread, measured so that a busy machine moves
@@ -120,7 +121,7 @@ def measure(running: int, steps: int, page_size: int) -> dict:
 
 
 def attach_events(core: EngineCore, publisher: str = "process",
-                  busy_poll_ms: float | None = None):
+                  child_options: dict | None = None):
     """The engine's KV events (radixserve/events) on this core's tree: 16-token blocks,
     array encoding, a PUB on a free local port nobody reads, the publisher a process of
     its own or a thread (`publisher`)."""
@@ -128,7 +129,7 @@ def attach_events(core: EngineCore, publisher: str = "process",
 
     return KVEvents(core.scheduler.memory.tree,
                     KVEventsConfig("tcp://127.0.0.1:*", publisher=publisher), "cpu",
-                    busy_poll_ms=busy_poll_ms)
+                    child_options=child_options)
 
 
 def events_round(workload: str, events: bool, steps: int, page_size: int,
@@ -416,7 +417,7 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
 
 def steady_round(events: bool, steps: int, page_size: int, warmup: int,
                  forward_ms: float, publisher: str = "process", freeze: bool = False,
-                 pin: bool = False, busy_poll_ms: float | None = None) -> dict:
+                 pin: bool = False, child_options: dict | None = None) -> dict:
     """One churn round at 256 running for `--kv-events steady`: `warmup` untimed steps
     (the first admit whole prompts), the publisher idle, then `steps` timed ones. Returns
     per step: the median wall time of schedule + complete + flush, the engine process's
@@ -429,7 +430,7 @@ def steady_round(events: bool, steps: int, page_size: int, warmup: int,
     core, sink = build(256, page_size, prompt_len=256, shared=128,
                        requests=256 + (warmup + steps) * 12, max_tokens=(8, 48),
                        pages=256 * 320 // page_size)
-    kv = attach_events(core, publisher, busy_poll_ms) if events else None
+    kv = attach_events(core, publisher, child_options) if events else None
     runner = NullRunner(page_size=page_size)
     flush_cpu = [0.0]
 
@@ -569,7 +570,7 @@ COUNTERS = (("gc0", "gc gen0 collections/step"), ("gc1", "gc gen1 collections/st
 
 def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
                   publisher: str = "process", freeze: bool = False, pin: bool = False,
-                  busy_poll_ms: float | None = None) -> None:
+                  child_options: dict | None = None) -> None:
     """`--kv-events steady`: churn at 256 running, events off and on in `pairs` pairs of
     rounds (ABBA order, so drift hits both), per pair the on/off ratios; prints each
     ratio's median with its bootstrap 95% interval and IQR. The scheduler thread's events
@@ -583,8 +584,8 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
     not gone."""
     print(f"churn at 256 running, {pairs} off/on pairs of {steps} timed steps after "
           f"{warmup} warm-up steps; stand-in forward {forward_ms} ms; publisher: "
-          f"{publisher}; gc.freeze: {freeze}; pinned: {pin}; publisher process busy "
-          f"poll: {'default' if busy_poll_ms is None else busy_poll_ms} ms")
+          f"{publisher}; gc.freeze: {freeze}; pinned: {pin}; publisher process options: "
+          f"{child_options or 'default'}")
     print(f"{'page':>5} {'measure':>34} {'median':>8} {'95% low':>8} {'95% high':>9} "
           f"{'IQR':>7}")
     for page_size in (1, 16):
@@ -595,7 +596,7 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
             runs = {}
             for events in (False, True) if i % 2 == 0 else (True, False):
                 runs[events] = steady_round(events, steps, page_size, warmup, forward_ms,
-                                            publisher, freeze, pin, busy_poll_ms)
+                                            publisher, freeze, pin, child_options)
             off, on = runs[False], runs[True]
             for name, value in (
                     ("wall on/off (median step)", on["wall_us"] / off["wall_us"]),
@@ -662,6 +663,9 @@ def main() -> None:
                         help="with --kv-events steady: the publisher process looks at "
                              "its pipe this often while frames come (0: it waits on it, "
                              "woken by each write); default: child.py's")
+    parser.add_argument("--child-discards", action="store_true",
+                        help="with --kv-events steady: the publisher process reads the "
+                             "frames and drops them (the engine's side alone)")
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
     if args.kv_events == "both":
@@ -671,7 +675,9 @@ def main() -> None:
     if args.kv_events == "steady":
         steady_events(steps, 2 if args.quick else args.rounds, args.warmup, args.forward_ms,
                       args.kv_events_publisher, args.gc_freeze, args.pin,
-                      args.busy_poll_ms)
+                      {**({} if args.busy_poll_ms is None
+                          else {"busy_poll_ms": args.busy_poll_ms}),
+                       **({"discard": True} if args.child_discards else {})})
         return
     if args.kv_events == "own":
         own_only(steps, 1 if args.quick else args.rounds)

@@ -55,14 +55,21 @@ def _hello(message: dict) -> None:
 
 class Child:
     def __init__(self, wire: EventWire, replay: FactReplay, block: StatsBlock,
-                 busy_poll_ms: float = BUSY_POLL_MS):
+                 busy_poll_ms: float = BUSY_POLL_MS, discard: bool = False):
         self.wire, self.replay, self.block = wire, replay, block
         self.handled = 0
         self.busy_poll_ms = busy_poll_ms    # 0: always wait on stdin (one wake a frame)
+        # Read the frames and drop them (bench_scheduler.py: the engine's side of the
+        # cost without the child's work on the other core).
+        self.discard = discard
 
     def publish(self, frames: list[bytes]) -> None:
         """One batch of the frames' facts, sent; a failure is logged and counted (the
         engine then sends a snapshot: stream.py)."""
+        if self.discard:
+            self.handled += len(frames)
+            self.report()
+            return
         try:
             facts = [fact for frame in frames for fact in decode_facts(frame)]
             batch = self.replay.batch(facts)
@@ -140,7 +147,8 @@ def main(argv: list[str]) -> int:
         return 1
     _hello({"endpoint": wire.endpoint, "replay_endpoint": wire.replay_endpoint,
             "first_seq": wire.first_seq, "torch_loaded": "torch" in sys.modules})
-    child = Child(wire, replay, block, config.get("busy_poll_ms", BUSY_POLL_MS))
+    child = Child(wire, replay, block, config.get("busy_poll_ms", BUSY_POLL_MS),
+                  config.get("discard", False))
     child.report()
     try:
         child.run()

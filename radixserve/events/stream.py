@@ -61,12 +61,12 @@ class KVEventsConfig:
 
 
 class KVEvents:
-    """The tree's observer and the publisher of one engine. `busy_poll_ms`: the publisher
-    process's pipe poll (child.py; None: its default, waiting), for bench_scheduler.py."""
+    """The tree's observer and the publisher of one engine. `child_options`: more keys
+    for the publisher process (child.py: busy_poll_ms, discard), for bench_scheduler.py."""
 
     def __init__(self, tree: RadixCache, config: KVEventsConfig, pool_device: str,
                  rank: int = 0, queue_batches: int = 4096, pipe_bytes: int = 1 << 20,
-                 busy_poll_ms: float | None = None):
+                 child_options: dict | None = None):
         self.config = config
         self.tree = tree
         # (checks the block size here, whichever mode)
@@ -81,8 +81,7 @@ class KVEvents:
                  "topic": config.topic, "encoding": config.encoding,
                  "block_size": config.block_size, "page_size": tree.page_size,
                  "pool_device": pool_device, "rank": rank, "first_seq": None,
-                 "buffer_batches": 10_000,
-                 **({} if busy_poll_ms is None else {"busy_poll_ms": busy_poll_ms})},
+                 "buffer_batches": 10_000, **(child_options or {})},
                 max_queue_batches=queue_batches,
                 pipe_bytes=pipe_bytes)
         else:
