@@ -33,6 +33,13 @@ interval and the IQR over the pairs. ~5 minutes for 16 pairs of 60 steps:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_scheduler.py --kv-events steady --rounds 16 --steps 60
 
+Beside the ratios, `steady` prints counters per step, off and on (step_counters.py: the
+engine thread's GC collections and their CPU, net allocated blocks, context switches; the
+pipe writer's and the publisher process's wake-ups): steadier than time on a busy machine,
+and they name a cause. `--busy-poll-ms`, `--gc-freeze`, `--pin` and `--child-discards`
+vary one suspect each.
+The whole step with a real forward: bench_kv_events_step.py.
+
 Both end with the events' own CPU on each thread, measured so that a busy machine moves
 it least: the scheduler thread's (a churn round's observer calls recorded, then made again
 under one timer per step, best of 5: timing each call adds the timer's own cost, ~0.4 us,
@@ -43,6 +50,8 @@ recorded, then replayed and encoded on one thread, best of 5 per step: no GIL co
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import random
 import statistics
 import time
@@ -52,6 +61,7 @@ from radixserve.engine.core import EngineCore
 from radixserve.engine.null_model import NullRunner, null_core
 from radixserve.engine.request import new_request
 from radixserve.engine.sampling_params import SamplingParams
+from step_counters import StepCounters
 
 
 def build(running: int, page_size: int, prompt_len: int, shared: int,
@@ -110,14 +120,16 @@ def measure(running: int, steps: int, page_size: int) -> dict:
             "metadata_ms": statistics.median(meta_times) * 1e3}
 
 
-def attach_events(core: EngineCore, publisher: str = "process"):
+def attach_events(core: EngineCore, publisher: str = "process",
+                  child_options: dict | None = None):
     """The engine's KV events (radixserve/events) on this core's tree: 16-token blocks,
     array encoding, a PUB on a free local port nobody reads, the publisher a process of
     its own or a thread (`publisher`)."""
     from radixserve.events.stream import KVEvents, KVEventsConfig
 
     return KVEvents(core.scheduler.memory.tree,
-                    KVEventsConfig("tcp://127.0.0.1:*", publisher=publisher), "cpu")
+                    KVEventsConfig("tcp://127.0.0.1:*", publisher=publisher), "cpu",
+                    child_options=child_options)
 
 
 def events_round(workload: str, events: bool, steps: int, page_size: int,
@@ -404,17 +416,21 @@ def compare_events(steps: int, rounds: int = 3, forward_ms: float = 0.0) -> None
 
 
 def steady_round(events: bool, steps: int, page_size: int, warmup: int,
-                 forward_ms: float, publisher: str = "process") -> dict:
+                 forward_ms: float, publisher: str = "process", freeze: bool = False,
+                 pin: bool = False, child_options: dict | None = None) -> dict:
     """One churn round at 256 running for `--kv-events steady`: `warmup` untimed steps
     (the first admit whole prompts), the publisher idle, then `steps` timed ones. Returns
     per step: the median wall time of schedule + complete + flush, the engine process's
     CPU (every thread of this process, the loop and the publisher's catch-up after it;
     not the publisher process's), the scheduler thread's CPU in the timed part, and the
-    publisher's own CPU (its thread's, or its process's: PublisherStats.cpu_s)."""
+    publisher's own CPU (its thread's, or its process's: PublisherStats.cpu_s); and the
+    engine thread's counters (step_counters.py) and the pipe writer's wake-ups per step.
+    `freeze`: gc.freeze() before the timed steps (what the engine does after its start),
+    on and off alike; `pin`: this process on CPU 0, the publisher process on CPU 1."""
     core, sink = build(256, page_size, prompt_len=256, shared=128,
                        requests=256 + (warmup + steps) * 12, max_tokens=(8, 48),
                        pages=256 * 320 // page_size)
-    kv = attach_events(core, publisher) if events else None
+    kv = attach_events(core, publisher, child_options) if events else None
     runner = NullRunner(page_size=page_size)
     flush_cpu = [0.0]
 
@@ -430,20 +446,37 @@ def steady_round(events: bool, steps: int, page_size: int, warmup: int,
         sink.clear()
     if kv is not None:
         kv.publisher.wait_idle(timeout_s=60)
+        if pin and hasattr(kv.publisher, "process"):
+            os.sched_setaffinity(kv.publisher.process.pid, {1})
+    if pin:
+        os.sched_setaffinity(0, {0})
+    if freeze:
+        gc.collect()
+        gc.freeze()
     pub0 = kv.stats.cpu_s if kv is not None else 0.0
     writer0 = getattr(kv.publisher, "writer_cpu_s", 0.0) if kv is not None else 0.0
+    wakes0 = getattr(kv.publisher, "writer_wakes", 0) if kv is not None else 0
+    child0 = kv.publisher.child_wakes() if events and publisher == "process" else 0
     walls, sched_cpu = [], 0.0
     flush_cpu[0] = 0.0
+    counters = StepCounters()
+    counters.start()
     cpu0 = time.process_time()
     for _ in range(steps):
         _, seconds, cpu = timed_step(core, runner, flush, forward_ms / 1e3)
         walls.append(seconds)
         sched_cpu += cpu
         sink.clear()
-    pub = writer = 0.0
+    proc_loop = time.process_time() - cpu0
+    counted = counters.stop(steps)
+    if freeze:
+        gc.unfreeze()
+    wakes = getattr(kv.publisher, "writer_wakes", 0) - wakes0 if kv is not None else 0
+    pub = writer = child_wakes = 0.0
     if kv is not None:
         kv.publisher.wait_idle(timeout_s=60)    # the publisher's work is part of the cost
         pub = kv.stats.cpu_s - pub0
+        child_wakes = kv.publisher.child_wakes() - child0 if publisher == "process" else 0
         writer = getattr(kv.publisher, "writer_cpu_s", 0.0) - writer0
     proc = time.process_time() - cpu0
     assert core.scheduler.waiting, "the round ran out of requests: churn needs new ones"
@@ -451,7 +484,9 @@ def steady_round(events: bool, steps: int, page_size: int, warmup: int,
         kv.close()
     return {"wall_us": statistics.median(walls) * 1e6, "proc_us": proc / steps * 1e6,
             "sched_us": sched_cpu / steps * 1e6, "pub_us": pub / steps * 1e6,
-            "writer_us": writer / steps * 1e6, "flush_us": flush_cpu[0] / steps * 1e6}
+            "writer_us": writer / steps * 1e6, "flush_us": flush_cpu[0] / steps * 1e6,
+            "loop_proc_us": proc_loop / steps * 1e6, "writer_wakes": wakes / steps,
+            "child_wakes": child_wakes / steps, **counted}
 
 
 def replay_costs(steps: int, page_size: int, requests: int, repeats: int = 5
@@ -524,8 +559,18 @@ def spread(values: list[float], resamples: int = 2000) -> tuple[float, float, fl
             medians[int(0.975 * resamples) - 1], q3 - q1)
 
 
+# The engine thread's counters per step (step_counters.py), printed off and on.
+COUNTERS = (("gc0", "gc gen0 collections/step"), ("gc1", "gc gen1 collections/step"),
+            ("gc2", "gc gen2 collections/step"), ("gc_us", "gc cpu us/step"),
+            ("blocks", "net allocated blocks/step"), ("vcsw", "voluntary ctx sw/step"),
+            ("ivcsw", "involuntary ctx sw/step"), ("writer_wakes", "writer wakes/step"),
+            ("child_wakes", "publisher process wakes/step"),
+            ("loop_proc_us", "loop process cpu us/step"))
+
+
 def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
-                  publisher: str = "process") -> None:
+                  publisher: str = "process", freeze: bool = False, pin: bool = False,
+                  child_options: dict | None = None) -> None:
     """`--kv-events steady`: churn at 256 running, events off and on in `pairs` pairs of
     rounds (ABBA order, so drift hits both), per pair the on/off ratios; prints each
     ratio's median with its bootstrap 95% interval and IQR. The scheduler thread's events
@@ -539,7 +584,8 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
     not gone."""
     print(f"churn at 256 running, {pairs} off/on pairs of {steps} timed steps after "
           f"{warmup} warm-up steps; stand-in forward {forward_ms} ms; publisher: "
-          f"{publisher}")
+          f"{publisher}; gc.freeze: {freeze}; pinned: {pin}; publisher process options: "
+          f"{child_options or 'default'}")
     print(f"{'page':>5} {'measure':>34} {'median':>8} {'95% low':>8} {'95% high':>9} "
           f"{'IQR':>7}")
     for page_size in (1, 16):
@@ -550,7 +596,7 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
             runs = {}
             for events in (False, True) if i % 2 == 0 else (True, False):
                 runs[events] = steady_round(events, steps, page_size, warmup, forward_ms,
-                                            publisher)
+                                            publisher, freeze, pin, child_options)
             off, on = runs[False], runs[True]
             for name, value in (
                     ("wall on/off (median step)", on["wall_us"] / off["wall_us"]),
@@ -565,6 +611,9 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
                      (on["pub_us"] * in_engine + on["writer_us"] + on["flush_us"]
                       + own["capture_us"]) / off["proc_us"])):
                 rows.setdefault(name, []).append(value)
+            for key, label in COUNTERS:
+                for side, run in (("off", off), ("on", on)):
+                    rows.setdefault(f"{label} {side}", []).append(run[key])
         print(f"{page_size:>5} {'sched thread capture us/step':>34} "
               f"{own['capture_us']:>8.1f}   (best of 5 per step, one timer per step)")
         print(f"{page_size:>5} {'facts encode (process) us/step':>34} "
@@ -579,7 +628,7 @@ def steady_events(steps: int, pairs: int, warmup: int, forward_ms: float,
               f"{alone['stored_tokens']:.0f} tokens stored per step)")
         for name, values in rows.items():
             med, low, high, iqr = spread(values)
-            fmt = ".1f" if name.endswith("us/step") else ".4f"
+            fmt = ".1f" if name.endswith(("us/step", "us/step off", "us/step on")) else ".4f"
             print(f"{page_size:>5} {name:>34} {med:>8{fmt}} {low:>8{fmt}} {high:>9{fmt}} "
                   f"{iqr:>7{fmt}}", flush=True)
 
@@ -604,6 +653,19 @@ def main() -> None:
                         help="with --kv-events steady: the publisher's mode (stream.py)")
     parser.add_argument("--warmup", type=int, default=40,
                         help="with --kv-events steady: untimed steps before each round")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="with --kv-events steady: gc.freeze() before each round's "
+                             "timed steps, on and off alike (as the engine does)")
+    parser.add_argument("--pin", action="store_true",
+                        help="with --kv-events steady: this process on CPU 0, the "
+                             "publisher process on CPU 1")
+    parser.add_argument("--busy-poll-ms", type=float, default=None,
+                        help="with --kv-events steady: the publisher process looks at "
+                             "its pipe this often while frames come (0: it waits on it, "
+                             "woken by each write); default: child.py's")
+    parser.add_argument("--child-discards", action="store_true",
+                        help="with --kv-events steady: the publisher process reads the "
+                             "frames and drops them (the engine's side alone)")
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
     if args.kv_events == "both":
@@ -612,7 +674,10 @@ def main() -> None:
         return
     if args.kv_events == "steady":
         steady_events(steps, 2 if args.quick else args.rounds, args.warmup, args.forward_ms,
-                      args.kv_events_publisher)
+                      args.kv_events_publisher, args.gc_freeze, args.pin,
+                      {**({} if args.busy_poll_ms is None
+                          else {"busy_poll_ms": args.busy_poll_ms}),
+                       **({"discard": True} if args.child_discards else {})})
         return
     if args.kv_events == "own":
         own_only(steps, 1 if args.quick else args.rounds)

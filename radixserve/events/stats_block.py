@@ -17,9 +17,10 @@ import struct
 __all__ = ["FIELDS", "StatsBlock"]
 
 # The slots, in order; cpu_s is a double, the others are counts.
+# wakes: the child's voluntary context switches, its threads' (each a sleep it woke from).
 FIELDS = ("handled_frames", "published_batches", "published_bytes", "replay_requests",
-          "bad_replay_requests", "failed_batches", "cpu_s", "read_bytes")
-_LAYOUT = struct.Struct("<6qd")    # all but read_bytes, which `set_read_bytes` writes
+          "bad_replay_requests", "failed_batches", "cpu_s", "wakes", "read_bytes")
+_LAYOUT = struct.Struct("<6qdq")    # all but read_bytes, which `set_read_bytes` writes
 _READ_AT = 8 * FIELDS.index("read_bytes")
 # Each slot's (format, offset), for `get`.
 _SLOTS = {name: (struct.Struct("<d" if name == "cpu_s" else "<q"), 8 * i)

@@ -10,9 +10,9 @@ block_events.py), encodes and sends it. The publisher is a process of its own by
 encodes the facts as one message and writes it to the child's pipe) or a thread of the
 engine's (`thread`: publisher.py);
 both run the same replay and wire code, so they send the same events. If the queue ever
-overflows (a stuck thread), or a batch fails, dropped facts would leave the events wrong
-for good, so the queue is replaced by a snapshot of the whole tree: consumers get
-AllBlocksCleared and then every block held.
+overflows (a stuck thread), or a batch fails, or the publisher process died and was
+restarted, dropped facts would leave the events wrong for good, so the queue is replaced
+by a snapshot of the whole tree: consumers get AllBlocksCleared and then every block held.
 """
 
 from __future__ import annotations
@@ -61,10 +61,12 @@ class KVEventsConfig:
 
 
 class KVEvents:
-    """The tree's observer and the publisher of one engine."""
+    """The tree's observer and the publisher of one engine. `child_options`: more keys
+    for the publisher process (child.py: busy_poll_ms, discard), for bench_scheduler.py."""
 
     def __init__(self, tree: RadixCache, config: KVEventsConfig, pool_device: str,
-                 rank: int = 0, queue_batches: int = 4096, pipe_bytes: int = 1 << 20):
+                 rank: int = 0, queue_batches: int = 4096, pipe_bytes: int = 1 << 20,
+                 child_options: dict | None = None):
         self.config = config
         self.tree = tree
         # (checks the block size here, whichever mode)
@@ -79,7 +81,8 @@ class KVEvents:
                  "topic": config.topic, "encoding": config.encoding,
                  "block_size": config.block_size, "page_size": tree.page_size,
                  "pool_device": pool_device, "rank": rank, "first_seq": None,
-                 "buffer_batches": 10_000}, max_queue_batches=queue_batches,
+                 "buffer_batches": 10_000, **(child_options or {})},
+                max_queue_batches=queue_batches,
                 pipe_bytes=pipe_bytes)
         else:
             self.replay = FactReplay(blocks)

@@ -74,8 +74,11 @@ class PublisherStats:
     cpu_s: float = 0.0
     # Batches whose events could not be computed (a resync follows: stream.py).
     failed_batches: int = 0
-    # The publisher process ended while the engine still ran (its events stop; logged).
+    # The publisher process ended while the engine still ran (logged; restarted, up to a
+    # bound: process_publisher.py).
     publisher_exits: int = 0
+    # The publisher process restarted after it ended (its first batch: a snapshot).
+    publisher_restarts: int = 0
 
 
 class EventWire:

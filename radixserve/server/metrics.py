@@ -116,7 +116,11 @@ def kv_events_metrics(e) -> Iterator[Metric]:
                               "followed)", value=e.failed_batches)
     yield CounterMetricFamily("radixserve_kv_events_publisher_exits",
                               "Times the publisher process ended while the engine ran "
-                              "(events stop; logged)", value=e.publisher_exits)
+                              "(logged; restarted up to a bound)", value=e.publisher_exits)
+    yield CounterMetricFamily("radixserve_kv_events_publisher_restarts",
+                              "Times a publisher process that ended was restarted (its "
+                              "first batch announces the whole cache)",
+                              value=e.publisher_restarts)
 
 
 def tier_metrics(s: EngineStats) -> Iterator[Metric]:

@@ -1,8 +1,10 @@
 """The publisher process (`--kv-events-publisher process`, events/process_publisher.py and
 child.py): it sends the very events the thread mode sends, in both encodings; a stopped
 child never blocks the engine (its bounded queue drops the oldest frames, counted, then a
-snapshot resyncs the consumers); a child that dies is logged and counted and the engine
-runs on; one that cannot bind fails the start with its reason; close reaps it."""
+snapshot resyncs the consumers); a child that dies is logged, counted and restarted (its
+first batch a snapshot, so a subscriber's index matches the tree again), up to a bound
+past which the engine runs on without events; one that cannot bind fails the start with
+its reason; close reaps it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from radixserve.events.stream import KVEvents, KVEventsConfig
 from radixserve.events.subscriber import EventSubscriber
 from radixserve.server.metrics import kv_events_metrics
 from tests.events.conftest import LOCAL, drain
+from tests.events.consumers import DynamoIndex, LlmdIndex
 from tests.events.test_golden import run
 from tests.events.test_resync import BLOCK, PROMPTS, serve_and_check, serve_prompts
 
@@ -90,9 +93,10 @@ def test_a_stopped_process_never_blocks_the_engine_and_resyncs():
     assert pub.process.returncode == 0
 
 
-def test_a_process_that_dies_is_logged_and_counted_and_the_engine_runs_on(caplog):
+def test_a_process_that_dies_past_the_restart_bound_leaves_the_engine_running(caplog):
     kv, tree, mem = new_events("process")
     pub = kv.publisher
+    pub.MAX_RESTARTS = 0                # the bound reached: no restart
     try:
         run(tree, mem, PROMPTS[0])
         kv.flush()
@@ -104,7 +108,7 @@ def test_a_process_that_dies_is_logged_and_counted_and_the_engine_runs_on(caplog
                 run(tree, mem, p)
                 kv.flush()
             stats = kv.stats
-        assert stats.publisher_exits == 1
+        assert stats.publisher_exits == 1 and stats.publisher_restarts == 0
         assert stats.dropped_batches == len(PROMPTS) - 1    # every frame after the kill
         assert sum("publisher process" in r.message for r in caplog.records) == 1
         names = {m.name: m.samples[0].value for m in kv_events_metrics(stats)}
@@ -127,3 +131,101 @@ def test_a_process_that_cannot_bind_fails_the_start_with_its_reason():
         assert tree.observer is None        # nothing attached: the engine did not start
     finally:
         taken.close(linger=0)
+
+
+def test_the_process_waits_on_its_pipe_one_wake_a_frame():
+    # Its wake-ups preempted the engine's thread when it polled (child.py): now it sleeps
+    # until a frame comes. Counted by the kernel (its voluntary context switches), with
+    # no subscriber (a PUB nobody reads sends nothing, so no ZeroMQ thread wakes).
+    kv, tree, mem = new_events("process", pages=4096)
+    pub = kv.publisher
+    try:
+        assert pub.wait_idle(30)
+        before = pub.child_wakes()
+        for i in range(20):
+            run(tree, mem, [7000 + 40 * i + t for t in range(40)])
+            kv.flush()
+            assert pub.wait_idle(30)    # ~1-3 ms of the engine's polling between frames
+        wakes = pub.child_wakes() - before
+        assert 20 <= wakes <= 30, wakes
+    finally:
+        kv.close()
+
+
+def test_a_killed_process_is_restarted_and_a_subscriber_matches_the_tree_again(caplog):
+    """SIGKILL on the child: the next write finds it gone, a new one starts on the same
+    endpoints, its first batch is a clear and the whole tree (the steps meanwhile were
+    dropped), numbered above the old stream: the subscriber sees a restart, not a loss,
+    and its index predicts the tree's real match lengths."""
+    kv, tree, mem = new_events("process", pages=256)
+    pub = kv.publisher
+    sub = EventSubscriber(pub.endpoint, pub.replay_endpoint)
+    indexes = [LlmdIndex(BLOCK), DynamoIndex(BLOCK)]
+
+    def take_all() -> list:
+        got = drain(sub, pub, pub.sent_when_idle())
+        for r in got:
+            for index in indexes:
+                index.apply(r.batch)
+        return got
+
+    try:
+        for p in PROMPTS[:5]:
+            run(tree, mem, p)
+            kv.flush()
+        take_all()
+        old_pid, old_first = pub.process.pid, pub.first_seq
+        pub.process.kill()
+        assert pub.process.wait(30) == -signal.SIGKILL
+        with caplog.at_level(logging.WARNING, logger="radixserve.events.process_publisher"):
+            run(tree, mem, PROMPTS[5])
+            kv.flush()                  # the write fails: noticed, restarting
+            assert pub.wait_restarted(60)
+            run(tree, mem, PROMPTS[6])  # its facts are in the snapshot, not a frame
+            kv.flush()                  # takes the new child in: the snapshot first
+            for p in PROMPTS[7:]:
+                run(tree, mem, p)
+                kv.flush()
+            got = take_all()
+        assert pub.process.pid != old_pid and pub.first_seq > old_first
+        assert type(got[0].batch.events[0]).__name__ == "AllBlocksCleared"
+        assert sub.restarts == 1 and sub.lost == 0
+        for p in PROMPTS:
+            want = tree.peek_prefix(p) // BLOCK
+            for index in indexes:
+                assert index.matched_blocks(p, None) == want, (type(index).__name__, p)
+        stats = kv.stats
+        assert stats.publisher_exits == 1 and stats.publisher_restarts == 1
+        assert stats.dropped_batches == 1       # PROMPTS[5]'s, lost with the old child
+        assert stats.published_batches >= 2     # summed over both children
+        names = {m.name: m.samples[0].value for m in kv_events_metrics(stats)}
+        assert names["radixserve_kv_events_publisher_restarts"] == 1
+        logged = [r.message for r in caplog.records]
+        assert sum("restarting it" in m for m in logged) == 1
+        assert sum("restarted (pid" in m for m in logged) == 1
+    finally:
+        sub.close()
+        kv.close()
+    assert pub.process.returncode == 0
+    tree.check_invariants()
+    mem.check_conservation([])
+
+
+def test_restarts_are_bounded_per_window():
+    kv, tree, mem = new_events("process")
+    pub = kv.publisher
+    pub.MAX_RESTARTS = 1
+    try:
+        for round_ in range(2):
+            pub.process.kill()
+            pub.process.wait(30)
+            run(tree, mem, PROMPTS[round_])
+            kv.flush()                  # noticed
+            if round_ == 0:
+                assert pub.wait_restarted(60)
+                kv.flush()              # taken in (a snapshot)
+                assert pub.wait_idle(30)
+        assert pub.exited() and not pub.wait_restarted(0)
+        assert kv.stats.publisher_exits == 2 and kv.stats.publisher_restarts == 1
+    finally:
+        kv.close()
