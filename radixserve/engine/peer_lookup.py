@@ -75,6 +75,7 @@ class ShareTicket:
     gave_up: bool = False               # the wait's bound passed: compute, wait no more
     missed: bool = False                # a lookup passed its deadline: compute, ask no more
     claimed: tuple[bytes, ...] = ()     # keys it claimed and has not released
+    renew_at: float = math.inf          # time.monotonic() its claims are next renewed
 
     def pending(self) -> bool:
         """Its lookup is in flight (within its deadline), or it waits on a peer and is not
