@@ -222,8 +222,19 @@ class PeerShare:
     # ------------------------------------------------------------------ load on a miss
     def pending(self, seq: SeqState) -> bool:
         """The sequence waits on the store (its lookup in flight, or a peer's claim):
-        admission skips it without taking a lease."""
-        return seq.share is not None and seq.share.pending()
+        admission skips it without taking a lease. A lookup queued behind a stuck one is
+        not waited for (admission takes it as late: `load`)."""
+        ticket = seq.share
+        return ticket is not None and ticket.pending() \
+            and not self._behind_stuck(ticket.lookup)
+
+    def _behind_stuck(self, look: Lookup | None) -> bool:
+        """`look` is unanswered and queued behind a lookup the store has not answered
+        within its compute time: the one lookup thread would reach it only once the store
+        comes back, so it is late now, whatever its own deadline (a waiting poll's is the
+        wait's end, up to CLAIM_TTL_S)."""
+        return look is not None and not look.done and self.lookups.stuck() \
+            and self.lookups.current is not look
 
     def load(self, lease: PrefixLease, seq: SeqState) -> int:
         """Extend a fresh lease's match with the store's pages of this prompt, when loading
@@ -239,7 +250,7 @@ class PeerShare:
             return 0
         look = ticket.lookup
         if look is not None and not look.done:
-            if not look.overdue:
+            if not look.overdue and not self._behind_stuck(look):
                 raise ReadPending
             return self._late(ticket)
         if look is None or look.have != have:       # first ask, or the pool matched more
@@ -263,12 +274,17 @@ class PeerShare:
         """Send a lookup for `keys` to the lookup thread; the request waits (ReadPending).
         Claims an earlier answer made stay the sequence's (released when it ends).
 
-        Its deadline is the time computing the pages would take; a poll of a sequence
-        waiting on a peer's claim (`wait_left_s`: what is left of that wait) may take until
-        the wait's end: that wait is already bounded by the time to compute, and one slow
+        Two deadlines, on purpose, because they answer two questions. `deadline`: when
+        *this* sequence stops waiting for the answer and computes (`overdue`): the time
+        computing the pages would take, or for a poll of a sequence waiting on a peer's
+        claim (`wait_left_s`: what is left of that wait) the wait's end, since one slow
         poll among the hundreds of a long wait (a busy machine, a busy directory actor)
-        must not turn the peer's prefix into a recompute. Other misses still skip the
-        store once any lookup has gone unanswered for its compute time (`stuck_at`)."""
+        must not turn the peer's prefix into a recompute. `stuck_at`: when the *store*
+        counts as stuck for everyone else: always the compute time, so a slow poll makes
+        other misses skip the store (they compute at once, `LookupThread.stuck`) and the
+        lookups queued behind it stop waiting (`_behind_stuck`) long before that poll's
+        own deadline. One deadline would either let a slow poll turn the wait into a
+        recompute, or let a stuck store hold every other miss for a whole wait."""
         if ticket.lookup is not None:
             self._settle(ticket, ticket.lookup)
         now, budget = time.monotonic(), self._lookup_budget(len(keys))
