@@ -430,7 +430,9 @@ class PeerShare:
 
     def publish(self, seq: SeqState) -> None:
         """After a prompt's prefill: its loadable pages that the store may lack, queued
-        for copying at the next step; its claims released once they are published."""
+        for copying at the next step; its claims released once they are published, and
+        renewed now, so that a slow publish (many files on a busy disk) cannot outlast
+        them: a claim that ends by publishing is always waited for and loaded."""
         lease, ticket = seq.lease, seq.share
         release = ticket.claimed if ticket is not None else ()
         if ticket is not None:
@@ -442,6 +444,8 @@ class PeerShare:
             self._release(release)
             return
         self._remember(keys[i] for i in new)
+        if release:
+            self.publisher.renew(release, self._claim_ttl(len(release)))
         self._orders.publish.append(PublishOrder(tuple(keys[i] for i in new),
                                                  lease.pages[new].copy(), release))
 

@@ -113,7 +113,8 @@ def test_a_claimers_claims_are_renewed_while_its_prefill_progresses(model_fp32,
                                                                      share_prompts, tmp_path):
     """A computes the prompt in chunks of 16 tokens; every chunk that leaves its claims
     past half their life (here: at once) renews them in the store, with the same keys and
-    owner, before they are released by the publication."""
+    owner, and so does the end of the prefill (before the publish, however slow), before
+    they are released by the publication."""
     ps, expected = share_prompts
     a = make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}",
                     chunked_prefill_size=16)
@@ -139,7 +140,7 @@ def test_a_claimers_claims_are_renewed_while_its_prefill_progresses(model_fp32,
     pages = (len(ps[0]) - 1) // 16
     first, *renewals = calls
     assert len(first[0]) == pages and renewals
-    assert len(renewals) < -(-len(ps[0]) // 16)     # at most one per chunk but the last
+    assert len(renewals) <= -(-len(ps[0]) // 16)    # at most one per chunk
     assert all(r == first for r in renewals)
     assert not claims(tmp_path)                     # released once published
 
