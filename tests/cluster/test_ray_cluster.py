@@ -50,6 +50,16 @@ def prompt(tail: int, n: int = 8) -> list[int]:
     return SYSTEM + list(range(2000 + tail * n, 2000 + tail * n + n))
 
 
+def forgotten(client, victim: str) -> bool:
+    """The router keeps no view of `victim` for routing. Ray Serve tells the router of a
+    dead replica from the failed request's done callback, scheduled onto the router's
+    event loop: on a busy machine that can run after the stream's error reached the
+    client, so tests wait for this rather than assert it at the stream's end."""
+    with client.state.lock:
+        state = client.state.replicas.get(victim)
+        return state is None or state.digest is None
+
+
 def wait_until(cond, what: str, timeout: float = HANG):
     deadline = time.monotonic() + timeout
     while not (value := cond()):
@@ -498,7 +508,7 @@ def test_a_replica_dying_mid_stream_ends_cleanly_and_the_next_requests_succeed(c
     assert rest[-1] == "[DONE]"
     last = json.loads(rest[-2])
     assert last["finished"] is True and last["meta_info"]["finish_reason"] == "error"
-    assert victim not in client.replica_ids() or client.state.replicas[victim].digest is None
+    wait_until(lambda: forgotten(client, victim), "the router to forget the dead replica")
     for i in range(3):                                  # retried or routed elsewhere
         assert generate(live, prompt(60 + i))["prompt_tokens"] == len(prompt(0))
 
@@ -537,7 +547,8 @@ def test_32_streams_through_a_replica_fault(cluster, how):
     """A replica dies (its Ray worker process gets SIGKILL, or its actor exits) while 32
     streams run: every stream ends (no hang) with [DONE]; one that had streamed ends with
     an error event, one that had not is retried elsewhere and finishes; the router forgets
-    the dead replica at once, the front end keeps serving, and the replacement rejoins."""
+    the dead replica (when Ray Serve tells it), the front end keeps serving, and the
+    replacement rejoins."""
     live, client = cluster, cluster.engine
     wait_until(lambda: len(client.replica_ids()) == 2, "two replicas")
     before = set(client.replica_ids())
@@ -570,8 +581,8 @@ def test_32_streams_through_a_replica_fault(cluster, how):
         else:
             assert sum(len(e["output_ids"]) for e in stream[:-1]) == 24
     assert errors > 0
-    # forgotten at once: no view of the dead replica is used for routing
-    assert victim not in client.replica_ids() or client.state.replicas[victim].digest is None
+    # forgotten: no view of the dead replica is used for routing
+    wait_until(lambda: forgotten(client, victim), "the router to forget the dead replica")
     for i in range(3):                                  # the front end keeps serving
         assert generate(live, prompt(400 + i))["prompt_tokens"] == len(prompt(0))
     wait_until(lambda: len(client.replica_ids()) == 2 and set(client.replica_ids()) != before,
