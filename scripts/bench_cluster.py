@@ -18,12 +18,12 @@ prompt) and routing cost per decision.
   python scripts/bench_cluster.py --full          # the bounded full run, targets checked
 
 `--full` is issue 38's whole Show list in one bounded run: every router x --share
-off,ray,dir x the three workloads at FULL_SIZES (trimmed so that it takes about 12
-minutes on an idle 2-core machine: shared-prefix 4 groups x 4 prompts of a 384-token
-system prompt, multi-turn 4 conversations x 3 turns, few-shot unchanged at 16 questions
-on a ~1,000-token prefix, 8 output tokens), plus one replica holding the KV of four on
-few-shot only (the "one replica's" reference), and it ends with a PASS/FAIL line per
-target (`targets`).
+off,ray,dir x the three workloads at FULL_SIZES (shared-prefix 4 groups x 4 prompts of a
+384-token system prompt, multi-turn 4 conversations x 3 turns, few-shot unchanged at 16
+questions on a ~1,000-token prefix, 8 output tokens), plus one replica holding the KV of
+four on few-shot only (the "one replica's" reference); it ends with a PASS/FAIL line per
+target (`targets`). Trimmed to aim at about 12 minutes on an idle 2-core machine; it took
+1,407 s on a busy one (docs/benchmarks.md).
 
 With `--share`, every router runs once per cluster store (--kv-share off | ray | a fresh
 shared directory), side by side; a prompt token a replica loaded from a peer's pages counts
@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true",
                    help="issue 38's bounded full run: every router x --share off,ray,dir x "
                         "the three workloads at FULL_SIZES, one replica on few-shot, targets "
-                        "checked (about 12 minutes idle)")
+                        "checked (1,407 s on a busy 2-core machine)")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--decisions", action="store_true",
                    help="cache-aware: record what the score saw at each decision (held, "
