@@ -119,7 +119,7 @@ class ShareStats:
     claimed_pages: int = 0          # pages claimed before computing them (peers wait)
     waits: int = 0                  # admissions that waited for a peer's claimed pages
     wait_seconds: float = 0.0       # their time waiting
-    waits_expired: int = 0          # waits ended by their bound: computed after all
+    waits_expired: int = 0          # waits ended by the claim's expiry: computed
     lookups_late: int = 0           # misses the store did not answer within recompute's time
 
     @property

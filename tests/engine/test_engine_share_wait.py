@@ -118,30 +118,35 @@ def test_a_claimers_claims_are_renewed_while_its_prefill_progresses(model_fp32,
     ps, expected = share_prompts
     a = make_engine(model_fp32, page_size=16, kv_share=f"dir:{tmp_path}",
                     chunked_prefill_size=16)
-    calls: list[tuple] = []
+    calls: list[tuple] = []             # the store's calls, in order (publisher thread)
 
     class Recorded(StoreWrapper):
         def claim(self, keys, owner, ttl_s):
             calls.append((tuple(keys), owner))
             return self.inner.claim(keys, owner, ttl_s)
 
+        def publish_many(self, keys, payloads):
+            calls.append("publish")
+            return self.inner.publish_many(keys, payloads)
+
     use_store(a, Recorded(a.peers.store))
     a.peers.costs.prefill_s_per_token = 1e-9        # claims of MIN_CLAIM_S ...
-    progress = a.peers.progress
+    progress, chunks = a.peers.progress, []
 
     def due_at_once(seq):                           # ... that are due for renewal at once
-        if seq.share is not None:
+        if seq.share is not None and seq.share.claimed:
             seq.share.renew_at = 0.0
+            chunks.append(seq.num_computed)
         progress(seq)
 
     a.peers.progress = due_at_once
     (result,) = serve(a, ps[:1])
     assert result.token_ids[0] == expected[0]
     pages = (len(ps[0]) - 1) // 16
-    first, *renewals = calls
-    assert len(first[0]) == pages and renewals
-    assert len(renewals) <= -(-len(ps[0]) // 16)    # at most one per chunk
-    assert all(r == first for r in renewals)
+    first, *renewals, published = calls
+    assert len(first[0]) == pages and chunks and published == "publish"
+    # one renewal per chunk computed while claimed, and one as the prefill ended
+    assert renewals == [first] * (len(chunks) + 1)
     assert not claims(tmp_path)                     # released once published
 
 
