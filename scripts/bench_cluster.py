@@ -15,6 +15,15 @@ prompt) and routing cost per decision.
   python scripts/bench_cluster.py --routers cache-aware,round-robin --workloads few-shot
   python scripts/bench_cluster.py --routers cache-aware --load-bounds 1.25+2,1+1,inf
   python scripts/bench_cluster.py --share off,ray,dir   # issue 38: KV moves between replicas
+  python scripts/bench_cluster.py --full          # the bounded full run, targets checked
+
+`--full` is issue 38's whole Show list in one bounded run: every router x --share
+off,ray,dir x the three workloads at FULL_SIZES (shared-prefix 4 groups x 4 prompts of a
+384-token system prompt, multi-turn 4 conversations x 3 turns, few-shot unchanged at 16
+questions on a ~1,000-token prefix, 8 output tokens), plus one replica holding the KV of
+four on few-shot only (the "one replica's" reference); it ends with a PASS/FAIL line per
+target (`targets`). Trimmed to aim at about 12 minutes on an idle 2-core machine; it took
+1,407 s on a busy one (docs/benchmarks.md).
 
 With `--share`, every router runs once per cluster store (--kv-share off | ray | a fresh
 shared directory), side by side; a prompt token a replica loaded from a peer's pages counts
@@ -53,6 +62,11 @@ from radixserve.server.app import (ServerConfig, ServerState, bound_address,  # 
                                    drain_and_stop, start_server)
 
 WORKLOADS = ("shared-prefix", "multi-turn", "few-shot")
+SHARES = ("off", "ray", "dir")
+FULL_SIZES = bs.Sizes(groups=4, prompts_per_group=4, system_len=384, question_len=32,
+                      output_len=8, conversations=4, turns=3, turn_len=32,
+                      fewshot_len=1024, fewshot_questions=16)
+SINGLE = "1 replica"                # the one-replica configuration's name starts so
 
 
 def build_workloads(names: list[str], sizes: bs.Sizes, seed: int) -> list[tuple[str, list]]:
@@ -219,7 +233,9 @@ def report(results: list[dict], workload_names: list[str]) -> str:
                      f"{'TTFT p90':>10}{'req/replica max/mean':>24}{'us/decision':>13}"
                      f"{'loaded':>9}{'ms/tok':>8}{'waits/expired':>15}")
         for r in results:
-            m = r["workloads"][w]
+            m = r["workloads"].get(w)
+            if m is None:                   # --full's one replica runs few-shot only
+                continue
             per = m["requests_per_replica"]
             spread = (f"{max(per)}/{sum(per) / len(per):.1f} = "
                       f"{fmt(m['requests_max_over_mean'], '.2f')}") if per else "-"
@@ -249,7 +265,7 @@ def replay_report(results: list[dict], workload_names: list[str]) -> str:
         lines.append(f"  {'configuration':<38}{'measured':>30}{'replay, own routing':>30}"
                      f"{'replay, measured routing':>30}")
         for r in results:
-            m = r["workloads"][w]
+            m = r["workloads"].get(w, {})
             if "replay" not in m:
                 continue
             loaded = m.get("share", {}).get("loaded_tokens", 0)
@@ -261,6 +277,64 @@ def replay_report(results: list[dict], workload_names: list[str]) -> str:
             text = [f"{c} / {fmt(h, '.3f')} / {lo} / {fmt(s, '.2f')}" for c, h, lo, s in cells]
             lines.append(f"  {r['config']:<38}" + "".join(f"{t:>30}" for t in text))
     return "\n".join(lines)
+
+
+def targets(results: list[dict]) -> list[str]:
+    """Issue 38's Show list, checked on a run's results: one PASS/FAIL line per target.
+
+    few-shot, each router with each store: computed <= the one replica's (the prefix once
+    plus the questions; 1% slack for the 16-token routing block), hit rate counting loads
+    >= 95% of the one replica's, max/mean requests per replica <= 1.3. shared-prefix and
+    multi-turn, each router with each store: computed <= the same router without a store.
+    Every workload: cache-aware with each store saves more prompt tokens (hits plus loads)
+    than prefix-affinity without one, at an equal or lower max/mean."""
+    by = {(r["router"], r["share"].split(":")[0]): r for r in results
+          if not r["config"].startswith(SINGLE)}
+    single = next((r for r in results if r["config"].startswith(SINGLE)), None)
+    lines = []
+
+    def check(ok: bool, text: str) -> None:
+        lines.append(f"  {'PASS' if ok else 'FAIL'}  {text}")
+
+    def saved(m: dict) -> int:
+        return m["prompt_tokens"] - m["computed_tokens"]
+
+    one = (single or {}).get("workloads", {}).get("few-shot")
+    for (router, share), r in by.items():
+        if share == "off":
+            continue
+        for w, m in r["workloads"].items():
+            name = f"{w}, {router} share={share}"
+            if w == "few-shot" and one is not None:
+                check(m["computed_tokens"] <= 1.01 * one["computed_tokens"],
+                      f"{name}: computed {m['computed_tokens']} vs one replica's "
+                      f"{one['computed_tokens']}")
+                check(m["token_hit_rate"] >= 0.95 * one["token_hit_rate"],
+                      f"{name}: hit rate {m['token_hit_rate']:.3f} >= 95% of one replica's "
+                      f"{one['token_hit_rate']:.3f}")
+                check((m["requests_max_over_mean"] or 0) <= 1.3,
+                      f"{name}: max/mean {fmt(m['requests_max_over_mean'], '.2f')} <= 1.3")
+            off = by.get((router, "off"), {}).get("workloads", {}).get(w)
+            if w != "few-shot" and off is not None:
+                check(m["computed_tokens"] <= off["computed_tokens"],
+                      f"{name}: computed {m['computed_tokens']} <= {off['computed_tokens']} "
+                      "without a store")
+    ray_affinity = by.get(("prefix-affinity", "off"))
+    for share in ("ray", "dir"):
+        ca = by.get(("cache-aware", share))
+        if ca is None or ray_affinity is None:
+            continue
+        for w, m in ca["workloads"].items():
+            ref = ray_affinity["workloads"].get(w)
+            if ref is None:
+                continue
+            check(saved(m) > saved(ref) and (m["requests_max_over_mean"] or 0)
+                  <= (ref["requests_max_over_mean"] or 0),
+                  f"{w}, cache-aware share={share} vs prefix-affinity without: saved "
+                  f"{saved(m)} vs {saved(ref)}, max/mean "
+                  f"{fmt(m['requests_max_over_mean'], '.2f')} vs "
+                  f"{fmt(ref['requests_max_over_mean'], '.2f')}")
+    return ["\ntargets (issue 38)"] + lines if lines else []
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -284,6 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny workloads: a smoke run")
+    p.add_argument("--full", action="store_true",
+                   help="issue 38's bounded full run: every router x --share off,ray,dir x "
+                        "the three workloads at FULL_SIZES, one replica on few-shot, targets "
+                        "checked (1,407 s on a busy 2-core machine)")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--decisions", action="store_true",
                    help="cache-aware: record what the score saw at each decision (held, "
@@ -303,10 +381,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def main_async(args) -> list[dict]:
-    sizes = bs.QUICK_SIZES if args.quick else bs.Sizes()
+    if args.full:
+        args.routers, args.share = ",".join(ROUTER_CHOICES), ",".join(SHARES)
+        args.workloads, args.no_single = ",".join(WORKLOADS), False
+    sizes = bs.QUICK_SIZES if args.quick else FULL_SIZES if args.full else bs.Sizes()
     args.output_tokens = sizes.output_len           # every workload's max_tokens (--replay)
     names = args.workloads.split(",")
     workloads = build_workloads(names, sizes, args.seed)
+    started = time.perf_counter()
     ray_cpus = args.ray_cpus or max(2, int(args.replicas * args.replica_cpus + 1))
 
     shares = args.share.split(",")
@@ -329,9 +411,11 @@ async def main_async(args) -> list[dict]:
 
     results = []
     if not args.no_single:
-        name = f"1 replica, {args.replicas}x KV"
+        name = f"{SINGLE}, {args.replicas}x KV"
+        single = [(w, load) for w, load in workloads if w == "few-shot"] \
+            if args.full else workloads
         results.append(await run_config(name, options(1, "round-robin", "single"),
-                                         engine(args.kv_tokens * args.replicas), workloads, args))
+                                         engine(args.kv_tokens * args.replicas), single, args))
     for router in args.routers.split(","):
         bounds = [LoadBound.parse(c) for c in args.load_bounds.split(",")] \
             if router == "cache-aware" else [LoadBound()]
@@ -346,6 +430,8 @@ async def main_async(args) -> list[dict]:
                                                  args))
     shutil.rmtree(scratch, ignore_errors=True)
     print(report(results, names))
+    print("\n".join(targets(results)))
+    print(f"\nrun time {time.perf_counter() - started:.0f} s")
     return results
 
 

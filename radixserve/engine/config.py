@@ -93,6 +93,9 @@ class EngineConfig:
     # A store lookup's deadline is as long as computing the pages would take (measured),
     # and at least this: a lookup unanswered by then is a miss (engine/peer_share.py).
     kv_share_lookup_min_s: float = 1.0
+    # --kv-share ray: a directory actor call or a page's object get slower than this is a
+    # miss (share/ray_store.py); tests on a busy machine set it long.
+    kv_share_call_timeout_s: float = 5.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -233,3 +236,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"a cluster-store lookup unanswered after as long as computing its "
                         f"pages takes (measured), and at least this, is a miss: the request "
                         f"computes them (default {d.kv_share_lookup_min_s:g})")
+    g.add_argument("--kv-share-call-timeout-s", type=float, default=None,
+                   help=f"--kv-share ray: a directory actor call or a page's object get "
+                        f"slower than this is a miss (default {d.kv_share_call_timeout_s:g})")

@@ -10,7 +10,9 @@ fetches the published ones; a later admission takes the answer (engine/peer_shar
 A lookup has a deadline: as long as computing its pages would take (measured). One still
 unanswered then (a stuck or slow store) is a miss: the request computes, and the answer,
 when it comes, is dropped (its claims released). While the thread is stuck past a deadline,
-new misses do not queue behind it: they compute at once.
+new misses do not queue behind it, and those already queued behind it stop waiting: they
+compute at once (engine/peer_share.py). So one stuck store call delays other requests by
+at most one lookup's compute time, however many lookups there are.
 
 A `ShareTicket` is one sequence's dealings with the store across its admissions: its
 current lookup, its wait for a peer's claim, and the keys it claimed (released once its
@@ -75,6 +77,7 @@ class ShareTicket:
     gave_up: bool = False               # the wait's bound passed: compute, wait no more
     missed: bool = False                # a lookup passed its deadline: compute, ask no more
     claimed: tuple[bytes, ...] = ()     # keys it claimed and has not released
+    renew_at: float = math.inf          # time.monotonic() its claims are next renewed
 
     def pending(self) -> bool:
         """Its lookup is in flight (within its deadline), or it waits on a peer and is not

@@ -136,10 +136,12 @@ class SequenceMemory:
     def commit(self, seq: SeqState) -> None:
         """Insert the computed whole pages into the tree (the lease adopts the tree's)."""
         seq.lease.extend(seq.token_ids, seq.num_computed)
-        if self.peers is not None and not seq.shared and self.use_cache \
-                and seq.num_computed // self.page_size >= (seq.prompt_len - 1) // self.page_size:
-            seq.shared = True       # every page a later request could load is computed
-            self.peers.publish(seq)
+        if self.peers is not None and not seq.shared and self.use_cache:
+            if seq.num_computed // self.page_size >= (seq.prompt_len - 1) // self.page_size:
+                seq.shared = True   # every page a later request could load is computed
+                self.peers.publish(seq)
+            else:
+                self.peers.progress(seq)    # its claims outlive a slow prefill
 
     def release(self, seq: SeqState, keep: bool) -> None:
         """Give back everything the sequence holds; `keep` first caches its computed KV."""

@@ -94,7 +94,7 @@ def make_peer_share(config: EngineConfig, runner: ModelRunner,
     # This engine (several may share a process): its claims are its own (peer_share.py).
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     store = open_shared_store(config.kv_share, config.kv_share_bytes or DEFAULT_KV_SHARE_BYTES,
-                              owner)
+                              owner, config.kv_share_call_timeout_s)
     peers = PeerShare(store, ShareScope.of(engine_fingerprint(config, runner)),
                       config.page_size, tiers.costs if tiers is not None else None, owner,
                       config.kv_share_lookup_min_s)

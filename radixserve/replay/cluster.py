@@ -13,9 +13,8 @@ the cluster store: a request's prompt is published into it when its prefill ends
 replica (write-through), and a replica that misses part of a prompt the store holds loads
 that part instead of computing it, at `share_load_fraction` of its prefill time. A prompt
 part another replica is computing (claimed, not yet published: a burst for a new prefix)
-is waited for and then loaded, as the serving replicas do (engine/peer_share.py), when the
-wait is no longer than computing the prompt would take (the serving replicas' bound); the
-replica is held meanwhile. Loaded tokens
+is waited for and then loaded, as the serving replicas do (engine/peer_share.py: a wait
+ends when the claim does, and a live claimer publishes); the replica is held meanwhile. Loaded tokens
 count as hits (`loaded_tokens` says how many); the cache-aware router scores them as
 loadable.
 """
@@ -280,10 +279,8 @@ def simulate_cluster(workload: Workload, config: ClusterConfig,
         if cluster.store is not None and hit is not None:
             claimed, until = cluster.claimed_tokens(item, published, r)
             if claimed > max(shared, hit):      # a peer computes more of it: wait, load
-                wait = max(0.0, until - max(now, cluster.busy_until[r]))
-                if wait <= (item.prompt_len - max(shared, hit)) \
-                        * service.prefill_seconds_per_token:
-                    shared, waited = claimed, wait
+                shared = claimed
+                waited = max(0.0, until - max(now, cluster.busy_until[r]))
         loaded = max(0, shared - hit) if hit is not None else 0
         computed = item.prompt_len - (hit or 0) - loaded
         seconds = service.seconds(computed, outputs[i]) + \

@@ -240,7 +240,7 @@ SHARE_COUNTERS = (
     ("claimed_pages", "Pages claimed in the cluster store before computing them"),
     ("waits", "Admissions that waited for a peer's claimed pages instead of computing"),
     ("wait_seconds", "Seconds admissions waited for peers' claimed pages"),
-    ("waits_expired", "Waits for a peer's pages ended by their bound (then computed)"),
+    ("waits_expired", "Waits for a peer's pages ended by the claim's expiry (then computed)"),
     ("lookups_late", "Store lookups unanswered within recompute's time (then computed)"),
 )
 

@@ -9,6 +9,12 @@ need clocks in step to within the claim's length). A claim whose deadline passed
 died, or was slower than it said) is taken over; two replicas taking over the same expired
 claim at once may both compute the page, which costs a recompute, never a wrong page.
 
+An owner claiming its own page again renews it (a new deadline, written to a temporary file
+and renamed over the claim, so a reader sees the old deadline or the new one): a replica
+whose prefill is still progressing keeps its claim (engine/peer_share.py), as the Ray
+directory does. A renewal racing a takeover of the same expired claim can at worst leave
+both computing the page.
+
 Expired claims whose page nobody asks for again would stay: `sweep` removes them (the store
 runs it when it opens and whenever it scans the directory to evict). It follows the
 takeover's rule (a claim past its deadline is nobody's), so a sweep racing a takeover can
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Sequence
 
@@ -44,6 +51,14 @@ class DirClaims:
         with os.fdopen(fd, "w") as f:
             f.write(f"{deadline!r} {owner}")
         return True
+
+    def _renew(self, path: Path, owner: str, deadline: float) -> None:
+        tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
+        try:
+            tmp.write_text(f"{deadline!r} {owner}")
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
 
     def _read(self, path: Path, ttl_s: float) -> tuple[str, float] | None:
         """(owner, deadline) of a claim file; None when it is gone. A file still being
@@ -72,7 +87,8 @@ class DirClaims:
                     continue
                 held = self._read(path, ttl_s)
             if held is not None and held[0] == owner:
-                continue                        # ours already
+                self._renew(path, owner, deadline)      # ours already: a new deadline
+                continue
             if held is not None and held[1] <= now:
                 path.unlink(missing_ok=True)    # expired: taken over
                 if self._create(path, owner, deadline):

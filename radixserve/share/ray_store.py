@@ -178,11 +178,13 @@ def clear_directory() -> int:
 class RaySharedStore:
     name = "ray"
 
-    def __init__(self, capacity_bytes: int, owner: str, actor=None):
+    def __init__(self, capacity_bytes: int, owner: str, actor=None,
+                 call_timeout_s: float = CALL_TIMEOUT_S):
         import ray
 
         self._ray = ray
         self.owner = owner
+        self.call_timeout_s = call_timeout_s     # a slower actor call or get is a miss
         self.actor = actor if actor is not None else directory_actor(capacity_bytes)
         self.counters = ShareCounters()
         self._lock = threading.Lock()
@@ -200,7 +202,8 @@ class RaySharedStore:
         if time.monotonic() < self._down_until:
             return default
         try:
-            return ray.get(getattr(self.actor, method).remote(*args), timeout=CALL_TIMEOUT_S)
+            return ray.get(getattr(self.actor, method).remote(*args),
+                           timeout=self.call_timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
                 ray.exceptions.ActorUnavailableError):
             self._down_until = time.monotonic() + RETRY_AFTER_S
@@ -244,7 +247,7 @@ class RaySharedStore:
         boxed = self._call("lookup", list(keys), default=[]) if keys else []
         for key, (ref,) in zip(keys, boxed):
             try:
-                blob = ray.get(ref, timeout=CALL_TIMEOUT_S)
+                blob = ray.get(ref, timeout=self.call_timeout_s)
             except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError,
                     ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
                 got.lost += self._call("forget", key, default=0) or 1

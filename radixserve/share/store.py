@@ -120,10 +120,11 @@ def share_arg(spec: str) -> str:
     return spec
 
 
-def open_shared_store(spec: str | None, capacity_bytes: int, owner: str
-                      ) -> SharedStore | None:
+def open_shared_store(spec: str | None, capacity_bytes: int, owner: str,
+                      call_timeout_s: float = 5.0) -> SharedStore | None:
     """The store `--kv-share` names (None: off). `owner` names this replica in the Ray
-    directory (a dead owner's pages are forgotten)."""
+    directory (a dead owner's pages are forgotten); `call_timeout_s` bounds each of its
+    Ray calls (a slower one is a miss)."""
     kind, path = parse_share(spec)
     if kind == "dir":
         from .dir_store import DirSharedStore
@@ -132,5 +133,5 @@ def open_shared_store(spec: str | None, capacity_bytes: int, owner: str
     if kind == "ray":
         from .ray_store import RaySharedStore
 
-        return RaySharedStore(capacity_bytes, owner)
+        return RaySharedStore(capacity_bytes, owner, call_timeout_s=call_timeout_s)
     return None

@@ -50,6 +50,16 @@ def prompt(tail: int, n: int = 8) -> list[int]:
     return SYSTEM + list(range(2000 + tail * n, 2000 + tail * n + n))
 
 
+def forgotten(client, victim: str) -> bool:
+    """The router keeps no view of `victim` for routing. Ray Serve tells the router of a
+    dead replica from the failed request's done callback, scheduled onto the router's
+    event loop: on a busy machine that can run after the stream's error reached the
+    client, so tests wait for this rather than assert it at the stream's end."""
+    with client.state.lock:
+        state = client.state.replicas.get(victim)
+        return state is None or state.digest is None
+
+
 def wait_until(cond, what: str, timeout: float = HANG):
     deadline = time.monotonic() + timeout
     while not (value := cond()):
@@ -63,9 +73,13 @@ def wait_until(cond, what: str, timeout: float = HANG):
 def cluster():
     options = ClusterOptions(replicas=2, num_cpus=4, replica_cpus=1,
                              routing_stats_period_s=0.1, app_name="radixserve-test")
+    # The store's deadlines (a lookup's; each directory actor call's and object get's) are
+    # HANG: on a busy machine a slow call must not turn a load into a recompute, a publish
+    # into a drop, or a live object into a lost one (each would be a miss the tests count).
     client = deploy(engine_config(kv_cache_tokens=4096, warmup_tokens=0, max_model_len=1024,
-                                  page_size=16, kv_share="ray", kv_share_lookup_min_s=HANG),
-                    options)     # the lookup deadline: a busy machine must not skip a load
+                                  page_size=16, kv_share="ray", kv_share_lookup_min_s=HANG,
+                                  kv_share_call_timeout_s=HANG),
+                    options)
     try:
         with LiveServer(client) as live:
             yield live
@@ -449,13 +463,15 @@ def test_the_publisher_dying_leaves_the_others_recomputing(cluster):
     first = next(k for k in directory_keys() if k not in old)
     os.kill(live.run(client.control(a, "pid")), signal.SIGKILL)
 
-    def lost(d, key):       # in the directory actor: is the listed object still readable?
+    def lost(d, key):       # in the directory actor: has Ray declared the object lost?
         (ref,), _, _ = d.entries[key]
         try:
             ray.get(ref, timeout=5.0)
             return False
-        except ray.exceptions.RayError:
+        except ray.exceptions.ObjectLostError:      # OwnerDiedError among them
             return True
+        except ray.exceptions.GetTimeoutError:      # a busy machine: not known yet, ask again
+            return False
     # Ray frees a dead owner's objects once it learns of the death (until then a read of
     # the node's copy still succeeds, with correct, checked bytes): wait for that.
     wait_until(lambda: ray.get(directory().__ray_call__.remote(lost, first), timeout=HANG),
@@ -492,7 +508,7 @@ def test_a_replica_dying_mid_stream_ends_cleanly_and_the_next_requests_succeed(c
     assert rest[-1] == "[DONE]"
     last = json.loads(rest[-2])
     assert last["finished"] is True and last["meta_info"]["finish_reason"] == "error"
-    assert victim not in client.replica_ids() or client.state.replicas[victim].digest is None
+    wait_until(lambda: forgotten(client, victim), "the router to forget the dead replica")
     for i in range(3):                                  # retried or routed elsewhere
         assert generate(live, prompt(60 + i))["prompt_tokens"] == len(prompt(0))
 
@@ -531,7 +547,8 @@ def test_32_streams_through_a_replica_fault(cluster, how):
     """A replica dies (its Ray worker process gets SIGKILL, or its actor exits) while 32
     streams run: every stream ends (no hang) with [DONE]; one that had streamed ends with
     an error event, one that had not is retried elsewhere and finishes; the router forgets
-    the dead replica at once, the front end keeps serving, and the replacement rejoins."""
+    the dead replica (when Ray Serve tells it), the front end keeps serving, and the
+    replacement rejoins."""
     live, client = cluster, cluster.engine
     wait_until(lambda: len(client.replica_ids()) == 2, "two replicas")
     before = set(client.replica_ids())
@@ -564,8 +581,8 @@ def test_32_streams_through_a_replica_fault(cluster, how):
         else:
             assert sum(len(e["output_ids"]) for e in stream[:-1]) == 24
     assert errors > 0
-    # forgotten at once: no view of the dead replica is used for routing
-    assert victim not in client.replica_ids() or client.state.replicas[victim].digest is None
+    # forgotten: no view of the dead replica is used for routing
+    wait_until(lambda: forgotten(client, victim), "the router to forget the dead replica")
     for i in range(3):                                  # the front end keeps serving
         assert generate(live, prompt(400 + i))["prompt_tokens"] == len(prompt(0))
     wait_until(lambda: len(client.replica_ids()) == 2 and set(client.replica_ids()) != before,

@@ -62,6 +62,19 @@ def test_an_expired_claim_is_taken_over(store):
     assert store.claim(KEYS[:4], "c", 30.0).claimed == 0
 
 
+def test_an_owners_claim_made_again_is_renewed(store):
+    """A holder whose prefill progresses claims its pages again (engine/peer_share.py):
+    the claim gets the new deadline, so another owner still finds it held, and no
+    temporary file of the renewal is left behind."""
+    assert store.claim(KEYS[:3], "a", 0.0) == Claim(3)             # as good as expired
+    assert store.claim(KEYS[:3], "a", 30.0) == Claim(3)            # renewed
+    held = store.claim(KEYS[:3], "b", 30.0)
+    assert held.claimed == 0 and held.held_until > time.time() + 25
+    if isinstance(store, DirSharedStore):
+        assert sorted(p.name for p in store.root.iterdir()) == \
+            sorted(f"{k.hex()}.claim" for k in KEYS[:3])
+
+
 def test_of_owners_claiming_at_once_each_page_gets_exactly_one(store):
     """Eight owners claim the same 40 pages at once: their claimed runs never overlap."""
     runs: dict[str, int] = {}

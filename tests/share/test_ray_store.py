@@ -46,12 +46,18 @@ def actor():
         ray.shutdown()
 
 
+def open_store(actor, owner: str) -> RaySharedStore:
+    """A replica's store on the test's directory actor; its calls' deadline is HANG, so a
+    busy machine's slow call is not taken for a missing or lost page."""
+    return RaySharedStore(0, owner, actor=actor, call_timeout_s=HANG)
+
+
 @ray.remote(num_cpus=0)
 class Replica:
     """A publisher in its own process: it owns the objects it puts."""
 
     def __init__(self, owner: str):
-        self.store = RaySharedStore(64 * 1100, owner)
+        self.store = RaySharedStore(64 * 1100, owner, call_timeout_s=HANG)
 
     def publish(self, ks: list[bytes], start: int) -> int:
         return sum(self.store.publish(k, page(start + i)) for i, k in enumerate(ks))
@@ -62,7 +68,7 @@ class Replica:
 
 
 def test_pages_published_by_one_replica_are_fetched_by_another(actor):
-    a, b = RaySharedStore(0, "a", actor=actor), RaySharedStore(0, "b", actor=actor)
+    a, b = open_store(actor, "a"), open_store(actor, "b")
     ks = keys(4)
     assert [a.publish(k, page(i)) for i, k in enumerate(ks[:3])] == [True] * 3
     assert not b.publish(ks[0], page(0))         # one copy wins; b's is not kept
@@ -76,7 +82,7 @@ def test_pages_published_by_one_replica_are_fetched_by_another(actor):
 
 
 def test_a_page_under_another_key_is_refused_and_forgotten(actor):
-    store = RaySharedStore(0, "c", actor=actor)
+    store = open_store(actor, "c")
     ks = keys(2, start=100)
     store.publish(ks[0], page(0))
     wrong = ray.put(frame(keys(1, start=999)[0], page(1)))     # framed for another key
@@ -90,7 +96,7 @@ def test_a_dead_publishers_pages_are_forgotten_never_read(actor):
     ks = keys(3, start=200)
     replica = Replica.remote("dead-one")
     assert ray.get(replica.publish.remote(ks, 0), timeout=HANG) == 3
-    reader = RaySharedStore(0, "reader", actor=actor)
+    reader = open_store(actor, "reader")
     assert reader.published(ks) == 3
     ray.kill(replica)
     deadline = time.monotonic() + HANG
@@ -104,7 +110,7 @@ def test_a_dead_publishers_pages_are_forgotten_never_read(actor):
 
 
 def test_a_restarted_directory_forgets_and_sharing_resumes(actor):
-    store = RaySharedStore(0, "d", actor=actor)
+    store = open_store(actor, "d")
     ks = keys(2, start=300)
     store.publish(ks[0], page(0))
     ray.kill(actor, no_restart=False)               # Ray restarts it, empty
@@ -118,7 +124,7 @@ def test_a_restarted_directory_forgets_and_sharing_resumes(actor):
 
 
 def test_the_directory_is_bounded(actor):
-    store = RaySharedStore(0, "e", actor=actor)
+    store = open_store(actor, "e")
     ks = keys(100, start=1000)
     store.publish_many(ks, [page(i) for i in range(100)])      # one batch: two actor calls
     size = ray.get(actor.size.remote())
@@ -129,7 +135,7 @@ def test_the_directory_is_bounded(actor):
 def test_claims_go_through_the_directory_actor(actor):
     """Two replicas claim the same pages: one holds them, the other is told how long; a
     release lets the other claim them."""
-    a, b = (RaySharedStore(0, owner, actor=actor) for owner in ("claim-a", "claim-b"))
+    a, b = (open_store(actor, owner) for owner in ("claim-a", "claim-b"))
     ks = keys(3, start=2000)
     assert a.claim(ks, "claim-a", 30.0).claimed == 3
     held = b.claim(ks, "claim-b", 30.0)
