@@ -93,6 +93,9 @@ class EngineConfig:
     # A store lookup's deadline is as long as computing the pages would take (measured),
     # and at least this: a lookup unanswered by then is a miss (engine/peer_share.py).
     kv_share_lookup_min_s: float = 1.0
+    # The lone decode (one stream) through an ahead-of-time compiled step, cached in the
+    # weights cache dir (model/compiled_decode.py): off | on | auto.
+    decode_compile: str = "off"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -233,3 +236,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"a cluster-store lookup unanswered after as long as computing its "
                         f"pages takes (measured), and at least this, is a miss: the request "
                         f"computes them (default {d.kv_share_lookup_min_s:g})")
+    g.add_argument("--decode-compile", default=None, choices=["off", "on", "auto"],
+                   help="run a lone decode (one stream) through a compiled step, kept in "
+                        "the weights cache dir; compiled in the background on a cold cache "
+                        "while serving eagerly. auto: where the model qualifies; on: refuse "
+                        "to start where it does not (default off; docs/configuration.md)")
