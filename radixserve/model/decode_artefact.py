@@ -50,7 +50,8 @@ class ArtefactKey:
     weights_dtype: str        # bf16 (the model's dtype), int8, int4, int4+float
     kv_dtype: str             # what the pool stores
     torch_version: str
-    cpu_isa: str              # torch's CPU capability (AVX2, AVX512, ...)
+    cpu_isa: str              # torch's CPU capability (AVX2, AVX512, ...) and a digest
+                              # of the CPU's flags: Inductor builds with -march=native
     code: str                 # fingerprint of _FINGERPRINTED
 
     @classmethod
@@ -59,7 +60,7 @@ class ArtefactKey:
         return cls(model_config=repr(model_config), dtype=_name(dtype),
                    weights_dtype=weights_dtype, kv_dtype=_name(kv_dtype),
                    torch_version=torch.__version__,
-                   cpu_isa=torch.backends.cpu.get_cpu_capability(), code=code_fingerprint())
+                   cpu_isa=cpu_isa(), code=code_fingerprint())
 
     @property
     def digest(self) -> str:
@@ -69,6 +70,19 @@ class ArtefactKey:
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def cpu_isa() -> str:
+    """torch's CPU capability and a digest of /proc/cpuinfo's flags (where there is one)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        import platform
+        flags = platform.processor()
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:12]
+    return f"{torch.backends.cpu.get_cpu_capability()}-{digest}"
 
 
 def code_fingerprint() -> str:

@@ -60,9 +60,12 @@ def expected(tiny):
 
 @pytest.fixture(scope="module")
 def cache(tiny, expected, tmp_path_factory):
-    """A weights cache dir holding the compiled step, built the way a server builds it."""
+    """A weights cache dir holding the compiled step, built the way a server builds it
+    (the child's C++ wrapper at -O0, torch's own knob: ~2x quicker to build)."""
     root = tmp_path_factory.mktemp("compiled-cache")
-    engine = engine_on(tiny, root)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL", "O0")
+        engine = engine_on(tiny, root)
     compiled = engine.runner.compiled_decode
 
     async def scenario(engine):
