@@ -12,8 +12,8 @@ minutes, so:
   what it wrote, or logs why there is nothing (no C++ compiler, a failed compile), after
   which the eager step simply stays;
 - a loaded step is checked once against the eager ``LoneDecodeStep`` on a small context
-  before it is used (logits within ``SELF_CHECK_ATOL``): a package that computes something
-  else is refused.
+  before it is used (every output within ``rtol`` of its magnitude): a library that
+  computes something else is refused.
 
 Only the plain Llama family on CPU with an unquantized KV pool qualifies
 (``lone_step.unsupported_reason``); deterministic mode keeps the eager path (its
@@ -119,7 +119,7 @@ class CompiledDecode:
         """The start-up line."""
         s = self.stats
         if s.state == "ready":
-            return (f"decode compile: the lone decode runs compiled ({self.paths.package}, "
+            return (f"decode compile: the lone decode runs compiled ({self.paths.library}, "
                     f"loaded in {s.ready_after_s:.2f} s)")
         if s.state == "compiling":
             return (f"decode compile: compiling the lone decode step in the background "
@@ -136,9 +136,9 @@ class CompiledDecode:
         why = self.paths.check()
         if why is None and self._load():
             return
-        if why is not None and self.paths.package.exists():
+        if why is not None and self.paths.library.exists():
             log.warning("decode compile: cached step %s refused: %s; compiling again",
-                        self.paths.package, why)
+                        self.paths.library, why)
             self.paths.discard()
         self._spawn()
 
@@ -148,6 +148,7 @@ class CompiledDecode:
         if child is None or child.poll() is None:
             return
         self._child = None
+        self.paths.spec.unlink(missing_ok=True)
         if child.returncode != 0:
             self._eager(f"the compile failed (exit {child.returncode}): {self._log_tail()}")
             return
@@ -170,11 +171,10 @@ class CompiledDecode:
             return
         d = self.paths.directory
         d.mkdir(parents=True, exist_ok=True)
-        spec_file = self.paths.package.with_suffix(".spec.json")
-        spec_file.write_text(json.dumps(dataclasses.asdict(self.spec)))
+        self.paths.spec.write_text(json.dumps(dataclasses.asdict(self.spec)))
         with open(self.paths.log, "wb") as out:
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "radixserve.model.decode_artefact", str(spec_file)],
+                [sys.executable, "-m", "radixserve.model.decode_artefact", str(self.paths.spec)],
                 stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(10),
                 env={**os.environ, "OMP_NUM_THREADS": "1"})
         self.stats.state, self.stats.compiles_started = "compiling", \
@@ -185,16 +185,18 @@ class CompiledDecode:
 
     def _load(self) -> bool:
         try:
-            runner = torch._inductor.aoti_load_package(str(self.paths.package))
+            runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(self.paths.library), 1)
             tensors = _module_tensors(self.step)
-            runner.load_constants({f: tensors[f] for f in runner.get_constant_fqns()
-                                   if f in tensors}, check_full_update=False,
-                                  user_managed=True)
+            # The model's own tensors replace the library's embedded copies (never read).
+            runner.update_constant_buffer(
+                {name: tensors[fqn] for name, fqn in
+                 runner.get_constant_names_to_original_fqns().items() if fqn in tensors},
+                False, False, True)     # active buffer, partial update, user-managed
             err = self._self_check(runner)
         except Exception as e:          # a package torch cannot load is refused, not fatal
             err = f"{type(e).__name__}: {e}"
         if err is not None:
-            log.warning("decode compile: cached step %s refused: %s", self.paths.package, err)
+            log.warning("decode compile: cached step %s refused: %s", self.paths.library, err)
             self.paths.discard()
             self._eager(f"the compiled step was refused: {err}")
             return False
@@ -203,15 +205,15 @@ class CompiledDecode:
         s.state, s.reason, s.loads = "ready", "", s.loads + 1
         s.ready_after_s = time.perf_counter() - self._started_at
         log.info("decode compile: the lone decode now runs compiled (%s, ready %.2f s "
-                 "after start)", self.paths.package.name, s.ready_after_s)
+                 "after start)", self.paths.library.name, s.ready_after_s)
         return True
 
     @torch.inference_mode()
     def _self_check(self, runner) -> str | None:
-        """Compare the package with the eager step on two cached tokens of the pool."""
+        """Compare the library with the eager step on two cached tokens of the pool."""
         ks, vs = pool_views(self.kv_pool)
-        args = (torch.tensor([1]), torch.tensor([2]), torch.arange(2), ks, vs)
-        got, ref = runner(*args), self.step(*args)
+        args = (torch.tensor([1]), torch.tensor([2]), torch.arange(2))
+        got, ref = runner.run([*args, *ks, *vs]), self.step(*args, ks, vs)
         worst = max(float((g.float() - r.float()).abs().max() / r.float().abs().max()
                           .clamp_min(1e-6)) for g, r in zip(got, ref))
         return None if worst <= self.rtol else (
@@ -234,14 +236,14 @@ class CompiledDecode:
             new_slot: torch.Tensor) -> torch.Tensor:
         """One lone decode: float32 logits [1, vocab]; the new K/V written at ``new_slot``."""
         ks, vs = pool_views(self.kv_pool)
-        logits, new_k, new_v = self._runner(token, position, cached_slots, ks, vs)
+        logits, new_k, new_v = self._runner.run([token, position, cached_slots, *ks, *vs])
         write_new_kv(self.kv_pool, new_slot, new_k, new_v)
         self.stats.compiled_steps += 1
         return logits
 
 
 def _module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer of ``module`` by its qualified name (what the package's
+    """Every parameter and buffer of ``module`` by its qualified name (what the library's
     constants are named after)."""
     return {**dict(module.named_parameters(remove_duplicate=False)),
             **dict(module.named_buffers(remove_duplicate=False))}

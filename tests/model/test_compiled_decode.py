@@ -106,7 +106,7 @@ def test_a_cached_step_is_loaded_without_compiling_and_equals_eager(tiny, expect
 def tampered_copy(cache: Path, tmp_path: Path, how: str) -> Path:
     copy = tmp_path / "cache"
     shutil.copytree(cache, copy)
-    package = next((copy / "compiled").glob("*.pt2"))
+    package = next((copy / "compiled").glob("*.so"))
     sidecar = package.with_suffix(".json")
     if how == "bytes":                      # a flipped byte: the sha256 no longer matches
         data = bytearray(package.read_bytes())
@@ -137,7 +137,7 @@ def test_a_tampered_artefact_is_refused_and_serving_stays_eager(tiny, expected, 
     compiled = engine.runner.compiled_decode
     assert not compiled.ready and compiled.stats.loads == 0
     assert "refused" in caplog.text and "no C++ compiler" in compiled.stats.reason
-    assert not list((copy / "compiled").glob("*.pt2"))        # discarded, never loaded
+    assert not list((copy / "compiled").glob("*.so"))        # discarded, never loaded
     assert_same(run_scenario(engine, one_at_a_time(PROMPTS[:1])), expected[:1])
     assert compiled.stats.compiled_steps == 0
 
