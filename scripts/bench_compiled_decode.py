@@ -52,11 +52,10 @@ def allocator_pages(context: int, prompt: int) -> np.ndarray:
 def wait_compiled(runner: ModelRunner) -> None:
     compiled = runner.compiled_decode
     t0 = time.perf_counter()
-    if compiled._child is not None:
-        print(f"compiling (pid {compiled._child.pid}, log {compiled.paths.log}) ...",
+    if compiled.compiling_pid is not None:
+        print(f"compiling (pid {compiled.compiling_pid}, log {compiled.paths.log}) ...",
               flush=True)
-        compiled._child.wait()
-        compiled.poll()
+        compiled.wait_for_compile()
         print(f"cold compile: {time.perf_counter() - t0:.1f} s", flush=True)
     if not compiled.ready:
         raise SystemExit(f"no compiled step: {compiled.stats.reason}")

@@ -158,6 +158,17 @@ class CompiledDecode:
             return
         self._load()
 
+    def wait_for_compile(self) -> None:
+        """Block until a running compile ends, then take its result (scripts and tests: a
+        server never waits, it polls)."""
+        if self._child is not None:
+            self._child.wait()
+            self.poll()
+
+    @property
+    def compiling_pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
+
     def close(self) -> None:
         """Stop a compile still running (shutdown): the next start compiles again."""
         child, self._child = self._child, None

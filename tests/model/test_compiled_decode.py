@@ -73,7 +73,7 @@ def cache(tiny, expected, tmp_path_factory):
         assert compiled.stats.state == "compiling" and not compiled.ready
         first = await collect(engine.generate(PROMPTS[0], GREEDY))
         assert first.token_ids[0] == expected[0][0]
-        await asyncio.to_thread(compiled._child.wait)     # the compile's end, not a guess
+        await asyncio.to_thread(compiled.wait_for_compile)   # its end, not a guess
         return await one_at_a_time(PROMPTS)(engine)
 
     got = run_scenario(engine, scenario)
