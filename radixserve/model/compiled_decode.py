@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from .decode_artefact import ArtefactKey, ArtefactPaths, BuildSpec
+from .errors import ModelLoadError
 from .lone_step import LoneDecodeStep, pool_views, unsupported_reason, write_new_kv
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,9 @@ SELF_CHECK_RTOL_FP32 = 1e-4
 SELF_CHECK_RTOL_BF16 = 3e-2
 
 
-class DecodeCompileError(ValueError):
-    """``--decode-compile on`` for a model or mode the compiled step cannot serve."""
+class DecodeCompileError(ModelLoadError):
+    """``--decode-compile on`` for a model or mode the compiled step cannot serve (a
+    ModelLoadError: ``serve`` prints it and exits 1)."""
 
 
 def find_cxx() -> str | None:
