@@ -45,6 +45,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="llama-server -t")
     p.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--decode-compile", default="off",
+                   help="comma-separated --decode-compile modes to run each dtype with "
+                        "(e.g. off,on: the eager and the compiled lone decode side by side; "
+                        "a mode other than off waits until the server's compiled step is "
+                        "ready, compiling it first on a cold cache)")
     p.add_argument("--quick", action="store_true", help="auto only, 16 tokens, 1 repeat")
     p.add_argument("--cpu-time", action="store_true",
                    help="CPU time per decoded token instead of wall rates (module docstring)")
@@ -120,10 +125,35 @@ def cpu_per_token(proc: subprocess.Popen, url: str, args) -> float:
     return statistics.median(per)
 
 
+def wait_compiled(proc: subprocess.Popen, url: str, args) -> None:
+    """Until the server logs that its lone decode runs compiled. On a cold cache the
+    compile's end is noticed at a lone decode step, so short requests keep coming."""
+    import queue
+    import threading
+
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout],
+                     daemon=True).start()
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        stream(url, args.model, 2)
+        try:
+            line = lines.get(timeout=5)
+        except queue.Empty:
+            continue
+        if "now runs compiled" in line:
+            return
+        if "eager step stays" in line:
+            raise SystemExit(f"no compiled step: {line}")
+    raise SystemExit(f"no compiled step after {args.timeout} s")
+
+
 def measure(name: str, cmd: list[str], url: str, args,
             env: dict[str, str] | None = None) -> dict[int, tuple[float, float]]:
     proc = start(cmd, url, args.timeout, env)
     try:
+        if "--decode-compile" in cmd and cmd[cmd.index("--decode-compile") + 1] != "off":
+            wait_compiled(proc, url, args)
         if args.cpu_time:
             stream(url, args.model, 4)
             ms = cpu_per_token(proc, url, args) * 1e3
@@ -154,12 +184,15 @@ def main() -> None:
                           str(args.threads), "-np", "1", "-c", "4096"],
             f"http://127.0.0.1:{port}", args)
     for wd in args.weights_dtypes.split(","):
-        port = free_port()
-        results[f"radixserve {wd}"] = measure(
-            f"radixserve {wd}", [sys.executable, "-m", "radixserve.cli", "serve", "--port",
-                                 str(port), "--model", args.model, "--weights-dtype", wd],
-            f"http://127.0.0.1:{port}", args,
-            {"OMP_NUM_THREADS": str(args.threads)} if args.cpu_time else None)
+        for mode in args.decode_compile.split(","):
+            port = free_port()
+            name = f"radixserve {wd}" + (f", decode-compile {mode}" if mode != "off" else "")
+            results[name] = measure(
+                name, [sys.executable, "-m", "radixserve.cli", "serve", "--port",
+                       str(port), "--model", args.model, "--weights-dtype", wd,
+                       "--decode-compile", mode],
+                f"http://127.0.0.1:{port}", args,
+                {"OMP_NUM_THREADS": str(args.threads)} if args.cpu_time else None)
     base = results.get("llama.cpp")
     if args.cpu_time:
         print("\n| server | compute threads | CPU ms per decoded token | vs llama.cpp |")

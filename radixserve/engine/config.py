@@ -96,6 +96,9 @@ class EngineConfig:
     # --kv-share ray: a directory actor call or a page's object get slower than this is a
     # miss (share/ray_store.py); tests on a busy machine set it long.
     kv_share_call_timeout_s: float = 5.0
+    # The lone decode (one stream) through an ahead-of-time compiled step, cached in the
+    # weights cache dir (model/compiled_decode.py): off | on | auto.
+    decode_compile: str = "off"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
@@ -239,3 +242,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-share-call-timeout-s", type=float, default=None,
                    help=f"--kv-share ray: a directory actor call or a page's object get "
                         f"slower than this is a miss (default {d.kv_share_call_timeout_s:g})")
+    g.add_argument("--decode-compile", default=None, choices=["off", "on", "auto"],
+                   help="run a lone decode (one stream) through a compiled step, kept in "
+                        "the weights cache dir; compiled in the background on a cold cache "
+                        "while serving eagerly. auto: where the model qualifies; on: refuse "
+                        "to start where it does not (default off; docs/configuration.md)")

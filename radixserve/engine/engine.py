@@ -202,6 +202,9 @@ class Engine(OneProcessStats):
         then, with --kv-disk-dir, save the cache to disk, copying pages until `save_by`
         (time.monotonic; None: all of them)."""
         await self._stop_loop(grace_s)
+        compiled = getattr(self.runner, "compiled_decode", None)   # a NullRunner has none
+        if compiled is not None:            # a compile still running stops
+            compiled.close()
         # Only after a restore: the tree then holds what the directory did (or more).
         if (self.persistence is not None and self.persistence.restored is not None
                 and self._failure is None):

@@ -26,6 +26,7 @@ from radixserve.cache.tier_types import MoveTimes
 from radixserve.engine.batch import SampleResult, StepBatch, StepResult
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.host_memory import keep_freed_host_memory
+from radixserve.engine.lone_decode import lone_decode_inputs
 from radixserve.engine.latent_setup import (describe_latent_cache, latent_attention,
                                             latent_token_bytes)
 from radixserve.engine.sampler import Sampler
@@ -113,6 +114,27 @@ class ModelRunner:
         self.sampler = Sampler()
         self.mover: TierMover | None = None     # host/disk tiers (attach_tiers)
         self.share_publisher = None             # --kv-share: PeerShare's publisher thread
+        self.compiled_decode = self._compiled_decode()   # --decode-compile
+
+    def _compiled_decode(self):
+        """The compiled lone step (loaded from the weights cache dir, or compiling in a
+        child process), or None: --decode-compile off, a model it cannot serve, or hybrid
+        pools (model/compiled_decode.py)."""
+        c = self.config
+        if c.decode_compile == "off" or self.windowed is not None \
+                or self.loaded.config.mla is not None:
+            return None
+        from radixserve.model.compiled_decode import CompiledDecode
+        from radixserve.model.weights_cache import WeightsCache
+        compiled = CompiledDecode.create(
+            c.decode_compile, self.loaded, self.kv_pool,
+            WeightsCache.at(c.weights_cache_dir).directory / "compiled",
+            deterministic=c.deterministic,
+            weights_cache_dir=None if c.no_weights_cache else str(
+                WeightsCache.at(c.weights_cache_dir).directory))
+        if compiled is not None:
+            compiled.start()
+        return compiled
 
     def _full_and_windowed_pools(self) -> None:
         config, mc = self.config, self.loaded.config
@@ -225,6 +247,16 @@ class ModelRunner:
                 return StepResult(SampleResult(token_ids=[], logprobs=[]), moves)
             started = time.perf_counter()
             windowed = self.windowed
+            compiled = self.compiled_decode
+            if compiled is not None:
+                compiled.poll()
+                lone = (lone_decode_inputs(batch, self.page_size) if compiled.ready
+                        and not batch.copies else None)
+                if lone is not None:
+                    logits = compiled.run(*lone)
+                    result = self.sampler.sample(logits, batch.sample_params,
+                                                 batch.generators, batch.matchers)
+                    return StepResult(result, moves, time.perf_counter() - started)
             for order in batch.copies:      # copy-on-write pages this step computes into
                 self.kv_pool.copy_prefix(order.src_page, order.dst_page, order.num_tokens)
                 if windowed is not None:

@@ -194,6 +194,9 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, timer: PhaseT
     for line in (engine.describe_kv_cache(), engine.describe_weights()):
         if line is not None:                      # None: replicas behind Ray Serve
             print(f"radixserve: {line}", flush=True)
+    compiled = getattr(getattr(engine, "runner", None), "compiled_decode", None)
+    if compiled is not None:                      # --decode-compile
+        print(f"radixserve: {compiled.describe()}", flush=True)
     save_by = None              # with a disk store, the last half of the grace is the save's
     try:
         await stop.wait()
@@ -223,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
     timer = PhaseTimer.since_process_start()
     logging.basicConfig(level=logging.INFO if args.access_log else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # --decode-compile: when the background compile ends and the compiled step takes over
+    logging.getLogger("radixserve.model.compiled_decode").setLevel(logging.INFO)
     config = server_config(args)
     cluster = cluster_options(args)
     if cluster is not None:

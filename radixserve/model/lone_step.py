@@ -1,0 +1,108 @@
+"""The lone decode (one sequence, one new token) of a Llama-family model as one pure function,
+for ahead-of-time compilation (``compiled_decode.py``).
+
+Why a second form of the step: in eager torch a batch-1 token pays per-op dispatch over
+~130 small ops per layer, more than the weights' own kernels (docs/benchmarks.md, "the
+ideal step"). Compiled whole by Inductor those ops fuse; only a function whose inputs are
+plain tensors can be compiled ahead and loaded again from disk, so this module reads the
+model's weights (the same modules, the same kernels: int4/int8 linears stay
+``_weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``) but takes the KV pool as
+arguments and mutates nothing: it returns the new token's K and V of every layer, and the
+caller writes them into the pool (``write_new_kv``).
+
+Attention reads the pool through ``cached_slots`` (the sequence's earlier tokens' slots,
+any order: one unmasked query attends to a set of keys) and appends the new token's own
+K/V, with the eager lone decode's numerics (matmuls in the activations' dtype, softmax
+computed in fp32 inside).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.attention.kv_pool import KVPool
+
+from .llama import LlamaForCausalLM
+from .rope import apply_rotary
+
+
+def unsupported_reason(model: nn.Module, kv_pool: KVPool) -> str | None:
+    """Why the lone step cannot stand in for ``model``'s eager decode, or None if it can."""
+    if type(model) is not LlamaForCausalLM:
+        return f"{type(model).__name__} is not the plain Llama family"
+    cfg = model.config
+    if cfg.layer_windows is not None and any(w is not None for w in cfg.layer_windows):
+        return "sliding-window layers"
+    if cfg.attn_logit_softcapping is not None:
+        return "attention logit soft-capping"
+    if kv_pool.quantized:
+        return "an 8-bit KV cache"
+    if model.device.type != "cpu":
+        return "not a CPU model"
+    return None
+
+
+class LoneDecodeStep(nn.Module):
+    """(token [1], position [1], cached_slots [n], per-layer pool K and V [slots, Hkv, D])
+    -> (float32 logits [1, vocab], new K [layers, Hkv, D], new V [layers, Hkv, D])."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        super().__init__()
+        self.model = model
+        cfg = model.config
+        self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_heads, cfg.num_kv_heads,
+                                                            cfg.head_dim)
+        self.scale = cfg.attention_scale or self.head_dim ** -0.5
+
+    def forward(self, token: torch.Tensor, position: torch.Tensor, cached_slots: torch.Tensor,
+                k_pools: list[torch.Tensor], v_pools: list[torch.Tensor],
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = self.model
+        h = m.embed_tokens(token)
+        cos, sin = m.rotary.cos[position].unsqueeze(1), m.rotary.sin[position].unsqueeze(1)
+        new_k, new_v = [], []
+        for layer, k_pool, v_pool in zip(m.layers, k_pools, v_pools):
+            o, k, v = self._attention(layer, layer.input_layernorm(h), cos, sin,
+                                      cached_slots, k_pool, v_pool)
+            h = h + layer.o_proj(o)
+            h = h + layer.mlp_block(layer.post_attention_layernorm(h))
+            new_k.append(k)
+            new_v.append(v)
+        logits = m.lm_head(m.norm(h)).float()
+        return logits, torch.cat(new_k), torch.cat(new_v)
+
+    def _attention(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   cached_slots: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (attention output [1, Hq * D] before o_proj, new k and v [1, Hkv, D])."""
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = layer.qkv_proj(x)
+        q_end, k_end = layer.split[0], layer.split[0] + layer.split[1]
+        q, k = qkv[:, :q_end].view(1, hq, d), qkv[:, q_end:k_end].view(1, hkv, d)
+        if layer.q_norm is not None:
+            q, k = layer.q_norm(q), layer.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        v = qkv[:, k_end:].view(1, hkv, d)
+        dt = q.dtype
+        keys = torch.cat([k_pool.index_select(0, cached_slots).to(dt), k])    # [n+1, Hkv, D]
+        values = torch.cat([v_pool.index_select(0, cached_slots).to(dt), v])
+        qd = q.view(hkv, hq // hkv, d)              # the GQA group folded into the rows
+        scores = torch.matmul(qd, keys.permute(1, 2, 0)) * self.scale          # [Hkv, g, n+1]
+        probs = F.softmax(scores, dim=-1)
+        o = torch.matmul(probs, values.transpose(0, 1))                        # [Hkv, g, D]
+        return o.reshape(1, hq * d), k, v
+
+
+def write_new_kv(kv_pool: KVPool, slot: torch.Tensor, new_k: torch.Tensor,
+                 new_v: torch.Tensor) -> None:
+    """Store the step's new K/V ([layers, Hkv, D]) at ``slot`` ([1] int64) of every layer."""
+    for layer in kv_pool.layers:
+        kv_pool.write(layer, slot, new_k[layer:layer + 1], new_v[layer:layer + 1],
+                      decoded=False)
+
+
+def pool_views(kv_pool: KVPool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every layer's K and V as [slots, Hkv, D] (the pool's own token-granular views)."""
+    return list(kv_pool.k_flat), list(kv_pool.v_flat)
