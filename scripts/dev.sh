@@ -51,11 +51,25 @@ ensure_chromium() {
   fi
 }
 
+# tests/model/test_compiled_decode.py builds the compiled decode step (--decode-compile),
+# which needs a C++ compiler (Inductor's); as root (CI) install Debian's g++ when missing.
+ensure_cxx() {
+  if command -v g++ >/dev/null 2>&1 || command -v clang++ >/dev/null 2>&1; then return; fi
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing g++ (apt-get) for tests/model/test_compiled_decode.py" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; } \
+      || echo "[setup] installing g++ failed: the compiled-decode tests will say so" >&2
+  else
+    echo "[setup] no C++ compiler: tests/model/test_compiled_decode.py will fail until one" \
+         "is installed (sudo apt-get install -y g++)" >&2
+  fi
+}
+
 cmd="${1:-serve}"; shift || true
 setup
 export PATH="$venv/bin:$PATH"
 case "$cmd" in
-  setup) ensure_chromium ;;
-  test) ensure_chromium; cd "$root" && exec "$venv/bin/python" -m pytest "$@" ;;
+  setup) ensure_chromium; ensure_cxx ;;
+  test) ensure_chromium; ensure_cxx; cd "$root" && exec "$venv/bin/python" -m pytest "$@" ;;
   *) exec "$venv/bin/radixserve" "$cmd" "$@" ;;
 esac
