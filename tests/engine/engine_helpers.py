@@ -86,13 +86,25 @@ def run_all(engine: Engine, prompts: list[list[int]], params: SamplingParams,
     return asyncio.run(main())
 
 
-async def wait_idle(engine: Engine, timeout: float = 30.0) -> None:
+async def wait_idle(engine: Engine, timeout: float = 300.0) -> None:
+    """Until the scheduler has nothing left; the timeout is a backstop for a hang, far
+    above any busy machine's pace (pytest's own timeout is 600 s)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while engine.scheduler.has_work():
         if loop.time() > deadline:
             raise TimeoutError("engine did not go idle")
         await asyncio.sleep(0.01)
+
+
+def loads_unmeasured(engine: Engine) -> Engine:
+    """Loads from host memory and disk are no longer timed, so the engine always loads
+    rather than recomputes: for tests of what a load brings back. On a busy machine a
+    reader thread kept waiting makes one load look slower than computing, and the measured
+    choice (engine/tier_costs.py, tested in test_tier_costs.py and test_slow_disk.py)
+    would then rightly recompute."""
+    engine.tiers.costs.observe_load = lambda tier, tokens, seconds: None
+    return engine
 
 
 def check_pages(engine: Engine) -> None:

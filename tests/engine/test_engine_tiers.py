@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from engine_helpers import QUESTIONS, SYSTEM_PROMPT, chat_ids, collect, make_engine, wait_idle
+from engine_helpers import (QUESTIONS, SYSTEM_PROMPT, chat_ids, collect, loads_unmeasured,
+                            make_engine, wait_idle)
 from prometheus_client import generate_latest
 
 from radixserve.engine.sampling_params import SamplingParams
@@ -62,8 +63,8 @@ def uncached(model_fp32):
 def test_a_prefix_demoted_to_host_memory_is_loaded_back(model_fp32, uncached, page_size):
     prompts, expected = uncached
     pool = pool_for(prompts) // page_size * page_size + 2 * page_size + 16
-    engine = make_engine(model_fp32, page_size=page_size, kv_cache_tokens=pool,
-                         kv_host_tokens=8 * pool)
+    engine = loads_unmeasured(make_engine(model_fp32, page_size=page_size,
+                                          kv_cache_tokens=pool, kv_host_tokens=8 * pool))
     results = run_in_turn(engine, prompts)
     assert [r.token_ids[0] for r in results] == expected
     stats = engine.stats()
@@ -102,8 +103,8 @@ def test_8bit_kv_scales_travel_with_the_pages(model_fp32):
     pool = pool_for(prompts)
     plain = make_engine(model_fp32, kv_cache_dtype="fp8_e4m3", kv_cache_tokens=pool)
     expected = [r.token_ids[0] for r in run_in_turn(plain, prompts)]
-    engine = make_engine(model_fp32, kv_cache_dtype="fp8_e4m3", kv_cache_tokens=pool,
-                         kv_host_tokens=8 * pool)
+    engine = loads_unmeasured(make_engine(model_fp32, kv_cache_dtype="fp8_e4m3",
+                                          kv_cache_tokens=pool, kv_host_tokens=8 * pool))
     results = run_in_turn(engine, prompts)
     assert engine.stats().tiers.l2.loaded_tokens > 0
     assert [r.token_ids[0] for r in results] == expected
@@ -113,8 +114,9 @@ def test_8bit_kv_scales_travel_with_the_pages(model_fp32):
 def test_a_prefix_demoted_to_disk_is_loaded_back(model_fp32, uncached, tmp_path, host):
     prompts, expected = uncached
     pool = pool_for(prompts)
-    engine = make_engine(model_fp32, kv_cache_tokens=pool, kv_disk_dir=str(tmp_path),
-                         kv_host_tokens=pool // 2 if host else None)
+    engine = loads_unmeasured(make_engine(model_fp32, kv_cache_tokens=pool,
+                                          kv_disk_dir=str(tmp_path),
+                                          kv_host_tokens=pool // 2 if host else None))
     results = run_in_turn(engine, prompts)
     assert [r.token_ids[0] for r in results] == expected
     tiers = engine.stats().tiers
@@ -128,7 +130,8 @@ def test_a_flipped_byte_on_disk_is_recomputed(model_fp32, uncached, tmp_path):
     still the cache-off ones, the bad pages are never served, and they are counted."""
     prompts, expected = uncached
     pool = pool_for(prompts)
-    engine = make_engine(model_fp32, kv_cache_tokens=pool, kv_disk_dir=str(tmp_path))
+    engine = loads_unmeasured(make_engine(model_fp32, kv_cache_tokens=pool,
+                                          kv_disk_dir=str(tmp_path)))
     flipped = []
 
     def flip_all_disk_pages():
