@@ -101,10 +101,10 @@ def test_split_attention_matmuls_are_row_and_batch_invariant():
     q = torch.randn(6, HKV, 40, D, generator=g).bfloat16()
     k = torch.randn(6, HKV, keys, D, generator=g).bfloat16()
     v = torch.randn(6, HKV, keys, D, generator=g).bfloat16()
-    mask = torch.zeros(1, 1, 1, 1, split).bfloat16()        # last chunk: nothing masked
-    full = split_attention(q, k, v, mask, keys // split - 1, split, 0.125)
+    hidden = torch.zeros(1, 1, 1, 1, split, dtype=torch.bool)  # last chunk: none masked
+    full = split_attention(q, k, v, hidden, keys // split - 1, split, 0.125)
     for b, r in ((1, 1), (2, 7), (6, 33)):
-        part = split_attention(q[:b, :, :r], k[:b], v[:b], mask, keys // split - 1, split,
+        part = split_attention(q[:b, :, :r], k[:b], v[:b], hidden, keys // split - 1, split,
                                0.125)
         assert torch.equal(part, full[:b, :, :r])
 
