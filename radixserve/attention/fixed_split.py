@@ -70,13 +70,12 @@ def row_max(x: torch.Tensor) -> torch.Tensor:
 
 
 def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   mask: torch.Tensor | None, masked_from: int, split: int,
+                   hidden: torch.Tensor | None, masked_from: int, split: int,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Each chunk's attention on its own. q [b, H, R, D]; k, v [b, H, L, D] with L a
-    multiple of ``split``, finite everywhere; mask: additive (0 / the dtype's lowest finite
-    value) in q's dtype, broadcastable to [b, H, C - masked_from, R, split] for chunks
-    ``masked_from`` .. C - 1 (the earlier ones are entirely visible to every row; None when
-    all are). Returns o [b, H, C, R, D] in q's dtype and lse [b, H, C, R] in fp32; a row's
+    multiple of ``split``, finite everywhere; hidden: bool, True where a key is masked,
+    broadcastable to [b, H, C - masked_from, R, split] for chunks ``masked_from`` .. C - 1
+    (the earlier ones are entirely visible to every row; None when all are). Returns o [b, H, C, R, D] in q's dtype and lse [b, H, C, R] in fp32; a row's
     values depend only on that row and its chunk (tests/attention/test_fixed_split.py)."""
     b, h, r, d = q.shape
     chunks = k.shape[2] // split
@@ -84,8 +83,11 @@ def chunk_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     # Scores in q's dtype with the scale applied to q first (as causal_blocks does; exact
     # for power-of-two scales such as head_dim 64's).
     scores = _row_invariant_matmul((q * scale).unsqueeze(2), kc.transpose(-1, -2))
-    if mask is not None and masked_from < chunks:
-        scores[:, :, masked_from:].add_(mask)
+    if hidden is not None and masked_from < chunks:
+        # Masked scores are set to the lowest finite value, not offset by it: in fp16,
+        # score + (-65504) overflows to -inf for any score <= -16, and a chunk of only such
+        # keys (a short decode's padding in a batch with a longer one) then gave NaN.
+        scores[:, :, masked_from:].masked_fill_(hidden, torch.finfo(scores.dtype).min)
     # Per chunk: softmax (fp32 inside, rounded to q's dtype, as the default path) and its
     # log-sum-exp, lse = max - log(max probability). A fully masked chunk sees only the
     # (finite) mask value: a uniform softmax over finite keys, weighted exactly 0 below.
@@ -139,37 +141,28 @@ def merge_chunks(o: torch.Tensor, lse: torch.Tensor,
 
 
 def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    mask: torch.Tensor | None, masked_from: int, split: int,
+                    hidden: torch.Tensor | None, masked_from: int, split: int,
                     scale: float) -> torch.Tensor:
     """Attention of q over k/v in chunks (arguments: chunk_partials; every row sees key 0).
     Returns [b, H, R, D] in q's dtype (order: module doc)."""
-    return merge_chunks(*chunk_partials(q, k, v, mask, masked_from, split, scale))
+    return merge_chunks(*chunk_partials(q, k, v, hidden, masked_from, split, scale))
 
 
 class ChunkMask:
-    """An additive mask over chunks ``first`` .. C - 1 in split_attention's layout
-    [b, 1, C - first, R, split]; chunks before ``first`` are visible to every row. Cast once
-    per dtype (the plan is built before the layers say which)."""
+    """Which keys of chunks ``first`` .. C - 1 each row may not see (``hidden``, bool, in
+    split_attention's layout [b, 1, C - first, R, split]); chunks before ``first`` are
+    visible to every row. One mask for every dtype: chunk_partials sets the hidden scores to
+    the dtype's lowest finite value (no -inf: a chunk with no visible key must not give NaN;
+    its weight is exactly 0 anyway)."""
 
-    __slots__ = ("first", "_allowed", "_by_dtype")
+    __slots__ = ("first", "hidden")
 
     def __init__(self, allowed: np.ndarray, split: int, t: StepTables) -> None:
         b, r, width = allowed.shape                          # allowed [b, R, L]
         folded = allowed.reshape(b, r, width // split, split).transpose(0, 2, 1, 3)
         whole = folded.all(axis=(0, 2, 3))                   # [C]
         self.first = len(whole) if whole.all() else int(np.argmin(whole))
-        self._allowed = t.tensor(folded[:, self.first:][:, None])
-        self._by_dtype: dict[torch.dtype, torch.Tensor] = {}
-
-    def values(self, dtype: torch.dtype) -> torch.Tensor:
-        """0 where allowed, else the dtype's most negative finite value (no -inf: a chunk
-        with no visible key must not give NaN; its weight is exactly 0 anyway)."""
-        m = self._by_dtype.get(dtype)
-        if m is None:
-            m = torch.zeros(self._allowed.shape, dtype=dtype, device=self._allowed.device)
-            m.masked_fill_(~self._allowed, torch.finfo(dtype).min)
-            self._by_dtype[dtype] = m
-        return m
+        self.hidden = t.tensor(~folded[:, self.first:][:, None])
 
 
 def _padded(n: int, split: int) -> int:
@@ -400,7 +393,7 @@ class FixedSplitBackend(TorchAttentionBackend):
                 qh = q[blk.start:blk.end].view(n, hkv, g, d).permute(1, 2, 0, 3)
                 span = slice(blk.first_key - p.first_key, blk.keys - p.first_key)
                 o = split_attention(qh.reshape(1, hkv, g * n, d), ks[:, :, span],
-                                    vs[:, :, span], blk.mask.values(dt), blk.mask.first,
+                                    vs[:, :, span], blk.mask.hidden, blk.mask.first,
                                     self.split, self.sm_scale)
                 out[blk.start:blk.end].view(n, hkv, g, d).copy_(
                     o.view(hkv, g, n, d).permute(2, 0, 1, 3))
@@ -410,7 +403,7 @@ class FixedSplitBackend(TorchAttentionBackend):
             qd = q.index_select(0, c.tokens).view(batch, hkv, g, d)
             kb, vb = self._gather(kv_pool, layer, c.rows, dt)
             o, lse = chunk_partials(qd, kb.view(batch, hkv, c.keys, d).to(dt),
-                                    vb.view(batch, hkv, c.keys, d).to(dt), c.mask.values(dt),
+                                    vb.view(batch, hkv, c.keys, d).to(dt), c.mask.hidden,
                                     c.mask.first, self.split, self.sm_scale)
             before = None               # the shared chunks come first: positional order
             if shared is not None:

@@ -101,10 +101,10 @@ def test_split_attention_matmuls_are_row_and_batch_invariant():
     q = torch.randn(6, HKV, 40, D, generator=g).bfloat16()
     k = torch.randn(6, HKV, keys, D, generator=g).bfloat16()
     v = torch.randn(6, HKV, keys, D, generator=g).bfloat16()
-    mask = torch.zeros(1, 1, 1, 1, split).bfloat16()        # last chunk: nothing masked
-    full = split_attention(q, k, v, mask, keys // split - 1, split, 0.125)
+    hidden = torch.zeros(1, 1, 1, 1, split, dtype=torch.bool)  # last chunk: none masked
+    full = split_attention(q, k, v, hidden, keys // split - 1, split, 0.125)
     for b, r in ((1, 1), (2, 7), (6, 33)):
-        part = split_attention(q[:b, :, :r], k[:b], v[:b], mask, keys // split - 1, split,
+        part = split_attention(q[:b, :, :r], k[:b], v[:b], hidden, keys // split - 1, split,
                                0.125)
         assert torch.equal(part, full[:b, :, :r])
 
@@ -145,3 +145,22 @@ def test_merge_with_preceding_chunks_equals_merge_of_concatenation(dtype):
     want = merge_chunks(torch.cat([o0, o1], 2), torch.cat([l0, l1], 2))
     assert torch.equal(merge_chunks(o1, l1, (o0, l0)), want)
     assert torch.isfinite(want.float()).all()
+
+
+def test_fp16_decode_batched_with_a_longer_one_stays_finite():
+    """A short decode batched with a longer one reads chunks past its end (its padding,
+    re-reading its last key), wholly masked. In fp16, masking by adding the lowest value
+    (-65504) turned every such score <= -16 into -inf, the chunk's softmax into NaN, and the
+    decode's output into NaN (greedy token 0). Here its last key scores -32 for every head:
+    the batched output must equal the decode alone and stay close to float32's."""
+    def seqs(dtype):
+        short, long_ = make_seq(10, 1, dtype), make_seq(100, 2, dtype)
+        q, k, v = (t.clone() for t in short)
+        q[-1], k[-1] = 2.0, -2.0           # q.k * D**-0.5 = -4 * 64 / 8 = -32
+        return (q, k, v, 9, 1), (*long_, 99, 1)
+    batched = run_step(list(seqs(torch.float16)), page_size=16, dtype=torch.float16)[0]
+    alone = run_step([seqs(torch.float16)[0]], page_size=16, dtype=torch.float16)[0]
+    exact = run_step(list(seqs(torch.float32)), page_size=16, dtype=torch.float32)[0]
+    assert torch.isfinite(batched).all()
+    assert torch.equal(batched, alone)
+    torch.testing.assert_close(batched.float(), exact, atol=2e-3, rtol=2e-3)
