@@ -126,12 +126,11 @@ class ModelRunner:
             return None
         from radixserve.model.compiled_decode import CompiledDecode
         from radixserve.model.weights_cache import WeightsCache
+        cache_dir = WeightsCache.at(c.weights_cache_dir).directory
         compiled = CompiledDecode.create(
-            c.decode_compile, self.loaded, self.kv_pool,
-            WeightsCache.at(c.weights_cache_dir).directory / "compiled",
+            c.decode_compile, self.loaded, self.kv_pool, cache_dir / "compiled",
             deterministic=c.deterministic,
-            weights_cache_dir=None if c.no_weights_cache else str(
-                WeightsCache.at(c.weights_cache_dir).directory))
+            weights_cache_dir=None if c.no_weights_cache else str(cache_dir))
         if compiled is not None:
             compiled.start()
         return compiled
