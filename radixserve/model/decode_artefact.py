@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from radixserve.file_hash import file_sha256
+from radixserve.file_hash import file_sha256, modules_digest
 
 # Modules whose code decides what the compiled step computes: editing one retires artefacts.
 _FINGERPRINTED = ("radixserve.model.lone_step", "radixserve.model.llama",
@@ -90,11 +90,7 @@ def cpu_isa() -> str:
 
 
 def code_fingerprint() -> str:
-    import importlib
-    digest = hashlib.sha256()
-    for name in _FINGERPRINTED:
-        digest.update(Path(importlib.import_module(name).__file__).read_bytes())
-    return digest.hexdigest()[:16]
+    return modules_digest(_FINGERPRINTED)
 
 
 @dataclass(frozen=True)

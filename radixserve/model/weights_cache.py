@@ -15,9 +15,7 @@ bad one is deleted and rebuilt, never served.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -25,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from radixserve.file_hash import file_sha256
+from radixserve.file_hash import file_sha256, modules_digest
 
 from .cache_dir import CACHE_DIR_ENV, default_cache_dir  # noqa: F401 (re-exported)
 from .checked_safetensors import DTYPE_NAMES, BadFile, read_checked, write_checked
@@ -40,13 +38,7 @@ _FINGERPRINTED = ("radixserve.model.gguf_loader", "radixserve.model.gguf_file",
 
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    import importlib
-
-    digest = hashlib.sha256(torch.__version__.encode())
-    for name in _FINGERPRINTED:
-        module = sys.modules.get(name) or importlib.import_module(name)
-        digest.update(Path(module.__file__).read_bytes())
-    return digest.hexdigest()[:16]
+    return modules_digest(_FINGERPRINTED, torch.__version__.encode())
 
 
 @dataclass(frozen=True)
