@@ -30,6 +30,7 @@ import argparse
 import gc
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,14 +64,15 @@ class Arm:
     """One engine core at 256 running on the churn, with or without events, kept across
     rounds; `round(steps)` runs and measures that many steps."""
 
-    def __init__(self, loaded, events: bool, page_size: int, seed: int = 0):
+    def __init__(self, loaded, events: bool, page_size: int, seed: int = 0,
+                 clock=time.monotonic):
         self.page_size = page_size
         pages = RUNNING * 320 // page_size
         if loaded is None:
             self.core = null_core(num_pages=pages, page_size=page_size,
                                   max_running=RUNNING, token_budget=8192)
             self.runner = NullRunner(page_size=page_size)
-            self.kv = attach_events(self.core) if events else None
+            self.kv = attach_events(self.core, clock=clock) if events else None
             self.engine = None
         else:
             from radixserve.engine.config import EngineConfig
@@ -107,7 +109,7 @@ class Arm:
         running = len(self.core.scheduler.running)
         self.core.complete(plan, self.runner.execute(plan.batch))
         if self.kv is not None:
-            self.kv.flush()
+            self.kv.after_step()        # as the engine's loop (flushed when it goes idle)
         self.sink.clear()
         return running
 
@@ -144,8 +146,21 @@ COUNTERS = (("gc0", "gc gen0/step"), ("gc1", "gc gen1/step"), ("gc2", "gc gen2/s
             ("child_wakes", "publisher wakes/step"))
 
 
+class BusyLoop:
+    """A Python busy loop in a process of its own (`--control-busy`): what any work on the
+    other core, the publisher's included, costs the engine's thread on this machine."""
+
+    def __enter__(self):
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc):
+        self.process.kill()
+        self.process.wait()
+
+
 def compare(name: str, loaded, page_size: int, pairs: int, steps: int, warmup: int,
-            freeze: bool) -> None:
+            freeze: bool, control_busy: bool = False) -> None:
     arms = {events: Arm(loaded, events, page_size) for events in (False, True)}
     for arm in arms.values():       # reach the steady churn
         arm.round(1, warmup * 2)
@@ -161,6 +176,11 @@ def compare(name: str, loaded, page_size: int, pairs: int, steps: int, warmup: i
             rows.setdefault("engine thread cpu on/off", []).append(on["cpu_us"] / off["cpu_us"])
             rows.setdefault("wall on/off (median step)", []).append(
                 on["wall_us"] / off["wall_us"])
+            if control_busy:
+                with BusyLoop():
+                    busy = arms[False].round(steps, warmup)
+                rows.setdefault("control: off, other core busy / off", []).append(
+                    busy["cpu_us"] / off["cpu_us"])
             for side, run in (("off", off), ("on", on)):
                 rows.setdefault(f"cpu us/step {side}", []).append(run["cpu_us"])
                 for key, label in COUNTERS:
@@ -189,6 +209,9 @@ def main() -> None:
                         help="leave the start-up heap to the collector (by default it is "
                              "frozen once the arms are built, as `radixserve serve` does "
                              "after its warm-up: server/cli.py freeze_startup_heap)")
+    parser.add_argument("--control-busy", action="store_true",
+                        help="also run each pair's events-off arm beside a busy loop on the "
+                             "other core: the cost to the engine of any work there")
     args = parser.parse_args()
     print(f"256 running, shared-prefix churn; {args.pairs} off/on pairs of {args.steps} "
           f"timed steps; gc.freeze: {args.gc_freeze}")
@@ -200,7 +223,7 @@ def main() -> None:
             loaded = tiny_model(Path(tmp) / "tiny") if name == "tiny" else None
             for page_size in map(int, args.page_sizes.split(",")):
                 compare(name, loaded, page_size, args.pairs, args.steps, args.warmup,
-                        args.gc_freeze)
+                        args.gc_freeze, args.control_busy)
     print(f"({time.monotonic() - started:.0f} s)")
 
 

@@ -121,15 +121,16 @@ def measure(running: int, steps: int, page_size: int) -> dict:
 
 
 def attach_events(core: EngineCore, publisher: str = "process",
-                  child_options: dict | None = None):
+                  child_options: dict | None = None, clock=time.monotonic):
     """The engine's KV events (radixserve/events) on this core's tree: 16-token blocks,
-    array encoding, a PUB on a free local port nobody reads, the publisher a process of
-    its own or a thread (`publisher`)."""
+    array encoding, the default hand-over interval, a PUB on a free local port nobody
+    reads, the publisher a process of its own or a thread (`publisher`). The timed steps
+    call `after_step`, as the engine's loop does."""
     from radixserve.events.stream import KVEvents, KVEventsConfig
 
     return KVEvents(core.scheduler.memory.tree,
                     KVEventsConfig("tcp://127.0.0.1:*", publisher=publisher), "cpu",
-                    child_options=child_options)
+                    child_options=child_options, clock=clock)
 
 
 def events_round(workload: str, events: bool, steps: int, page_size: int,
@@ -159,7 +160,7 @@ def events_round(workload: str, events: bool, steps: int, page_size: int,
     times, thread_cpu, finished = [], 0.0, 0
     cpu0 = time.process_time()
     for _ in range(steps):
-        _, seconds, cpu = timed_step(core, runner, kv.flush if kv is not None else None,
+        _, seconds, cpu = timed_step(core, runner, kv.after_step if kv is not None else None,
                                      forward_ms / 1e3)
         times.append(seconds)
         thread_cpu += cpu
@@ -436,7 +437,7 @@ def steady_round(events: bool, steps: int, page_size: int, warmup: int,
 
     def flush() -> None:        # the engine's flush, its thread CPU summed (~1 us a timer)
         t0 = time.thread_time()
-        kv.flush()
+        kv.after_step()
         flush_cpu[0] += time.thread_time() - t0
 
     if kv is None:

@@ -78,6 +78,7 @@ class EngineConfig:
     kv_events_block_size: int = 16        # tokens per announced block (a page-size multiple)
     kv_events_encoding: str = "array"     # array (vLLM's array_like structs) | map
     kv_events_publisher: str = "process"  # process (its own, off the GIL) | thread
+    kv_events_interval_ms: float = 10.0   # a busy engine hands over its steps' facts this often
     # Hybrid models (docs/models.md, "Window-aware cache"): the sliding-window layers in
     # their own pool holding only the windows a request or a match point needs.
     kv_window_pool: str = "auto"         # auto (on for one window size) | off (full KV)
@@ -211,6 +212,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         f"its own, so the scheduler never waits for its GIL) or thread (a "
                         f"thread of the engine's, for a host with one core) (default "
                         f"{d.kv_events_publisher})")
+    e.add_argument("--kv-events-interval-ms", type=float, default=None,
+                   help=f"while the engine is busy, its steps' changes go to the publisher "
+                        f"at most this often, as one batch (at once when it goes idle, and "
+                        f"after a flush); 0: after every step, as vLLM does (default "
+                        f"{d.kv_events_interval_ms:g})")
     g.add_argument("--kv-window-pool", default=d.kv_window_pool, choices=["auto", "off"],
                    help="hybrid models: keep the sliding-window layers' KV in their own pool, "
                         "only the windows a running request or a cached match point needs "

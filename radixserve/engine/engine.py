@@ -422,7 +422,8 @@ class Engine(OneProcessStats):
                 continue
             async with self._step_lock:
                 stepped = await self._step(loop)
-                self._publish_events()
+                if self.kv_events is not None:
+                    self.kv_events.after_step()     # flushed at once when idle (above)
             if not stepped:
                 # Nothing fits right now (all waiting, memory short): let aborts arrive.
                 await asyncio.sleep(0.001)

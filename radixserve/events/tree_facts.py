@@ -18,8 +18,10 @@ facts (a stuck thread, publisher.py) sends so that consumers start over from a t
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from radixserve.cache.tier_types import Tier
@@ -47,8 +49,10 @@ class TreeFacts:
     """A TreeObserver that appends each change as a tuple to `facts` (see FactReplay).
 
     Trims are coalesced: at page size 1 the scheduler trims the LRU leaf once per page it
-    allocates (~90 times a churn step), so `trimmed` is one C call (a dict store: the
-    node -> the tokens it keeps, the last trim of a node winning) and the trims since the
+    allocates (~250 times a churn step at 256 running), so `trimmed` is one C call (a
+    dict store: the node -> the tokens it keeps, the last trim of a node winning;
+    `operator.setitem` bound by a partial: a fast call, ~30% quicker here than the
+    dict's `__setitem__`, a slot wrapper that builds an argument tuple) and the trims since the
     last other fact become one TRIMMED fact, appended before the next fact or at `take`.
     Only pool leaves are trimmed and nothing else happens in between, so applying them
     together, each at its final length, changes the shadow as the single trims did."""
@@ -58,7 +62,8 @@ class TreeFacts:
         self.marks = 0
         self._trims: dict[TreeNode, int] = {}
         # TreeObserver.trimmed(node, keep_tokens), bound to the dict: no Python frame.
-        self.trimmed: Callable[[TreeNode, int], None] = self._trims.__setitem__
+        self.trimmed: Callable[[TreeNode, int], None] = partial(operator.setitem,
+                                                                self._trims)
 
     def _end_trims(self) -> None:
         """Append the trims gathered so far as one fact: (TRIMMED, node ids, tokens each
@@ -73,14 +78,21 @@ class TreeFacts:
         self._end_trims()
         self.facts.append(fact)
 
+    # stored, split and removed run tens of times a step: _append written out in each.
     def stored(self, node: TreeNode) -> None:
-        self._append(_stored(node))
+        if self._trims:
+            self._end_trims()
+        self.facts.append(_stored(node))
 
     def split(self, upper: TreeNode, lower: TreeNode) -> None:
-        self._append((SPLIT, upper.id, lower.id, upper.num_tokens))
+        if self._trims:
+            self._end_trims()
+        self.facts.append((SPLIT, upper.id, lower.id, upper.num_tokens))
 
     def removed(self, node: TreeNode) -> None:
-        self._append((REMOVED, node.id))
+        if self._trims:
+            self._end_trims()
+        self.facts.append((REMOVED, node.id))
 
     def moved(self, node: TreeNode, src: Tier) -> None:
         self._append((MOVED, node.id, src, node.tier))

@@ -31,10 +31,10 @@ def serve_prompts(kv: KVEvents, tree: RadixCache, mem: PagedMemory, flush=None) 
         (flush or kv.flush)()
 
 
-def serve_and_check(kv: KVEvents, tree: RadixCache, mem: PagedMemory) -> list:
-    """serve_prompts, then an index built from every batch must match the tree for every
-    prompt."""
-    serve_prompts(kv, tree, mem)
+def serve_and_check(kv: KVEvents, tree: RadixCache, mem: PagedMemory, flush=None) -> list:
+    """serve_prompts (`flush` after each), then an index built from every batch must match
+    the tree for every prompt."""
+    serve_prompts(kv, tree, mem, flush)
     assert kv.publisher.wait_idle(30)
     kv.flush()          # the next step's flush: it sees a failure the thread reported
     sub = EventSubscriber(kv.publisher.endpoint, kv.publisher.replay_endpoint)
