@@ -219,8 +219,9 @@ class DecisionRecord:
     queued_seconds: list[float]
     scores: list[float]
     candidates: list[int]             # within the load bound
-    tied: list[int]                   # the best-scored candidates
+    tied: list[int]                   # the candidates left to the rendezvous tie-break
     chosen: int
+    assigned: list[int] | None = None  # --kv-share: the prefix's recent requests per replica
 
 
 @dataclass
