@@ -249,6 +249,12 @@ class CandidateView:
         return [min(request.prompt_tokens, s.held_blocks(self.hashes) * self.block_tokens)
                 for s in self.states]
 
+    def settled(self, request: RouteRequest) -> list[bool]:
+        """Per replica: its digest shows every block of the prompt the router counts it as
+        holding (none is only booked for a request still loading or computing it)."""
+        return [s.held_blocks(self.hashes) <= (matched_blocks(self.hashes, s.digest.hashes)
+                                               if s.digest else 0) for s in self.states]
+
     def shared_tokens(self, request: RouteRequest) -> int:
         """--kv-share: what any live replica holds is in the cluster store (each publishes
         a prompt's pages once its prefill is done), so any other can load it."""

@@ -173,9 +173,13 @@ def test_prefix_spread_counts_the_longest_routed_prefix_within_its_window():
 @dataclass
 class ShareView(View):
     shared: int = 0
+    ready: list[bool] = field(default_factory=list)
 
     def shared_tokens(self, request):
         return self.shared
+
+    def settled(self, request):
+        return self.ready or [True] * self.num_replicas
 
 
 def test_with_sharing_cache_ties_balance_by_the_prefix_requests_sent_not_the_queue():
@@ -216,3 +220,17 @@ def test_with_sharing_a_held_prefix_beats_a_loadable_one_when_the_load_is_even()
         router.routed(new, r)
         homes.add(r)
     assert len(homes) == 1
+
+
+def test_with_sharing_a_replica_holding_the_prefix_only_on_paper_is_not_balanced_onto():
+    # Replicas 1-3 were sent the prefix but are still waiting for its pages: balancing
+    # onto them would queue the request behind that wait; the score decides (replica 0).
+    router = CacheAwareRouter(4, 1e-3, load_fraction=0.25)
+    prompt = req(1, 2, 3, tokens=1536)
+    for _ in range(3):
+        router.routed(prompt, 0)
+    view = ShareView(4, queued=[1, 2, 2, 2], seconds=[0.1, 0.2, 0.2, 0.2],
+                     cached=[1024] * 4, shared=1024, ready=[True, False, False, False])
+    assert router.choose(prompt, view) == 0
+    view.ready = [True, True, False, False]          # replica 1 has loaded it: balanced
+    assert router.choose(prompt, view) == 1
