@@ -354,11 +354,10 @@ class CacheAwareRouter(Router):
         cache, reach = self.cache_costs(request, view)
         scores = [q + c for q, c in zip(view.queued_seconds(), cache)]
         best = min(candidates, key=lambda r: scores[r])
-        if self.load_fraction is None or reach[best] <= 0:
-            return Ranking(candidates, scores,
-                           [r for r in candidates if scores[r] == scores[best]])
-        settled = view.settled(request) if hasattr(view, "settled") else [True] * len(scores)
-        if not settled[best]:               # the best holds it on paper: the score decides
+        balance = self.load_fraction is not None and reach[best] > 0
+        settled = (view.settled(request) if hasattr(view, "settled") else [True] * len(scores)) \
+            if balance else []
+        if not balance or not settled[best]:   # no sharing, a miss, or held only on paper
             return Ranking(candidates, scores,
                            [r for r in candidates if scores[r] == scores[best]])
         ids = range(view.num_replicas) if ids is None else ids

@@ -6,9 +6,9 @@ flight (join the shortest queue) follows the replicas' speed: the replica that f
 first takes the next request, and on a burst it can end with far more than its share
 (bench_cluster's few-shot: 6 of 16). The router balances them instead by the requests it
 routed itself with the same prefix, a sliding window per prefix (vLLM production-stack's
-least-QPS routing counts routed requests over a window the same way), which does not
-depend on when replicas report completions, and a replica's speed only matters through the
-load bound.
+least-QPS routing counts routed requests over a window the same way): booked at the
+choice, it does not depend on when replicas finish, and a replica's speed only matters
+through the load bound.
 
 A request is recorded under each of its page keys (chained: key i names the whole prefix
 up to page i), so a later request finds the requests that shared its longest routed
