@@ -10,7 +10,9 @@ decides everything else:
   code as the replay simulation's: among the replicas within the load bound (requests in
   flight, counted here from the moment of each choice), the least queued work in seconds
   + prefill of the prompt tokens the replica lacks; ties (nothing cached, equal load) go
-  to the prompt's rendezvous replica, so a new prefix's followers find it;
+  to the prompt's rendezvous replica, so a new prefix's followers find it; with
+  --kv-share, replicas that tie on the cache are balanced by the requests of the prefix
+  this router sent each (`radixserve.routing.spread`), recorded at the choice;
 - `pow2`, `round-robin`: the shared policies on the router's in-flight counts;
 - `prefix-affinity`: Ray Serve LLM's PrefixCacheAffinityRouter (see `affinity_router`).
 
@@ -161,12 +163,14 @@ class RadixRequestRouter(ViewMixin, RequestRouter):
             return self._pow2.pick(range(n), queued)
         self._cache_aware.num_replicas = n
         request = RouteRequest(info.hashes, info.prompt_tokens, info.routing_key)
-        ranking = self._cache_aware.ranked(request, view)
+        ids = [s.replica_id for s in view.states]
+        ranking = self._cache_aware.ranked(request, view, ids)
         chosen = self._cache_aware.pick(request, ranking)
+        self._cache_aware.routed(request, ids[chosen])     # its own record (PrefixSpread)
         if self.state.decision_log is not None:
             self.state.decision_log.append(DecisionRecord(
                 time.time(), [s.replica_id for s in view.states],
                 view.cached_tokens(request), view.shared_tokens(request),
                 view.queued_requests(), view.queued_seconds(), ranking.scores,
-                ranking.candidates, ranking.tied, chosen))
+                ranking.candidates, ranking.tied, chosen, ranking.assigned))
         return chosen

@@ -219,8 +219,9 @@ class DecisionRecord:
     queued_seconds: list[float]
     scores: list[float]
     candidates: list[int]             # within the load bound
-    tied: list[int]                   # the best-scored candidates
+    tied: list[int]                   # the candidates left to the rendezvous tie-break
     chosen: int
+    assigned: list[int] | None = None  # --kv-share: the prefix's recent requests per replica
 
 
 @dataclass
@@ -247,6 +248,12 @@ class CandidateView:
     def cached_tokens(self, request: RouteRequest) -> list[int]:
         return [min(request.prompt_tokens, s.held_blocks(self.hashes) * self.block_tokens)
                 for s in self.states]
+
+    def settled(self, request: RouteRequest) -> list[bool]:
+        """Per replica: its digest shows every block of the prompt the router counts it as
+        holding (none is only booked for a request still loading or computing it)."""
+        return [s.held_blocks(self.hashes) <= (matched_blocks(self.hashes, s.digest.hashes)
+                                               if s.digest else 0) for s in self.states]
 
     def shared_tokens(self, request: RouteRequest) -> int:
         """--kv-share: what any live replica holds is in the cluster store (each publishes

@@ -150,6 +150,9 @@ class _Replicas:
         self.store = (_Run(workload, ReplayConfig(config.share_tokens, "lru", 1))
                       if config.share_tokens else None)     # the cluster store
         self.items = list(workload) if config.share_tokens else []
+        # With a store: when each replica's cache really holds each page key (the end of
+        # the first prefill there that computed or loaded it), for `settled`.
+        self.ready: list[dict[int, float]] = [{} for _ in range(config.replicas)]
 
     def queued_requests(self) -> list[int]:
         now = self.now
@@ -178,6 +181,25 @@ class _Replicas:
         if self.store is None:
             return 0
         return max(self._held(self.store, self.item), *self.cached_tokens(request))
+
+    def settled(self, request: RouteRequest) -> list[bool]:
+        """Per replica: the pages of the request it holds are in its cache by now, not
+        only booked for a prefill still running there (the serving view: its digest)."""
+        item, space, tps = self.item, self.space, self.space.tree_page_size
+        limit = space.max_match_keys(item.prompt_len)
+        out = []
+        for run, ready in zip(self.runs, self.ready):
+            pages = run.cache.peek_prefix(item.prompt_keys, max_tokens=limit) // tps
+            at = ready.get(item.prompt_keys[(pages - 1) * tps]) if pages else None
+            out.append(not pages or (at is not None and at <= self.now))
+        return out
+
+    def mark_ready(self, replica: int, item, at: float) -> None:
+        """`item`'s prompt pages are in `replica`'s cache from `at` (its prefill's end)."""
+        ready, keys = self.ready[replica], item.prompt_keys
+        for k in range(0, len(keys), self.space.tree_page_size):
+            if ready.get(keys[k], at + 1) > at:
+                ready[keys[k]] = at
 
     def claimed_tokens(self, item, in_flight: Sequence[tuple[float, int, int]],
                        replica: int) -> tuple[int, float]:
@@ -293,6 +315,7 @@ def simulate_cluster(workload: Workload, config: ClusterConfig,
         if cluster.store is not None and hit is not None:
             prefill = seconds - service.seconds(0, outputs[i])
             heapq.heappush(published, (begin + prefill, i, r))
+            cluster.mark_ready(r, item, begin + prefill)
         counts[r] += 1
         busy[r] += seconds
         if i >= warmup:

@@ -154,3 +154,83 @@ def test_a_burst_on_one_prefix_spreads_evenly_and_follows_the_copies():
         queued[pick] += 1
         holders.add(pick)
     assert queued == [4, 4, 4, 4]
+
+
+def test_prefix_spread_counts_the_longest_routed_prefix_within_its_window():
+    from radixserve.routing.spread import PrefixSpread
+
+    spread = PrefixSpread(window=3)
+    spread.record([1, 2, 3], "a")
+    spread.record([1, 2, 4], "b")
+    spread.record([1, 5], "a")
+    assert spread.counts([1, 2, 9], ["a", "b", "c"]) == [1, 1, 0]   # shares [1, 2]
+    assert spread.counts([1, 7], ["a", "b"]) == [2, 1]              # shares [1] only
+    assert spread.counts([8], ["a", "b"]) == [0, 0]
+    spread.record([1, 2], "c")                                     # [1]'s window: 3
+    assert spread.counts([1], ["a", "b", "c"]) == [1, 1, 1]
+
+
+@dataclass
+class ShareView(View):
+    shared: int = 0
+    ready: list[bool] = field(default_factory=list)
+
+    def shared_tokens(self, request):
+        return self.shared
+
+    def settled(self, request):
+        return self.ready or [True] * self.num_replicas
+
+
+def test_with_sharing_cache_ties_balance_by_the_prefix_requests_sent_not_the_queue():
+    # Four replicas all hold the prefix; one keeps finishing first (fewest in flight).
+    # Join-the-shortest-queue would send it every request; the router spreads them by
+    # what it sent each replica with this prefix, so after 12 each has 3.
+    router = CacheAwareRouter(4, 1e-3, load_fraction=0.25)
+    prompt = req(1, 2, 3, tokens=1536)
+    sent = [0] * 4
+    for i in range(12):
+        view = ShareView(4, queued=[0, 2, 2, 2], seconds=[0.0, 0.2, 0.2, 0.2],
+                         cached=[1024] * 4, shared=1024)
+        r = router.choose(prompt, view)
+        router.routed(prompt, r)
+        sent[r] += 1
+    assert sent == [3, 3, 3, 3]
+    # The load bound still caps a replica that falls behind: past it, it gets nothing.
+    behind = ShareView(4, queued=[9, 0, 0, 0], cached=[1024] * 4, shared=1024)
+    assert router.choose(prompt, behind) != 0
+    # Without sharing the score alone decides, as before: the shortest queue.
+    plain = CacheAwareRouter(4, 1e-3)
+    assert {plain.choose(prompt, View(4, queued=[0, 2, 2, 2], seconds=[0.0, 0.2, 0.2, 0.2],
+                                      cached=[1024] * 4)) for _ in range(5)} == {0}
+
+
+def test_with_sharing_a_held_prefix_beats_a_loadable_one_when_the_load_is_even():
+    router = CacheAwareRouter(4, 1e-3, load_fraction=0.25)
+    prompt = req(1, 2, 3, tokens=1536)
+    for _ in range(6):                      # replica 2 was sent this prefix many times
+        router.routed(prompt, 2)
+    view = ShareView(4, cached=[0, 0, 1024, 0], shared=1024)
+    assert router.choose(prompt, view) == 2
+    # A miss everywhere is not balanced: a new prefix goes to its home every time.
+    new = req(9, 8, tokens=1024)
+    homes = set()
+    for _ in range(4):
+        r = router.choose(new, ShareView(4))
+        router.routed(new, r)
+        homes.add(r)
+    assert len(homes) == 1
+
+
+def test_with_sharing_a_replica_holding_the_prefix_only_on_paper_is_not_balanced_onto():
+    # Replicas 1-3 were sent the prefix but are still waiting for its pages: balancing
+    # onto them would queue the request behind that wait; the score decides (replica 0).
+    router = CacheAwareRouter(4, 1e-3, load_fraction=0.25)
+    prompt = req(1, 2, 3, tokens=1536)
+    for _ in range(3):
+        router.routed(prompt, 0)
+    view = ShareView(4, queued=[1, 2, 2, 2], seconds=[0.1, 0.2, 0.2, 0.2],
+                     cached=[1024] * 4, shared=1024, ready=[True, False, False, False])
+    assert router.choose(prompt, view) == 0
+    view.ready = [True, True, False, False]          # replica 1 has loaded it: balanced
+    assert router.choose(prompt, view) == 1
