@@ -16,7 +16,7 @@ child's counters come back through a StatsBlock (stats_block.py).
 
 Faults: a child that cannot bind its endpoints fails the engine's start with its error.
 A child that dies later is logged and counted (`publisher_exits`) and restarted on the
-same endpoints, at most MAX_RESTARTS times in RESTART_WINDOW_S (counted:
+same endpoints, at most 3 times in 60 s (restart_budget.py; counted:
 `publisher_restarts`; beyond that the engine runs on without events). The start happens
 on a thread of its own (the engine's step never waits for Python to start); meanwhile
 frames are dropped (counted). The new child's first batch is a snapshot of the tree,
@@ -36,10 +36,10 @@ import select
 import subprocess
 import threading
 import time
-from collections import deque
 
 from radixserve.events.child_process import ChildProcess
 from radixserve.events.fact_messages import FactEncoder
+from radixserve.events.restart_budget import RestartBudget
 from radixserve.events.wire import PublisherStats
 
 __all__ = ["ProcessPublisher"]
@@ -56,8 +56,6 @@ class ProcessPublisher:
     each `publish`ed step's facts."""
 
     MAX_WRITE_BYTES = 1 << 20   # frames joined into one write
-    MAX_RESTARTS = 3            # restarts of a dead child in RESTART_WINDOW_S, at most
-    RESTART_WINDOW_S = 60.0
 
     def __init__(self, child_config: dict, max_queue_batches: int = 4096,
                  pipe_bytes: int = 1 << 20):
@@ -83,7 +81,7 @@ class ProcessPublisher:
         self._down = False          # the current child ended (before close)
         self._exits = 0
         self._restarts = 0
-        self._restart_times: deque[float] = deque()
+        self.restart_budget = RestartBudget()
         self._fresh: ChildProcess | None = None     # restarted, not yet taken in
         self._restarted = threading.Event()         # set with _fresh (tests wait on it)
         self._restarter: threading.Thread | None = None
@@ -178,7 +176,7 @@ class ProcessPublisher:
                 return
             self._down = True
             self._exits += 1
-            restart = self._may_restart()
+            restart = self.restart_budget.take()
             if restart:
                 self._restarter = threading.Thread(target=self._restart,
                                                    name="kv-events-restart", daemon=True)
@@ -186,17 +184,8 @@ class ProcessPublisher:
         log.error("kv-events: the publisher process (pid %d) ended (exit status %s); %s",
                   child.process.pid, child.process.poll(),
                   "restarting it" if restart else
-                  f"restarted {self.MAX_RESTARTS} times in {self.RESTART_WINDOW_S:.0f} s "
-                  f"already: the engine runs on without KV events")
-
-    def _may_restart(self) -> bool:
-        now, times = time.monotonic(), self._restart_times
-        while times and now - times[0] > self.RESTART_WINDOW_S:
-            times.popleft()
-        if len(times) >= self.MAX_RESTARTS:
-            return False
-        times.append(now)
-        return True
+                  f"restarted {self.restart_budget.describe()} already: the engine runs on "
+                  f"without KV events")
 
     def _restart(self) -> None:
         """(Its own thread.) A new child on the same endpoints, handed to the engine's

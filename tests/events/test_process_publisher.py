@@ -96,7 +96,7 @@ def test_a_stopped_process_never_blocks_the_engine_and_resyncs():
 def test_a_process_that_dies_past_the_restart_bound_leaves_the_engine_running(caplog):
     kv, tree, mem = new_events("process")
     pub = kv.publisher
-    pub.MAX_RESTARTS = 0                # the bound reached: no restart
+    pub.restart_budget.max_restarts = 0     # the bound reached: no restart
     try:
         run(tree, mem, PROMPTS[0])
         kv.flush()
@@ -214,7 +214,7 @@ def test_a_killed_process_is_restarted_and_a_subscriber_matches_the_tree_again(c
 def test_restarts_are_bounded_per_window():
     kv, tree, mem = new_events("process")
     pub = kv.publisher
-    pub.MAX_RESTARTS = 1
+    pub.restart_budget.max_restarts = 1
     try:
         for round_ in range(2):
             pub.process.kill()
