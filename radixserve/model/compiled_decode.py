@@ -37,7 +37,7 @@ import torch
 
 from .decode_artefact import ArtefactKey, ArtefactPaths, BuildSpec
 from .errors import ModelLoadError
-from .lone_step import LoneDecodeStep, pool_views, unsupported_reason, write_new_kv
+from .lone_step import LoneDecodeStep, pool_views, scratch_pools, unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -223,10 +223,14 @@ class CompiledDecode:
 
     @torch.inference_mode()
     def _self_check(self, runner) -> str | None:
-        """Compare the library with the eager step on two cached tokens of the pool."""
-        ks, vs = pool_views(self.kv_pool)
-        args = (torch.tensor([1]), torch.tensor([2]), torch.arange(2))
-        got, ref = runner.run([*args, *ks, *vs]), self.step(*args, ks, vs)
+        """Compare the library with the eager step on scratch pools of the live pool's
+        dtype (a compile can finish while the live pool holds requests' K/V, and the step
+        writes into the pools it is given): the logits and the K/V each one wrote."""
+        ks, vs = scratch_pools(self.kv_pool, slots=4)
+        ks2, vs2 = [t.clone() for t in ks], [t.clone() for t in vs]
+        args = (torch.tensor([1]), torch.tensor([2]), torch.arange(2), torch.tensor([3]))
+        got = [*runner.run([*args, *ks, *vs]), *ks, *vs]
+        ref = [self.step(*args, ks2, vs2), *ks2, *vs2]
         worst = max(float((g.float() - r.float()).abs().max() / r.float().abs().max()
                           .clamp_min(1e-6)) for g, r in zip(got, ref))
         return None if worst <= self.rtol else (
@@ -247,10 +251,10 @@ class CompiledDecode:
     @torch.inference_mode()
     def run(self, token: torch.Tensor, position: torch.Tensor, cached_slots: torch.Tensor,
             new_slot: torch.Tensor) -> torch.Tensor:
-        """One lone decode: float32 logits [1, vocab]; the new K/V written at ``new_slot``."""
+        """One lone decode: float32 logits [1, vocab]; the library writes the new K/V at
+        ``new_slot`` of every layer of the pool."""
         ks, vs = pool_views(self.kv_pool)
-        logits, new_k, new_v = self._runner.run([token, position, cached_slots, *ks, *vs])
-        write_new_kv(self.kv_pool, new_slot, new_k, new_v)
+        (logits,) = self._runner.run([token, position, cached_slots, new_slot, *ks, *vs])
         self.stats.compiled_steps += 1
         return logits
 
