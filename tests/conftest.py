@@ -13,10 +13,16 @@ A missing package fails with the command that installs it.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# `radixserve serve` compiles the lone decode step in the background by default (minutes
+# of CPU on a cold cache): servers that tests start never need it. Tests of the compiled
+# step ask for it explicitly (EngineConfig.decode_compile, or --decode-compile).
+os.environ.setdefault("RADIXSERVE_DECODE_COMPILE", "off")
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 

@@ -252,4 +252,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help="run a lone decode (one stream) through a compiled step, kept in "
                         "the weights cache dir; compiled in the background on a cold cache "
                         "while serving eagerly. auto: where the model qualifies; on: refuse "
-                        "to start where it does not (default off; docs/configuration.md)")
+                        "to start where it does not (default: serve auto, unless "
+                        "$RADIXSERVE_DECODE_COMPILE says otherwise; other commands off; "
+                        "docs/configuration.md)")

@@ -146,12 +146,12 @@ def export_and_compile(step: torch.nn.Module, kv_pool, max_context: int,
     from .lone_step import pool_views
 
     ks, vs = pool_views(kv_pool)
-    example = (torch.tensor([1]), torch.tensor([2]), torch.arange(2), ks, vs)
+    example = (torch.tensor([1]), torch.tensor([2]), torch.arange(2), torch.tensor([3]), ks, vs)
     context, slots = Dim("context", min=1, max=max_context - 1), Dim("slots")
     layers = len(ks)
     with torch.no_grad():
         program = export(step, example, strict=False, dynamic_shapes=(
-            None, None, {0: context}, [{0: slots}] * layers, [{0: slots}] * layers))
+            None, None, {0: context}, None, [{0: slots}] * layers, [{0: slots}] * layers))
     paths.directory.mkdir(parents=True, exist_ok=True)
     stem = paths.directory / f"{paths.library.stem}.{os.getpid()}.tmp"
     package = torch._inductor.aoti_compile_and_package(program,

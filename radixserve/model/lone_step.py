@@ -6,14 +6,18 @@ Why a second form of the step: in eager torch a batch-1 token pays per-op dispat
 ideal step"). Compiled whole by Inductor those ops fuse; only a function whose inputs are
 plain tensors can be compiled ahead and loaded again from disk, so this module reads the
 model's weights (the same modules, the same kernels: int4/int8 linears stay
-``_weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``) but takes the KV pool as
-arguments and mutates nothing: it returns the new token's K and V of every layer, and the
-caller writes them into the pool (``write_new_kv``).
+``_weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``) and takes the KV pool as
+arguments. It writes the new token's K and V into the pool itself (``index_copy_`` at
+``new_slot``, every layer): compiled, that is an in-place store inside the library, where
+writing them back from Python cost 60 dispatched copies a token.
 
 Attention reads the pool through ``cached_slots`` (the sequence's earlier tokens' slots,
 any order: one unmasked query attends to a set of keys) and appends the new token's own
-K/V, with the eager lone decode's numerics (matmuls in the activations' dtype, softmax
-computed in fp32 inside).
+K/V. It computes in float32 whatever the activations' dtype: the gather upcasts K/V as it
+copies them, and scores and output are Inductor's own fused reductions. With bf16
+activations the two ``bmm`` calls in bf16 took 31% of a compiled token at context 512
+(py-spy, docs/benchmarks.md); in float32 the same attention took 2.0-2.5 ms instead of
+4.1-4.6 ms for 30 layers at 512 tokens, and it is closer to a float32 reference.
 """
 
 from __future__ import annotations
@@ -45,8 +49,8 @@ def unsupported_reason(model: nn.Module, kv_pool: KVPool) -> str | None:
 
 
 class LoneDecodeStep(nn.Module):
-    """(token [1], position [1], cached_slots [n], per-layer pool K and V [slots, Hkv, D])
-    -> (float32 logits [1, vocab], new K [layers, Hkv, D], new V [layers, Hkv, D])."""
+    """(token [1], position [1], cached_slots [n], new_slot [1], per-layer pool K and V
+    [slots, Hkv, D]) -> float32 logits [1, vocab]; the new K/V stored at ``new_slot``."""
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         super().__init__()
@@ -57,21 +61,19 @@ class LoneDecodeStep(nn.Module):
         self.scale = cfg.attention_scale or self.head_dim ** -0.5
 
     def forward(self, token: torch.Tensor, position: torch.Tensor, cached_slots: torch.Tensor,
-                k_pools: list[torch.Tensor], v_pools: list[torch.Tensor],
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                new_slot: torch.Tensor, k_pools: list[torch.Tensor],
+                v_pools: list[torch.Tensor]) -> torch.Tensor:
         m = self.model
         h = m.embed_tokens(token)
         cos, sin = m.rotary.cos[position].unsqueeze(1), m.rotary.sin[position].unsqueeze(1)
-        new_k, new_v = [], []
         for layer, k_pool, v_pool in zip(m.layers, k_pools, v_pools):
             o, k, v = self._attention(layer, layer.input_layernorm(h), cos, sin,
                                       cached_slots, k_pool, v_pool)
+            k_pool.index_copy_(0, new_slot, k.to(k_pool.dtype))
+            v_pool.index_copy_(0, new_slot, v.to(v_pool.dtype))
             h = h + layer.o_proj(o)
             h = h + layer.mlp_block(layer.post_attention_layernorm(h))
-            new_k.append(k)
-            new_v.append(v)
-        logits = m.lm_head(m.norm(h)).float()
-        return logits, torch.cat(new_k), torch.cat(new_v)
+        return m.lm_head(m.norm(h)).float()
 
     def _attention(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    cached_slots: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -85,24 +87,26 @@ class LoneDecodeStep(nn.Module):
             q, k = layer.q_norm(q), layer.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = qkv[:, k_end:].view(1, hkv, d)
-        dt = q.dtype
-        keys = torch.cat([k_pool.index_select(0, cached_slots).to(dt), k])    # [n+1, Hkv, D]
-        values = torch.cat([v_pool.index_select(0, cached_slots).to(dt), v])
-        qd = q.view(hkv, hq // hkv, d)              # the GQA group folded into the rows
-        scores = torch.matmul(qd, keys.permute(1, 2, 0)) * self.scale          # [Hkv, g, n+1]
+        f32 = torch.float32
+        keys = torch.cat([k_pool.index_select(0, cached_slots).to(f32), k.to(f32)])
+        values = torch.cat([v_pool.index_select(0, cached_slots).to(f32), v.to(f32)])
+        qd = q.view(hkv, hq // hkv, 1, d).to(f32)   # the GQA group folded into the rows
+        scores = (qd * keys.permute(1, 0, 2).unsqueeze(1)).sum(-1) * self.scale  # [Hkv, g, n+1]
         probs = F.softmax(scores, dim=-1)
-        o = torch.matmul(probs, values.transpose(0, 1))                        # [Hkv, g, D]
-        return o.reshape(1, hq * d), k, v
-
-
-def write_new_kv(kv_pool: KVPool, slot: torch.Tensor, new_k: torch.Tensor,
-                 new_v: torch.Tensor) -> None:
-    """Store the step's new K/V ([layers, Hkv, D]) at ``slot`` ([1] int64) of every layer."""
-    for layer in kv_pool.layers:
-        kv_pool.write(layer, slot, new_k[layer:layer + 1], new_v[layer:layer + 1],
-                      decoded=False)
+        o = (probs.unsqueeze(-1) * values.permute(1, 0, 2).unsqueeze(1)).sum(2)  # [Hkv, g, D]
+        return o.reshape(1, hq * d).to(q.dtype), k, v
 
 
 def pool_views(kv_pool: KVPool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Every layer's K and V as [slots, Hkv, D] (the pool's own token-granular views)."""
     return list(kv_pool.k_flat), list(kv_pool.v_flat)
+
+
+def scratch_pools(kv_pool: KVPool, slots: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-layer K and V of ``slots`` tokens in the pool's dtype, filled with a fixed random
+    draw: pools for checking the step apart from the live one."""
+    g = torch.Generator().manual_seed(0)
+    k_flat = kv_pool.k_flat[kv_pool.layers[0]]
+    shape, dtype = (slots, *k_flat.shape[1:]), k_flat.dtype
+    make = [torch.randn(shape, generator=g).to(dtype) for _ in range(2 * len(kv_pool.layers))]
+    return make[0::2], make[1::2]

@@ -77,6 +77,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
 
 
+# `serve` compiles the lone decode step unless told not to; the environment variable lets a
+# test suite (tests/conftest.py sets it to off) start servers without background compiles.
+DECODE_COMPILE_ENV = "RADIXSERVE_DECODE_COMPILE"
+
+
+def serve_decode_compile(args: argparse.Namespace) -> str:
+    """`serve`'s --decode-compile: the flag, else $RADIXSERVE_DECODE_COMPILE, else auto (a
+    cold cache compiles niced in the background while the server serves eagerly; other
+    commands and in-process engines keep EngineConfig's off)."""
+    return args.decode_compile or os.environ.get(DECODE_COMPILE_ENV) or "auto"
+
+
 def server_config(args: argparse.Namespace) -> ServerConfig:
     keys = list(args.api_key or [])
     if not keys and os.environ.get(API_KEY_ENV):
@@ -233,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
     if cluster is not None:
         import_launch()         # without Ray: one line naming the extra, before any loading
     try:
+        args.decode_compile = serve_decode_compile(args)
         asyncio.run(serve(EngineConfig.from_args(args), config, timer, cluster))
     except KeyboardInterrupt:
         pass
