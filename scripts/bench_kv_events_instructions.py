@@ -32,6 +32,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,9 +102,12 @@ def count(events: bool, page_size: int, steps: int, step_s: float) -> int:
     return int(found.group(1))
 
 
-def per_step(events: bool, page_size: int, step_s: float) -> float:
-    return ((count(events, page_size, LONG, step_s) - count(events, page_size, SHORT, step_s))
-            / (LONG - SHORT))
+def per_step(pool: ThreadPoolExecutor, events: bool, page_size: int,
+             step_s: float) -> Callable[[], float]:
+    """Starts the two runs in `pool`; returns a call that waits for them and gives the
+    instructions per step."""
+    long, short = (pool.submit(count, events, page_size, n, step_s) for n in (LONG, SHORT))
+    return lambda: (long.result() - short.result()) / (LONG - SHORT)
 
 
 def main() -> None:
@@ -110,6 +115,8 @@ def main() -> None:
     parser.add_argument("--page-sizes", default="1,16")
     parser.add_argument("--repeats", type=int, default=2,
                         help="measurements per arm (they should agree)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="valgrind runs at once (counts do not depend on the load)")
     parser.add_argument("--arm", choices=["off", "on"], help=argparse.SUPPRESS)
     parser.add_argument("--page-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
@@ -127,8 +134,10 @@ def main() -> None:
     print(f"{'page':>5} {'step ms':>8} {'off':>14} {'on':>14} {'on/off':>8}")
     for page_size in map(int, args.page_sizes.split(",")):
         step_s = args.step_ms / 1e3 if args.step_ms else native_step_s(page_size)
-        off = [per_step(False, page_size, step_s) for _ in range(args.repeats)]
-        on = [per_step(True, page_size, step_s) for _ in range(args.repeats)]
+        with ThreadPoolExecutor(args.jobs) as runs:
+            off = [per_step(runs, False, page_size, step_s) for _ in range(args.repeats)]
+            on = [per_step(runs, True, page_size, step_s) for _ in range(args.repeats)]
+            off, on = [wait() for wait in off], [wait() for wait in on]
         for a, b in zip(off, on):
             print(f"{page_size:>5} {step_s * 1e3:>8.2f} {a:>14,.0f} {b:>14,.0f} {b / a:>8.4f}",
                   flush=True)
