@@ -50,7 +50,8 @@ def get(url: str) -> dict:
 
 
 def start(args, kv: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0", "--model",
+    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0",
+           "--decode-compile", "off", "--model",
            args.model, "--dtype", "float32", "--device", "cpu", "--kv-cache-tokens",
            str(args.kv_cache_tokens), "--page-size", str(args.page_size),
            "--kv-disk-dir", str(kv)]

@@ -48,6 +48,7 @@ BIG_PROMPT = {"prompt": "word " * (1024 * 1024), "max_tokens": 4}     # 5 MB of 
 
 def start(checkout: Path, extra: list[str], args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0",
+           "--decode-compile", "off",
            "--model", args.model, "--dtype", args.dtype, "--device", "cpu",
            "--kv-cache-tokens", "8192", "--max-model-len", "2048", *extra]
     proc = subprocess.Popen(cmd, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -119,7 +119,8 @@ class Tally:
 
 
 def start_server(args: argparse.Namespace, disk_dir: str) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0", "--model",
+    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0",
+           "--decode-compile", "off", "--model",
            args.model, "--dtype", args.dtype, "--device", "cpu", "--kv-cache-tokens",
            str(args.kv_cache_tokens), "--page-size", "16", "--max-model-len", "512",
            "--kv-disk-dir", disk_dir, "--header-timeout-s", "5", "--body-timeout-s", "5",

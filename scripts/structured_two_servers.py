@@ -53,7 +53,8 @@ def _start(kv_dir: Path, grammar_dir: Path, disk_lines: list[str]
            ) -> tuple[subprocess.Popen, str, threading.Thread]:
     """A server on the shared directories; its log lines about the KV disk store (what it
     restored, what its shutdown saved) are collected in `disk_lines`."""
-    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0", "--model", MODEL,
+    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0",
+           "--decode-compile", "off", "--model", MODEL,
            "--dtype", "float32", "--device", "cpu", "--kv-disk-dir", str(kv_dir),
            "--grammar-cache-dir", str(grammar_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

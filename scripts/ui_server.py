@@ -19,7 +19,8 @@ PAGE_LINE = re.compile(r"cache view on (http://\S+)/ui")
 @contextmanager
 def running_server(flags: list[str]) -> Iterator[str]:
     """Start the server on a free port with `flags`; yield its base URL; SIGTERM it after."""
-    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0", *flags]
+    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", "0",
+           "--decode-compile", "off", *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     url = None
     for line in proc.stdout:
