@@ -192,7 +192,8 @@ def compare(name: str, loaded, page_size: int, pairs: int, steps: int, warmup: i
             gc.unfreeze()
     for label, values in rows.items():
         med, low, high, iqr = spread(values)
-        fmt = ".4f" if "on/off" in label or "/step" in label and "us" not in label else ".1f"
+        ratio = "/ off" in label or "on/off" in label
+        fmt = ".4f" if ratio or "/step" in label and "us" not in label else ".1f"
         print(f"{name:>9} {page_size:>5} {label:>30} {med:>9{fmt}} {low:>9{fmt}} "
               f"{high:>9{fmt}} {iqr:>8{fmt}}", flush=True)
 
