@@ -112,8 +112,8 @@ class KVEvents:
         """(The engine, after each step.) `flush` once `interval_s` has passed since the
         last one, so a busy engine pays the hand-over (an encode, a pipe write and the
         publisher's wake-up; the thread mode's lock and wake-up) once per interval, not
-        once per step: at 256 running with a 4 ms scheduling step that was about a third
-        of the events' cost on the step (docs/benchmarks.md). Consumers see the same
+        once per step: at 256 running with a 4 ms scheduling step that cut the events'
+        instructions on the step by an eighth (docs/benchmarks.md). Consumers see the same
         events, in fewer batches, at most one interval and one step later; the engine
         flushes at once when it goes idle."""
         now = self._clock()
