@@ -355,13 +355,14 @@ class CacheAwareRouter(Router):
         scores = [q + c for q, c in zip(view.queued_seconds(), cache)]
         best = min(candidates, key=lambda r: scores[r])
         balance = self.load_fraction is not None and reach[best] > 0
-        settled = (view.settled(request) if hasattr(view, "settled") else [True] * len(scores)) \
-            if balance else []
+        settled = [True] * len(scores)      # a view without `settled` books nothing
+        if balance and hasattr(view, "settled"):
+            settled = view.settled(request)
         if not balance or not settled[best]:   # no sharing, a miss, or held only on paper
             return Ranking(candidates, scores,
                            [r for r in candidates if scores[r] == scores[best]])
         ids = range(view.num_replicas) if ids is None else ids
-        assigned = self.spread.counts(request.page_keys, [ids[r] for r in range(len(scores))])
+        assigned = self.spread.counts(request.page_keys, list(ids)[:len(scores)])
         even = [r for r in candidates if cache[r] == cache[best] and settled[r]]
         least = min(assigned[r] for r in even)
         even = [r for r in even if assigned[r] == least]
