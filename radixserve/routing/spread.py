@@ -17,7 +17,7 @@ prefix. Pure Python and bounded: `max_prefixes` keys, least recently used out fi
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Hashable, Sequence
 
 
@@ -52,6 +52,5 @@ class PrefixSpread:
             if sent is None:
                 break
             deepest = sent
-        if deepest is None:
-            return [0] * len(replicas)
-        return [sum(1 for r in deepest if r == replica) for replica in replicas]
+        sent = Counter(deepest or ())
+        return [sent[replica] for replica in replicas]
