@@ -81,6 +81,25 @@ class PagedMemory(FreeListPool):
             return pages
         return join_pages(parts)        # one evicted edge's (read-only) array: no copy
 
+    def evict_ahead(self, pages: int) -> int:
+        """Make at least `pages` pages free (as many as the tree can give), evicting once;
+        returns the pages evicted.
+
+        For a scheduler step about to grow many sequences by a page each: at page size 1
+        with 256 decoding that is 256 `alloc_after` calls, each of which would evict its one
+        page on its own (a pass through eviction, a trim of the same LRU leaf, and at
+        --kv-events a trim fact). One call here evicts the same leaves in the same
+        policy order, each trimmed once; the allocations then come off the free list."""
+        short = pages - self._free_list.num_free
+        if short <= 0:
+            return 0
+        short = min(short, self.tree.evictable_tokens // self.page_size)
+        if short <= 0:
+            return 0
+        freed = join_pages(self.tree.evict_pages(short * self.page_size))
+        self.free(freed)
+        return len(freed)
+
     def free(self, pages: np.ndarray) -> None:
         """Return private pages to the free list (PageAccountingError on a double free)."""
         self._free_list.free(pages)

@@ -213,8 +213,7 @@ class RadixCache:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
         self._page_bytes = page_size * _ITEM      # a child's dict key: its first page
-        self.policy = make_policy(policy)
-        self._rekey_trimmed = getattr(self.policy, "key_reads_size", True)
+        self.policy = make_policy(policy)     # (sets _rekey_trimmed: the setter below)
         self._ns_roots: dict[str | None, TreeNode] = {}
         # Unlocked leaves, smallest policy key first (`node.evict_key` is a queued node's entry).
         self._evictable = EvictionQueue()
@@ -243,6 +242,17 @@ class RadixCache:
             raise ValueError("attach the tiers to an empty tree without tiers")
         self.tiers = hooks
         self._pool_only = False
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: EvictionPolicy) -> None:
+        """Set the eviction policy; whether a trimmed leaf is re-keyed follows it (a
+        policy set on a tree that had LRU must re-key its trimmed leaves)."""
+        self._policy = policy
+        self._rekey_trimmed = getattr(policy, "key_reads_size", True)
 
     def attach_observer(self, observer: TreeObserver) -> None:
         """Tell `observer` about every token stored, moved or removed from now on (once,

@@ -130,6 +130,7 @@ class Scheduler:
         if self.memory.available_pages() < 2 * len(self.running) + budget:
             self.running.sort(key=_progress_order)
         preemptions_before = self.stats.preemptions
+        self.memory.evict_ahead(len(self.running))
         i = 0
         while i < len(self.running):
             seq = self.running[i]

@@ -61,6 +61,11 @@ class SequenceMemory:
         """Pages an allocation could get now: free + evictable (see PagedMemory)."""
         return self.pool.available_pages()
 
+    def evict_ahead(self, num_seqs: int) -> None:
+        """Before `num_seqs` running sequences each grow by a token: evict once for the
+        pages they will need (PagedMemory.evict_ahead), not once per sequence."""
+        self.pool.evict_ahead(-(-num_seqs // self.page_size))
+
     def cached_prefix_len(self, seq: SeqState) -> int:
         """How much of the sequence the tree holds now (for scheduling priority)."""
         if not self.use_cache:

@@ -48,8 +48,9 @@ def _stored(node: TreeNode) -> tuple:
 class TreeFacts:
     """A TreeObserver that appends each change as a tuple to `facts` (see FactReplay).
 
-    Trims are coalesced: at page size 1 the scheduler trims the LRU leaf once per page it
-    allocates (~250 times a churn step at 256 running), so `trimmed` is one C call (a
+    Trims are coalesced: a tree trims the LRU leaf once per eviction call (the engine's
+    scheduler evicts once a step for its decodes, PagedMemory.evict_ahead; other
+    allocations evict as they come, one call each), so `trimmed` is one C call (a
     dict store: the node -> the tokens it keeps, the last trim of a node winning;
     `operator.setitem` bound by a partial: a fast call, ~30% quicker here than the
     dict's `__setitem__`, a slot wrapper that builds an argument tuple) and the trims since the

@@ -79,3 +79,67 @@ def test_flush_cache_frees_the_tree_and_refuses_while_locked():
     assert mem.flush_cache() == 3
     assert tree.total_tokens == 0 and mem.num_free == 6
     mem.check_conservation([])
+
+
+class _CountingObserver:
+    """Counts the tree's trims (the KV events' capture sees one per trim call)."""
+
+    def __init__(self):
+        self.trims = 0
+
+    def trimmed(self, node, keep_tokens):
+        self.trims += 1
+
+    def stored(self, node):
+        pass
+
+    def split(self, upper, lower):
+        pass
+
+    def removed(self, node):
+        pass
+
+    def moved(self, node, src):
+        pass
+
+    def cleared(self):
+        pass
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_evict_ahead_evicts_once_what_single_allocations_would(page_size):
+    """A step's decodes allocate one page each: `evict_ahead` first evicts their pages in
+    one pass (one trim of the LRU leaf, not one per page), the same pages the single
+    allocations would have evicted, and the allocations then come off the free list."""
+    trees = {}
+    for ahead in (False, True):
+        mem, tree = setup(12, page_size)
+        observer = _CountingObserver()
+        tree.attach_observer(observer)
+        tree.insert(list(range(8 * page_size)), mem.alloc(8))
+        tree.insert(list(range(100, 100 + 4 * page_size)), mem.alloc(4))
+        tree.match_prefix(list(range(100, 100 + 4 * page_size)))  # the long one is LRU
+        assert mem.num_free == 0
+        if ahead:
+            assert mem.evict_ahead(5) == 5 and mem.num_free == 5
+            assert mem.evict_ahead(3) == 0                   # enough free already
+        got = [mem.alloc(1) for _ in range(5)]
+        mem.check_conservation(got)
+        tree.check_invariants()
+        trees[ahead] = (tree.tree_page_ids().tolist(), observer.trims, mem.evicted_tokens)
+    (kept_single, trims_single, evicted_single) = trees[False]
+    (kept_ahead, trims_ahead, evicted_ahead) = trees[True]
+    assert sorted(kept_single) == sorted(kept_ahead)     # the same pages stay cached
+    assert evicted_single == evicted_ahead == 5 * page_size
+    assert (trims_single, trims_ahead) == (5, 1)
+
+
+def test_evict_ahead_takes_only_what_the_tree_can_give():
+    mem, tree = setup(6)
+    r = tree.insert([1, 2, 3, 4], mem.alloc(4))
+    tree.lock(r.node)
+    tree.insert([9, 8], mem.alloc(2))
+    assert mem.evict_ahead(5) == 2 and mem.num_free == 2    # the locked 4 stay
+    assert tree.peek_prefix([1, 2, 3, 4]) == 4
+    tree.unlock(r.node)
+    mem.check_conservation()
