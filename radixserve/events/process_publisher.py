@@ -110,17 +110,17 @@ class ProcessPublisher:
             self._dropped += 1
             return True             # no snapshot now: the restart sends one
         child = self._child
-        frame = self._encoder.frame(facts)
+        frame = self._encoder.frame_in_buffer(facts)      # reused: copied if queued
         child.accepted += 1
         if self._queue.unfinished_tasks == 0 and self._write_now(child, frame):
             return True
         full = self._queue.qsize() >= self._max_queue
         if full:
             self._drop(1)
-        self._queue.put(frame)
+        self._queue.put(bytes(frame))
         return not full
 
-    def _write_now(self, child: ChildProcess, frame: bytes) -> bool:
+    def _write_now(self, child: ChildProcess, frame: bytes | bytearray) -> bool:
         """(Nothing queued or being written.) Write `frame` whole if the pipe has room for
         it: then no partial frame can be left for the writer (only this process writes)."""
         if child.room() < len(frame):
@@ -131,7 +131,7 @@ class ProcessPublisher:
             if n < len(frame):      # never seen; the writer finishes the frame
                 log.warning("kv-events: a partial write to the publisher pipe (%d of %d "
                             "bytes): its room was overestimated", n, len(frame))
-                self._queue.put(frame[n:])
+                self._queue.put(bytes(frame[n:]))
             return True
         except OSError:             # EPIPE: the child ended
             self._note_exit(child)
