@@ -111,10 +111,16 @@ class Engine(OneProcessStats):
 
         return KVEvents(self.tree, KVEventsConfig.from_engine(config), str(self.runner.device))
 
-    def _publish_events(self) -> None:
-        """Hand the events of the last step (or admin change) to the publisher's thread."""
-        if self.kv_events is not None:
+    def _publish_events(self, at_once: bool = True) -> None:
+        """Hand the events of the last step (or admin change) to the publisher; after a
+        step (`at_once` False) only once --kv-events-interval-ms has passed
+        (KVEvents.after_step), the rest being handed over when the engine goes idle."""
+        if self.kv_events is None:
+            return
+        if at_once:
             self.kv_events.flush()
+        else:
+            self.kv_events.after_step()
 
     def _memory(self) -> PagedMemory:
         """The page accounting: with per-group pools, the windowed pool's too."""
@@ -422,8 +428,7 @@ class Engine(OneProcessStats):
                 continue
             async with self._step_lock:
                 stepped = await self._step(loop)
-                if self.kv_events is not None:
-                    self.kv_events.after_step()     # flushed at once when idle (above)
+                self._publish_events(at_once=False)
             if not stepped:
                 # Nothing fits right now (all waiting, memory short): let aborts arrive.
                 await asyncio.sleep(0.001)

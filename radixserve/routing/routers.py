@@ -60,8 +60,8 @@ class ClusterView(Protocol):
 
     def settled(self, request: RouteRequest) -> Sequence[bool]:
         """Per replica: what it holds of `request` is really in its cache, not only booked
-        for requests still computing or loading it (--kv-share; optional: a view without
-        it counts every replica as settled)."""
+        for requests still computing or loading it (--kv-share; a view without a cluster
+        store answers True for every replica)."""
 
 
 def stable_hash(*parts: int) -> int:
@@ -355,9 +355,7 @@ class CacheAwareRouter(Router):
         scores = [q + c for q, c in zip(view.queued_seconds(), cache)]
         best = min(candidates, key=lambda r: scores[r])
         balance = self.load_fraction is not None and reach[best] > 0
-        settled = [True] * len(scores)      # a view without `settled` books nothing
-        if balance and hasattr(view, "settled"):
-            settled = view.settled(request)
+        settled = view.settled(request) if balance else None
         if not balance or not settled[best]:   # no sharing, a miss, or held only on paper
             return Ranking(candidates, scores,
                            [r for r in candidates if scores[r] == scores[best]])

@@ -281,6 +281,9 @@ def test_the_cache_aware_score_ranks_held_then_loadable_then_miss():
         def shared_tokens(self, request):
             return 100
 
+        def settled(self, request):
+            return [True, True, True]
+
     router = CacheAwareRouter(3, 1e-3, 1.0, LoadBound(), load_fraction=0.25)
     a, b, c = router.scores(RouteRequest([1, 2], 120), View())
     assert a < b < c                                  # held < partly loadable < loadable

@@ -20,6 +20,9 @@ class IdleView:
     def cached_tokens(self, request):
         return [0] * 8
 
+    def settled(self, request):
+        return [True] * self.num_replicas
+
 
 def test_one_key_one_replica_whatever_the_prompt():
     view = IdleView()

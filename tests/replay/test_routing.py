@@ -29,6 +29,9 @@ class View:
     def cached_tokens(self, request):
         return self.cached or [0] * self.num_replicas
 
+    def settled(self, request):
+        return [True] * self.num_replicas
+
 
 def req(*keys, tokens=None):
     return RouteRequest(list(keys), tokens if tokens is not None else 512 * len(keys))
