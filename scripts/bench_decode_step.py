@@ -213,6 +213,9 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--baseline", default=None, help="git commit to compare with")
+    p.add_argument("--baseline-bf16", action="store_true",
+                   help="the baseline loads its default (bf16) weights: a commit that "
+                        "predates --weights-dtype")
     p.add_argument("--weights-dtypes", default=None,
                    help="comma-separated --weights-dtype forms of this checkout to time side "
                         "by side (ratios against the first)")
@@ -257,8 +260,9 @@ def main() -> None:
             compile_layers(impls[-1])
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline:
+            # A commit before --weights-dtype (7a13837) loads bf16 only: pass no form.
             impls.insert(0, Impl(import_baseline(args.baseline, Path(tmp)), args,
-                                 weights_dtype=forms[0]))
+                                 weights_dtype=None if args.baseline_bf16 else forms[0]))
         kinds = [("decode", "decode_batch")]
         if args.prefill_tokens:
             kinds.append(("prefill", "prefill_batch"))

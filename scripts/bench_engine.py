@@ -10,6 +10,10 @@ VM's drift over the long cache-off run), then transformers.
                                     --output 32 --dtype bfloat16] [--skip-hf] [--single-on]
                                    [--quick] [--deterministic]
 
+--compare-weights bf16,auto: instead, the cache-on run once per weights form, in the order
+A B B A (the drift cancels in the means), and the ratio of their wall times (issue 41:
+quantized weights must not slow this workload).
+
 --deterministic: the engine runs in deterministic mode (docs/deterministic.md), and a
 default-mode cache-on run before and after the deterministic ones gives the mode's cost,
 side by side; it also reports how many outputs are identical cache on vs off.
@@ -119,6 +123,29 @@ def pct(values, q):
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def compare_weights(args, forms: list[str]) -> None:
+    """Cache on, once per weights form in the order A B B A; the mean walls' ratio."""
+    loaded = {w: on_compute_thread(load_model, args.model, dtype=args.dtype, weights_dtype=w)
+              for w in forms}
+    prompts = make_prompts(args)
+    print(f"{len(prompts)} requests, {sum(map(len, prompts))} prompt tokens, "
+          f"{len(prompts) * args.output} output tokens, dtype {args.dtype}, torch threads "
+          f"{torch.get_num_threads()}; weights {' vs '.join(forms)}")
+    walls: dict[str, list[float]] = {w: [] for w in forms}
+    outputs: dict[str, list] = {}
+    for w in forms + forms[::-1]:
+        r = asyncio.run(run_engine(loaded[w], prompts, args, disable_cache=False))
+        walls[w].append(r["wall"])
+        outputs.setdefault(w, r["outputs"])
+        print(f"{w:<8} wall {r['wall']:6.2f} s, {len(prompts) * args.output / r['wall']:6.1f} "
+              f"out tok/s, TTFT p50 {statistics.median(r['ttft']):.2f} s", flush=True)
+    a, b = forms
+    ratio = statistics.mean(walls[a]) / statistics.mean(walls[b])
+    same = sum(x == y for x, y in zip(outputs[a], outputs[b]))
+    print(f"\n{b} vs {a}: {ratio:.2f}x the speed (mean wall {statistics.mean(walls[a]):.2f} s "
+          f"vs {statistics.mean(walls[b]):.2f} s); greedy outputs identical {same}/{len(prompts)}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -138,6 +165,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="2x2 prompts of 64+8 tokens")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic mode, with default-mode cache-on runs for its cost")
+    p.add_argument("--compare-weights", default=None, metavar="A,B",
+                   help="cache on with two --weights-dtype forms side by side (A B B A)")
     p.add_argument("--skip-floor", action="store_true",
                    help="do not measure this machine's roofline (scripts/roofline.py)")
     args = p.parse_args()
@@ -145,6 +174,9 @@ def main() -> None:
         args.groups, args.per_group, args.system, args.question, args.output = 2, 2, 64, 8, 4
 
     torch.manual_seed(0)
+    if args.compare_weights:
+        compare_weights(args, args.compare_weights.split(","))
+        return
     # Load on the engine's compute thread: see radixserve/engine/compute_thread.py.
     loaded = on_compute_thread(load_model, args.model, dtype=args.dtype)
     prompts = make_prompts(args)
