@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 LAYER = [("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536)]
 LM_HEAD = [("lm_head", 49152, 576)]
+KERNELS = ("bf16", "int4/g32", "int4/g64", "int8", "w8a8")     # kernels()' keys, in order
 
 
 def per_call_us(fn, min_seconds: float = 0.2) -> float:
@@ -80,7 +81,7 @@ def kernels(out_f: int, in_f: int, rows: int) -> dict[str, callable]:
 
 
 def table(name: str, shapes, rows_list: list[int]) -> None:
-    names = list(kernels(16, 32, 1))
+    names = KERNELS
     print(f"\n{name}: us per call (ratio bf16 / kernel)")
     print(f"{'rows':>5} " + " ".join(f"{k:>17}" for k in names))
     for rows in rows_list:
