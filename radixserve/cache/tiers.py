@@ -542,12 +542,9 @@ class LowerTiers:
         for node in lower:
             if node.tier > max_tier or node.parent is None:
                 break
-            if self._pending(node):
-                held = self._held(node)     # its write is queued: load its bytes from there
-                if held is None:
-                    break
-                payloads.append(held)
-            elif node.tier == DISK:
+            if node.tier == DISK:
+                if not self._submitted(node):
+                    break           # its order has not handed the bytes to the writer
                 got = self._read(node)
                 if len(got) < len(node.pages):
                     if got:
@@ -565,14 +562,15 @@ class LowerTiers:
         self.tree.lock(nodes[-1])
         return LoadPlan(nodes, payloads)
 
-    def _held(self, node: TreeNode) -> tuple[bytes, ...] | None:
-        """A pending disk node's pages from the writer's queue; None unless all are there
-        (an order not run yet has not handed them over)."""
-        if self.writer is None:
-            return None
-        got = tuple(self.writer.held_page(slot)
-                    for slot in self.local(DISK, node.pages).tolist())
-        return None if None in got else got
+    def _submitted(self, node: TreeNode) -> bool:
+        """Every page of a disk node whose write is pending is in the writer's hands (an
+        order not run yet has not handed them over)."""
+        if not self._pending(node):
+            return True
+        return self.writer is not None and all(
+            self.writer.held_page(slot) is not None
+            for tree_id, slot in zip(node.pages.tolist(), self.local(DISK, node.pages).tolist())
+            if tree_id in self.pending_writes)
 
     def _ask_reads(self, lower: Sequence[TreeNode], max_tier: Tier) -> bool:
         """Ask the reader for the disk pages the plan would read and are not read yet;
@@ -581,14 +579,13 @@ class LowerTiers:
         for node in lower:
             if node.tier > max_tier or node.parent is None:
                 break
-            if self._pending(node):
-                if self._held(node) is None:
-                    break
-                continue
             if node.tier != DISK:
                 continue
-            slots = [s for s in self.local(DISK, node.pages).tolist()
-                     if not self.reader.ready(s)]
+            if not self._submitted(node):
+                break
+            slots = [slot for tree_id, slot in zip(node.pages.tolist(),
+                                                   self.local(DISK, node.pages).tolist())
+                     if tree_id not in self.pending_writes and not self.reader.ready(slot)]
             if slots:
                 wait = True
                 new = [s for s in slots if not self.reader.asked(s)]
@@ -597,12 +594,19 @@ class LowerTiers:
         return wait
 
     def _read(self, node: TreeNode) -> tuple[bytes, ...]:
-        """The node's pages, up to the first missing or corrupt one: from the reader's
-        results (read off this thread) or, without a reader, from the disk here."""
+        """The node's pages, up to the first missing or corrupt one. A page whose write is
+        pending comes from the writer's queue; one written comes from the reader's results
+        (read off this thread) or, without a reader, from the disk here. A node's pages
+        are written one by one, so a node may have both (its write half done)."""
         got = []
-        for slot in self.local(DISK, node.pages).tolist():
-            data = (self.reader.take(slot) if self.reader is not None
-                    else self.disk.read_page(slot))
+        pending = self.pending_writes
+        for tree_id, slot in zip(node.pages.tolist(), self.local(DISK, node.pages).tolist()):
+            if tree_id in pending:
+                data = self.writer.held_page(slot)
+            elif self.reader is not None:
+                data = self.reader.take(slot)
+            else:
+                data = self.disk.read_page(slot)
             if data is None:
                 self.counters.corrupt_pages += 1
                 break
@@ -713,9 +717,12 @@ class LowerTiers:
         """TierHooks: a lower node moves into the pool (loaded, or recomputed by an
         insert). A disk node's files stay as kept copies when it was loaded, and always
         with a journaled disk tier (`places`): its disk descendants need them as their
-        prefix to be restored after a crash."""
+        prefix to be restored after a crash. A kept copy is no node's, so the follower's
+        data goes (a load moved it to the pool ids first; a recompute brings its own)."""
         if node.tier == DISK and (self._keeping or self.places is not None):
             self._unlist(node)
+            if self.follower is not None:
+                self.follower.released(node.pages)
             slots = self.local(DISK, node.pages).tolist()
             self.kept.update(dict.fromkeys(slots, node.namespace))
             if self.places is not None:

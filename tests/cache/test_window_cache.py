@@ -244,3 +244,50 @@ def test_windows_follow_a_node_to_lower_tier_ids_and_back():
     w.check([np.array([3])])
     with pytest.raises(AssertionError, match="owned by nobody"):
         w.check([np.zeros(0, np.int64)])
+
+
+class JournalPlaces:
+    """A journaled disk tier's DiskPlaces (engine/disk_places.py), minus the journal: every
+    page it is told of has its file, so a disk node that moves into the pool keeps its
+    slots as kept copies (LowerTiers.release)."""
+
+    def placed(self, node, slots):
+        pass
+
+    def missing(self, node):
+        return False
+
+    def touched(self, slots, last_access):
+        pass
+
+    def spare(self, kept, n):
+        return list(kept)[:n]
+
+
+def test_a_disk_path_recomputed_into_the_pool_lets_its_old_windows_go():
+    """A path on a journaled disk tier that a request recomputes (matched, not loaded, as
+    when its windows are missing or its read is slow) enters the pool on the request's pages; its disk slots stay as kept
+    copies, but the windows that followed it to those slots must go, or they are held for
+    a node nobody owns (CI, test_engine_hybrid_tiers: "owned by nobody")."""
+    from radixserve.cache.tiers import DISK, LowerTiers
+
+    from .test_tiers import run
+    from .test_tiers_stateful import FakeDisk
+
+    mem = make_memory(16, 16)
+    store = FakeDisk()
+    tiers = LowerTiers(mem.tree, 16, 0, 16, store, page_bytes=16)
+    tiers.places = JournalPlaces()
+    mem.follow(tiers)
+    path = list(range(100, 116))                       # 8 pages of 2
+    run_request(mem, path)
+    mem.free(mem.tree.evict(16))                       # the whole path to disk
+    run(tiers, store)
+    assert mem.tree.match_prefix(path).lower_tokens(DISK) == 16
+    assert mem.windows.lower                           # its windows followed it
+    mem.check_conservation()
+    run_request(mem, path)              # matched on disk, not loaded: recomputed, inserted
+    assert mem.tree.match_prefix(path).matched_tokens == 16
+    assert tiers.kept and not mem.windows.lower        # the slots kept, their windows gone
+    mem.tree.check_invariants()
+    mem.check_conservation()
