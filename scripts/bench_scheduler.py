@@ -36,7 +36,7 @@ interval and the IQR over the pairs. ~5 minutes for 16 pairs of 60 steps:
 Beside the ratios, `steady` prints counters per step, off and on (step_counters.py: the
 engine thread's GC collections and their CPU, net allocated blocks, context switches; the
 pipe writer's and the publisher process's wake-ups): steadier than time on a busy machine,
-and they name a cause. `--busy-poll-ms`, `--gc-freeze`, `--pin` and `--child-discards`
+and they name a cause. `--drain-ms`, `--gc-freeze`, `--pin` and `--child-discards`
 vary one suspect each.
 The whole step with a real forward: bench_kv_events_step.py.
 
@@ -660,10 +660,10 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true",
                         help="with --kv-events steady: this process on CPU 0, the "
                              "publisher process on CPU 1")
-    parser.add_argument("--busy-poll-ms", type=float, default=None,
-                        help="with --kv-events steady: the publisher process looks at "
-                             "its pipe this often while frames come (0: it waits on it, "
-                             "woken by each write); default: child.py's")
+    parser.add_argument("--drain-ms", type=float, default=None,
+                        help="with --kv-events steady: the publisher process drains its "
+                             "ring this often while frames come; default: the hand-over "
+                             "interval's pace (stream.py)")
     parser.add_argument("--child-discards", action="store_true",
                         help="with --kv-events steady: the publisher process reads the "
                              "frames and drops them (the engine's side alone)")
@@ -676,8 +676,8 @@ def main() -> None:
     if args.kv_events == "steady":
         steady_events(steps, 2 if args.quick else args.rounds, args.warmup, args.forward_ms,
                       args.kv_events_publisher, args.gc_freeze, args.pin,
-                      {**({} if args.busy_poll_ms is None
-                          else {"busy_poll_ms": args.busy_poll_ms}),
+                      {**({} if args.drain_ms is None
+                          else {"drain_ms": args.drain_ms}),
                        **({"discard": True} if args.child_discards else {})})
         return
     if args.kv_events == "own":

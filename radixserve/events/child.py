@@ -1,21 +1,27 @@
 """The publisher process (`--kv-events-publisher process`, the default): run as
 `python -m radixserve.events.child CONFIG_JSON` by process_publisher.py.
 
-It reads the engine's tree facts from stdin (one frame per step: fact_messages.py), replays
-them on its shadow tree into vLLM events (tree_facts.FactReplay, block_events.py) and sends
-them on the ZeroMQ PUB, serving replays on the ROUTER (wire.py): the same code and bytes as
-the thread mode, on a core of its own, so the engine's step never waits for the GIL it
-holds. One thread: a poll over stdin and the ROUTER. Frames that arrived together (it fell
-behind) make one batch. It waits on stdin, so each of the engine's writes wakes it once.
-(A busy poll, `busy_poll_ms` > 0: looking at stdin that often while frames keep coming,
-IDLE_AFTER_S, saves the engine's write the wake-up, ~12 us against ~3 us on a busy
-machine, but its own ~10 wake-ups a step were placed on the engine's core and preempted
-the engine's thread: +6.5 involuntary context switches a step at page 1 against +0.7
-when it waits; bench_scheduler.py --kv-events steady --busy-poll-ms 1|0,
-docs/benchmarks.md.) Its counters go to the engine through a StatsBlock
+It takes the engine's tree facts from a ring in shared memory (one frame per hand-over:
+fact_messages.py, frame_ring.py), replays them on its shadow tree into vLLM events
+(tree_facts.FactReplay, block_events.py) and sends them on the ZeroMQ PUB, serving
+replays on the ROUTER (wire.py): the same code and bytes as the thread mode, on a core of
+its own, so the engine's step never waits for the GIL it holds. One thread: a poll over
+stdin and the ROUTER. Frames that arrived together make one batch.
+
+While frames come it drains the ring every `drain_ms` (the engine's hand-over interval:
+about one wake a frame, as when it waited on a pipe, but the engine's thread no longer
+pays a pipe write for it). After IDLE_AFTER_S without a frame it says it sleeps
+(FrameRing.set_sleeping) and waits on stdin, where the engine's next put rings a byte
+(with a backstop timeout as well: frame_ring.py). The engine
+also rings when it goes idle (stream.py: its last facts should not wait for a drain, so
+a router sees a finished request's blocks at once). A 1 ms poll
+was tried once: its ~10 wake-ups a step were placed on the engine's core and preempted the
+engine's thread (+6.5 involuntary context switches a step at page 1), hence a drain at
+the hand-over's own pace. Its counters go to the engine through a StatsBlock
 (stats_block.py). Its first line on stdout says where it listens (or why it cannot); its
-logs go to stderr (the engine's). It ends when stdin ends: the engine closed it, or died.
-It imports no torch (only the cache's token keys and path hashes).
+logs go to stderr (the engine's). It ends when stdin ends (the engine closed it, or
+died), after a last drain of the ring. It imports no torch (only the cache's token keys
+and path hashes).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import zmq
 
 from radixserve.events.block_events import BlockEvents, media_for
 from radixserve.events.fact_messages import FrameReader, decode_facts
+from radixserve.events.frame_ring import FrameRing
 from radixserve.events.schema import ENCODINGS
 from radixserve.events.stats_block import StatsBlock
 from radixserve.events.tree_facts import FactReplay
@@ -41,9 +48,9 @@ __all__ = ["main"]
 
 log = logging.getLogger("radixserve.events.child")
 MAX_FRAMES_PER_BATCH = 64       # frames joined into one batch (the thread mode's items)
-READ_BYTES = 1 << 20
-BUSY_POLL_MS = 0                # >0: while frames come, stdin looked at this often
-IDLE_AFTER_S = 0.05             # then, this long without one: wait on stdin
+DRAIN_MS = 10                   # while frames come, the ring is drained this often
+IDLE_AFTER_S = 0.1              # then, this long without one: sleep until the doorbell
+BACKSTOP_MS = 100               # a sleep's longest (a doorbell both sides missed)
 
 
 def _hello(message: dict) -> None:
@@ -55,11 +62,11 @@ def _hello(message: dict) -> None:
 
 class Child:
     def __init__(self, wire: EventWire, replay: FactReplay, block: StatsBlock,
-                 busy_poll_ms: float = BUSY_POLL_MS, discard: bool = False):
-        self.wire, self.replay, self.block = wire, replay, block
+                 ring: FrameRing, drain_ms: float = DRAIN_MS, discard: bool = False):
+        self.wire, self.replay, self.block, self.ring = wire, replay, block, ring
         self.handled = 0
-        self.busy_poll_ms = busy_poll_ms    # 0: always wait on stdin (one wake a frame)
-        # Read the frames and drop them (bench_scheduler.py: the engine's side of the
+        self.drain_ms = max(round(drain_ms), 1)     # zmq polls in whole ms
+        # Take the frames and drop them (bench_scheduler.py: the engine's side of the
         # cost without the child's work on the other core).
         self.discard = discard
 
@@ -89,44 +96,47 @@ class Child:
                           resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw))
 
     def run(self, fd: int = 0) -> None:
-        idle, busy = zmq.Poller(), zmq.Poller()     # busy: the ROUTER only
-        idle.register(fd, zmq.POLLIN)
+        poller = zmq.Poller()
+        poller.register(fd, zmq.POLLIN)         # the doorbell, and the engine's end
         if self.wire.replay is not None:
-            idle.register(self.wire.replay, zmq.POLLIN)
-            busy.register(self.wire.replay, zmq.POLLIN)
+            poller.register(self.wire.replay, zmq.POLLIN)
         os.set_blocking(fd, False)
         reader = FrameReader()
-        read_bytes, last_frame = 0, 0.0
-        poll_ms = self.busy_poll_ms
-        idle_after_s = IDLE_AFTER_S if poll_ms else 0.0
+        last_frame = time.monotonic()
+        asleep = False
         while True:
-            is_busy = time.monotonic() - last_frame < idle_after_s
-            if not is_busy:
-                ready = dict(idle.poll())
-            elif self.wire.replay is not None:
-                ready = dict(busy.poll(poll_ms))
-            else:                   # an empty poller returns at once: sleep instead
-                time.sleep(poll_ms / 1e3)
-                ready = {}
+            if asleep:
+                timeout = BACKSTOP_MS
+            elif time.monotonic() - last_frame >= IDLE_AFTER_S:
+                asleep = True
+                self.ring.set_sleeping(True)    # set until a frame comes
+                # A frame put before the engine could see the flag is taken now.
+                timeout = 0 if self.ring.pending() else BACKSTOP_MS
+            else:
+                timeout = self.drain_ms
+            ready = dict(poller.poll(timeout))
             if self.wire.replay in ready:
                 self.wire.serve_replays()
                 self.report()
-            if not is_busy and fd not in ready:
-                continue
-            try:
-                data = os.read(fd, READ_BYTES)
-            except BlockingIOError:
-                continue
-            last_frame = time.monotonic()
-            read_bytes += len(data)
-            self.block.set_read_bytes(read_bytes)
-            frames = reader.feed(data)
-            for i in range(0, len(frames), MAX_FRAMES_PER_BATCH):
-                self.publish(frames[i:i + MAX_FRAMES_PER_BATCH])
-            if not data:
+            ended = False
+            if fd in ready:
+                try:
+                    ended = not os.read(fd, 4096)       # doorbells carry nothing
+                except BlockingIOError:
+                    pass
+            data = self.ring.take()
+            if data:
+                last_frame = time.monotonic()
+                if asleep:
+                    asleep = False
+                    self.ring.set_sleeping(False)
+                frames = reader.feed(data)
+                for i in range(0, len(frames), MAX_FRAMES_PER_BATCH):
+                    self.publish(frames[i:i + MAX_FRAMES_PER_BATCH])
+            if ended:
                 if reader.partial:
-                    log.warning("kv-events: the engine's pipe ended inside a frame "
-                                "(%d bytes dropped)", reader.partial)
+                    log.warning("kv-events: the engine ended inside a frame (%d bytes "
+                                "dropped)", reader.partial)
                 return
 
 
@@ -147,7 +157,8 @@ def main(argv: list[str]) -> int:
         return 1
     _hello({"endpoint": wire.endpoint, "replay_endpoint": wire.replay_endpoint,
             "first_seq": wire.first_seq, "torch_loaded": "torch" in sys.modules})
-    child = Child(wire, replay, block, config.get("busy_poll_ms", BUSY_POLL_MS),
+    ring = FrameRing(config["ring_fd"], config["ring_bytes"], create=False)
+    child = Child(wire, replay, block, ring, config.get("drain_ms", DRAIN_MS),
                   config.get("discard", False))
     child.report()
     try:
@@ -155,6 +166,7 @@ def main(argv: list[str]) -> int:
     finally:
         wire.close()
         block.close()
+        ring.close()
     return 0
 
 

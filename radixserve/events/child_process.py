@@ -1,17 +1,15 @@
 """ChildProcess: one run of the publisher process (child.py) as the engine sees it: the
-process, its stdin pipe (non-blocking on the engine's side) and its counters (a
+process, the ring its frames go through (a FrameRing), its stdin pipe (the doorbell that
+wakes it when it sleeps, and whose end tells it to finish) and its counters (a
 StatsBlock). ProcessPublisher (process_publisher.py) holds one at a time and starts
 another when it dies.
 
-The pipe's room is known without a syscall: the bytes written less those the child says
-it read (StatsBlock.read_bytes; it may have read more since: then there is more room,
-never less). Only the engine's thread writes while nothing is queued, and only the
-writer thread while something is, so each count has one writer.
+Only the engine's thread puts frames while nothing is queued, and only the writer thread
+while something is, so the ring has one writer at a time.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import select
@@ -20,14 +18,11 @@ import sys
 import tempfile
 
 import radixserve
+from radixserve.events.frame_ring import FrameRing
 from radixserve.events.stats_block import StatsBlock
 
 __all__ = ["ChildProcess"]
 
-_F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032     # Linux fcntl: a pipe's capacity
-# Room left unused in the pipe: it holds whole pages, and the page the child is reading
-# and the one last written are partly empty, so its room in bytes is a little less.
-_PIPE_SLACK = 16 << 10
 
 
 class ChildProcess:
@@ -37,28 +32,25 @@ class ChildProcess:
 
     START_TIMEOUT_S = 120       # Python's start and imports, on a busy machine
 
-    def __init__(self, config: dict, pipe_bytes: int):
+    def __init__(self, config: dict, ring_bytes: int):
         self._stats_file = tempfile.TemporaryFile()
         self.block = StatsBlock(self._stats_file.fileno(), create=True)
-        config = {**config, "stats_fd": self._stats_file.fileno()}
+        self._ring_file = tempfile.TemporaryFile()
+        self.ring = FrameRing(self._ring_file.fileno(), ring_bytes, create=True)
+        config = {**config, "stats_fd": self._stats_file.fileno(),
+                  "ring_fd": self._ring_file.fileno(), "ring_bytes": ring_bytes}
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(radixserve.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "radixserve.events.child", json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-            pass_fds=(self._stats_file.fileno(),))
+            pass_fds=(self._stats_file.fileno(), self._ring_file.fileno()))
         self.hello = self._hello()
         self.fd = self.process.stdin.fileno()
-        try:
-            fcntl.fcntl(self.fd, _F_SETPIPE_SZ, pipe_bytes)
-        except OSError:             # above /proc/sys/fs/pipe-max-size: keep the default
-            pass
-        self._pipe_bytes = fcntl.fcntl(self.fd, _F_GETPIPE_SZ)
-        os.set_blocking(self.fd, False)     # the step's own writes never wait
-        self.accepted = 0           # frames handed to this child (written or queued)
-        self.bytes_now = 0          # bytes written by the engine's thread
-        self.bytes_later = 0        # bytes written by the writer thread
+        os.set_blocking(self.fd, False)     # a doorbell never waits
+        self.accepted = 0           # frames handed to this child (put or queued)
+        self.doorbells = 0          # puts that woke it (asleep, or asked to)
 
     def _hello(self) -> dict:
         out = self.process.stdout
@@ -76,9 +68,22 @@ class ChildProcess:
         return hello
 
     def room(self) -> int:
-        """Bytes the pipe can take now without a partial write (at least)."""
-        used = self.bytes_now + self.bytes_later - self.block.get("read_bytes")
-        return self._pipe_bytes - _PIPE_SLACK - used
+        """Bytes `put` can take now (at least)."""
+        return self.ring.room()
+
+    def put(self, data: bytes | bytearray | memoryview, wake: bool = False) -> None:
+        """Copy `data` (at most `room` bytes) into the ring, and ring the doorbell if the
+        child sleeps, or `wake`; OSError (EPIPE) if it has ended and so noticed."""
+        self.ring.put(data)
+        if wake or self.ring.child_sleeping():
+            self.doorbells += 1
+            try:
+                os.write(self.fd, b"\0")
+            except BlockingIOError:     # the pipe is full of doorbells: it will wake
+                pass
+
+    def ended(self) -> bool:
+        return self.process.poll() is not None
 
     def handled(self) -> int:
         """Frames the child has read and published (or failed to)."""
@@ -91,5 +96,8 @@ class ChildProcess:
             pass
 
     def close_block(self) -> None:
+        """The shared mappings (the counters and the ring), once the child is gone."""
         self.block.close()
         self._stats_file.close()
+        self.ring.close()
+        self._ring_file.close()

@@ -1,5 +1,6 @@
-"""The engine -> publisher process pipe: each step's tree facts as ONE length-prefixed
-msgpack message (process_publisher.py writes, child.py reads).
+"""The engine -> publisher process stream: each step's tree facts as ONE length-prefixed
+msgpack message (process_publisher.py puts it into the ring, frame_ring.py; child.py
+takes it).
 
 TreeFacts' facts are tuples of ints, strings and packed keys (tree_facts.py), so a step
 is one msgspec encode on the engine's thread; the child decodes them (tuples come back as
@@ -28,7 +29,7 @@ class FactEncoder:
 
     def frame_in_buffer(self, facts: list[tuple]) -> bytearray:
         """The frame, encoded into one buffer this encoder reuses: valid until its next
-        call (copy it to keep it). The engine's hand-over writes it to the pipe at once;
+        call (copy it to keep it). The engine's hand-over copies it into the ring at once;
         a fresh payload and a header joined to it cost two ~40 KB allocations and a copy
         per hand-over at 256 running."""
         buf = self._buffer
@@ -45,7 +46,7 @@ def decode_facts(payload: bytes) -> list:
 
 
 class FrameReader:
-    """Splits the bytes read from the pipe, in whatever pieces they come, into frames."""
+    """Splits the bytes taken from the ring, in whatever pieces they come, into frames."""
 
     def __init__(self):
         self._buffer = bytearray()
@@ -67,5 +68,5 @@ class FrameReader:
 
     @property
     def partial(self) -> int:
-        """Bytes of a frame not complete yet (at the pipe's end: a writer that died)."""
+        """Bytes of a frame not complete yet (at the stream's end: a writer that died)."""
         return len(self._buffer)

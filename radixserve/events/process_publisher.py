@@ -4,18 +4,19 @@ producer interface of EventPublisher (publisher.py), so KVEvents (stream.py) dri
 Why a process: in a thread, computing the events (shadow tree, block hashes, token lists,
 msgpack) holds the GIL beside the scheduler's thread, and at 256 running that cost the
 step ~10% (docs/benchmarks.md); the child does that work on another core. What stays on
-the engine's thread per step: the tree facts' capture, one msgspec encode of them
-(fact_messages.py) and, when the pipe has room for the whole frame (ChildProcess.room)
-and nothing waits before it, one non-blocking write of it (the pipe holds 1 MiB: ~80
-churn steps). Only when it has not (the child fell behind) does the frame go to a bounded
-queue that a writer thread empties into the pipe, waiting there without the GIL, never
-the step; so in the steady state no second thread of the engine wakes, and none asks the
-scheduler's thread for the GIL. When the queue is full the oldest frame is dropped and
-counted, and `publish` says so (the caller then queues a snapshot: stream.py). The
-child's counters come back through a StatsBlock (stats_block.py).
+the engine's thread per hand-over: the tree facts' capture, one msgspec encode of them
+(fact_messages.py) and, when the ring has room for the whole frame and nothing waits
+before it, one copy of it into the ring the child reads (frame_ring.py: shared memory, no
+syscall; the child drains it on its own timer, and only a child that sleeps, or an
+engine going idle, wakes it, by a byte on its stdin pipe). Only when it has not (the child fell behind) does the frame go
+to a bounded queue that a writer thread empties into the ring as room comes, never the
+step. When the queue is full the oldest frame is dropped and counted, and `publish` says
+so (the caller then queues a snapshot: stream.py). The child's counters come back through
+a StatsBlock (stats_block.py).
 
 Faults: a child that cannot bind its endpoints fails the engine's start with its error.
-A child that dies later is logged and counted (`publisher_exits`) and restarted on the
+A child that dies later (seen at the next hand-over: the ring cannot tell, so each asks
+the kernel, one waitpid) is logged and counted (`publisher_exits`) and restarted on the
 same endpoints, at most 3 times in 60 s (restart_budget.py; counted:
 `publisher_restarts`; beyond that the engine runs on without events). The start happens
 on a thread of its own (the engine's step never waits for Python to start); meanwhile
@@ -23,16 +24,15 @@ frames are dropped (counted). The new child's first batch is a snapshot of the t
 AllBlocksCleared and then every block held (`resync_wanted`, stream.py), since its
 subscribers missed what happened meanwhile; its sequence numbers start above the old
 child's (wire.py: microseconds since the epoch), so a subscriber sees a gap, asks for a
-replay and gets the new stream from that clear. `close` writes what is queued, ends the
-pipe, and waits for the child (killed after `timeout_s`): no zombie.
+replay and gets the new stream from that clear. `close` puts what is queued, ends the
+pipe (the child drains the ring and exits), and waits for the child (killed after
+`timeout_s`): no zombie.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import select
 import subprocess
 import threading
 import time
@@ -47,6 +47,7 @@ __all__ = ["ProcessPublisher"]
 log = logging.getLogger(__name__)
 _STOP = object()                # queued by close: the writer ends the pipe after the rest
 _POLL_S = 0.002                 # wait_* read the child's counters this often
+_ROOM_WAIT_S = (0.0005, 0.010)  # the writer thread's waits for room: first, longest
 _COUNTS = ("published_batches", "published_bytes", "replay_requests",
            "bad_replay_requests", "failed_batches")   # summed over the children
 
@@ -55,12 +56,12 @@ class ProcessPublisher:
     """Starts the child with `child_config` (child.py's keys but stats_fd) and feeds it
     each `publish`ed step's facts."""
 
-    MAX_WRITE_BYTES = 1 << 20   # frames joined into one write
+    MAX_WRITE_BYTES = 1 << 20   # frames joined into one put
 
     def __init__(self, child_config: dict, max_queue_batches: int = 4096,
-                 pipe_bytes: int = 1 << 20):
-        self._pipe_bytes = pipe_bytes
-        self._child = ChildProcess(child_config, pipe_bytes)
+                 ring_bytes: int = 1 << 20):
+        self._ring_bytes = ring_bytes
+        self._child = ChildProcess(child_config, ring_bytes)
         hello = self._child.hello
         self.endpoint = hello["endpoint"]
         self.replay_endpoint = hello["replay_endpoint"]
@@ -101,18 +102,19 @@ class ProcessPublisher:
 
     # ------------------------------------------------------------------ producer side
     # publish, replace_queued and close are called from one thread (the engine's).
-    def publish(self, facts: list[tuple]) -> bool:
-        """Hand one step's facts to the child as a frame: written into the pipe now when
+    def publish(self, facts: list[tuple], wake: bool = False) -> bool:
+        """Hand one step's facts to the child as a frame: put into the ring now when
         nothing waits before it and it fits, else queued for the writer thread. Never
         blocks: a full queue drops its oldest frame, and then this returns False. While
-        no child runs: dropped, counted."""
+        no child runs: dropped, counted. `wake`: wake the child now even if it is
+        draining on its timer (the engine went idle: consumers should not wait a drain)."""
         if self._down:
             self._dropped += 1
             return True             # no snapshot now: the restart sends one
         child = self._child
         frame = self._encoder.frame_in_buffer(facts)      # reused: copied if queued
         child.accepted += 1
-        if self._queue.unfinished_tasks == 0 and self._write_now(child, frame):
+        if self._queue.unfinished_tasks == 0 and self._write_now(child, frame, wake):
             return True
         full = self._queue.qsize() >= self._max_queue
         if full:
@@ -120,22 +122,19 @@ class ProcessPublisher:
         self._queue.put(bytes(frame))
         return not full
 
-    def _write_now(self, child: ChildProcess, frame: bytes | bytearray) -> bool:
-        """(Nothing queued or being written.) Write `frame` whole if the pipe has room for
-        it: then no partial frame can be left for the writer (only this process writes)."""
+    def _write_now(self, child: ChildProcess, frame: bytes | bytearray, wake: bool) -> bool:
+        """(Nothing queued or being put.) Put `frame` whole if the ring has room for it
+        (False: it has not). A child found ended is noticed; the frame is lost with it."""
         if child.room() < len(frame):
             return False
-        try:
-            n = os.write(child.fd, frame)       # room enough: never partial
-            child.bytes_now += n
-            if n < len(frame):      # never seen; the writer finishes the frame
-                log.warning("kv-events: a partial write to the publisher pipe (%d of %d "
-                            "bytes): its room was overestimated", n, len(frame))
-                self._queue.put(bytes(frame[n:]))
-            return True
-        except OSError:             # EPIPE: the child ended
+        if child.ended():
             self._note_exit(child)
             return True
+        try:
+            child.put(frame, wake)
+        except OSError:             # EPIPE on the doorbell: the child ended
+            self._note_exit(child)
+        return True
 
     def replace_queued(self, facts: list[tuple]) -> None:
         """Drop every queued frame (counted) and queue `facts` alone (a snapshot); first
@@ -144,7 +143,7 @@ class ProcessPublisher:
             self._take_fresh()
         self._failures_seen = int(self._child.block.get("failed_batches"))
         self._drop(self._queue.qsize())
-        self.publish(facts)
+        self.publish(facts, wake=True)
 
     @property
     def resync_wanted(self) -> bool:
@@ -191,7 +190,7 @@ class ProcessPublisher:
         """(Its own thread.) A new child on the same endpoints, handed to the engine's
         thread (`replace_queued`) once it listens."""
         try:
-            fresh = ChildProcess(self._restart_config, self._pipe_bytes)
+            fresh = ChildProcess(self._restart_config, self._ring_bytes)
         except (RuntimeError, OSError) as exc:
             log.error("kv-events: the publisher process could not be restarted: %s", exc)
             return
@@ -282,7 +281,7 @@ class ProcessPublisher:
         return self._wait(lambda: block.get("published_batches") >= num_batches, timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Write what is queued and end the pipe; the child sends it and exits (killed
+        """Put what is queued and end the pipe; the child sends it and exits (killed
         after `timeout_s`); reaped either way, and a restarted child not taken in too."""
         self._queue.put(_STOP)
         self._writer.join(timeout_s)
@@ -294,7 +293,7 @@ class ProcessPublisher:
         if self._fresh is not None:
             _end(self._fresh, timeout_s)
         _end(self._child, timeout_s, close_block=False)
-        self._writer.join(timeout_s)    # a write stuck on a stopped child: broken now
+        self._writer.join(timeout_s)    # a put waiting on a stopped child: it sees the end
         self._final_stats = self.stats
         self._child.close_block()
 
@@ -314,10 +313,8 @@ class ProcessPublisher:
                     size += len(frame)
             stop = _STOP in frames
             data = [f for f in frames if f is not _STOP]
-            child = self._child
-            if self._write(child, b"".join(data)):
-                child.bytes_later += sum(map(len, data))
-            # else: the child ended; these frames are lost with it (counted in stats)
+            # A child that ended loses these frames (counted in stats).
+            self._write(self._child, b"".join(data))
             for _ in frames:
                 self._queue.task_done()
             self.writer_cpu_s = time.thread_time()
@@ -326,18 +323,27 @@ class ProcessPublisher:
                 return
 
     def _write(self, child: ChildProcess, data: bytes) -> bool:
-        """All of `data` into the pipe, waiting (without the GIL) while it is full; False
-        if the child is gone."""
+        """All of `data` into the ring, as room comes (the child drains it; this thread
+        sleeps meanwhile, longer each time, without the GIL); False if the child is
+        gone."""
         view = memoryview(data)
-        try:
-            while view:
+        pause = _ROOM_WAIT_S[0]
+        while view:
+            n = min(child.room(), len(view))
+            if n > 0:
                 try:
-                    view = view[os.write(child.fd, view):]
-                except BlockingIOError:
-                    select.select([], [child.fd], [])
-        except OSError:             # EPIPE: the child ended
-            self._note_exit(child)
-            return False
+                    child.put(view[:n], wake=True)      # it is behind: no time to lose
+                except OSError:     # EPIPE on the doorbell: the child ended
+                    self._note_exit(child)
+                    return False
+                view = view[n:]
+                pause = _ROOM_WAIT_S[0]
+            elif child.ended():
+                self._note_exit(child)
+                return False
+            else:
+                time.sleep(pause)
+                pause = min(2 * pause, _ROOM_WAIT_S[1])
         return True
 
 

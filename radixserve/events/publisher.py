@@ -86,9 +86,10 @@ class EventPublisher:
 
     # ------------------------------------------------------------------ producer side
     # publish, replace_queued and close are called from one thread (the engine's).
-    def publish(self, batch) -> bool:
+    def publish(self, batch, wake: bool = False) -> bool:
         """Queue one KVEventBatch (or item for `prepare`). Never blocks: a full queue drops
-        its oldest item, and then this returns False."""
+        its oldest item, and then this returns False. (`wake`: the process publisher's;
+        this thread wakes for every item.)"""
         full = self._queue.qsize() >= self._max_queue
         if full:
             self._drop(1)

@@ -19,9 +19,8 @@ __all__ = ["FIELDS", "StatsBlock"]
 # The slots, in order; cpu_s is a double, the others are counts.
 # wakes: the child's voluntary context switches, its threads' (each a sleep it woke from).
 FIELDS = ("handled_frames", "published_batches", "published_bytes", "replay_requests",
-          "bad_replay_requests", "failed_batches", "cpu_s", "wakes", "read_bytes")
-_LAYOUT = struct.Struct("<6qdq")    # all but read_bytes, which `set_read_bytes` writes
-_READ_AT = 8 * FIELDS.index("read_bytes")
+          "bad_replay_requests", "failed_batches", "cpu_s", "wakes")
+_LAYOUT = struct.Struct("<6qdq")
 # Each slot's (format, offset), for `get`.
 _SLOTS = {name: (struct.Struct("<d" if name == "cpu_s" else "<q"), 8 * i)
           for i, name in enumerate(FIELDS)}
@@ -35,18 +34,11 @@ class StatsBlock:
                               mmap.PROT_READ | mmap.PROT_WRITE)
 
     def write(self, values: tuple) -> None:
-        """(Child) the counters, in FIELDS' order, but read_bytes."""
+        """(Child) the counters, in FIELDS' order."""
         _LAYOUT.pack_into(self._map, 0, *values)
 
-    def set_read_bytes(self, n: int) -> None:
-        """(Child) the bytes it has read from the pipe so far, written as soon as read:
-        the engine's writes know from it how full the pipe is at most."""
-        struct.pack_into("<q", self._map, _READ_AT, n)
-
     def read(self) -> dict[str, float]:
-        counts = dict(zip(FIELDS, _LAYOUT.unpack_from(self._map, 0)))
-        counts["read_bytes"] = self.get("read_bytes")
-        return counts
+        return dict(zip(FIELDS, _LAYOUT.unpack_from(self._map, 0)))
 
     def get(self, name: str) -> float:
         """One slot (the engine's checks per step read one, not all)."""

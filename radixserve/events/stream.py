@@ -7,7 +7,7 @@ flush or a restore), and the publisher turns them (with any other steps' facts q
 meanwhile, when it fell behind) into one batch of events (tree_facts.FactReplay,
 block_events.py), encodes and sends it. The publisher is a process of its own by default
 (`--kv-events-publisher process`: process_publisher.py, child.py; the flush then also
-encodes the facts as one message and writes it to the child's pipe) or a thread of the
+encodes the facts as one message and copies it into the child's ring) or a thread of the
 engine's (`thread`: publisher.py);
 both run the same replay and wire code, so they send the same events. If the queue ever
 overflows (a stuck thread), or a batch fails, or the publisher process died and was
@@ -68,11 +68,11 @@ class KVEventsConfig:
 
 class KVEvents:
     """The tree's observer and the publisher of one engine. `child_options`: more keys
-    for the publisher process (child.py: busy_poll_ms, discard), for bench_scheduler.py;
+    for the publisher process (child.py: drain_ms, discard), for bench_scheduler.py;
     `clock`: for tests of `after_step`."""
 
     def __init__(self, tree: RadixCache, config: KVEventsConfig, pool_device: str,
-                 rank: int = 0, queue_batches: int = 4096, pipe_bytes: int = 1 << 20,
+                 rank: int = 0, queue_batches: int = 4096, ring_bytes: int = 1 << 20,
                  child_options: dict | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.config = config
@@ -91,9 +91,11 @@ class KVEvents:
                  "topic": config.topic, "encoding": config.encoding,
                  "block_size": config.block_size, "page_size": tree.page_size,
                  "pool_device": pool_device, "rank": rank, "first_seq": None,
-                 "buffer_batches": 10_000, **(child_options or {})},
+                 "buffer_batches": 10_000,
+                 # it drains the ring at the hand-over's pace (5 ms at the most often)
+                 "drain_ms": max(config.interval_s * 1e3, 5.0), **(child_options or {})},
                 max_queue_batches=queue_batches,
-                pipe_bytes=pipe_bytes)
+                ring_bytes=ring_bytes)
         else:
             self.replay = FactReplay(blocks)
             self.publisher = EventPublisher(config.endpoint, config.replay_endpoint,
@@ -110,8 +112,8 @@ class KVEvents:
 
     def after_step(self) -> None:
         """(The engine, after each step.) `flush` once `interval_s` has passed since the
-        last one, so a busy engine pays the hand-over (an encode, a pipe write and the
-        publisher's wake-up; the thread mode's lock and wake-up) once per interval, not
+        last one, so a busy engine pays the hand-over (an encode and a copy into the
+        child's ring; the thread mode's lock and wake-up) once per interval, not
         once per step: at 256 running with a 4 ms scheduling step that cut the events'
         instructions on the step by an eighth (docs/benchmarks.md). Consumers see the same
         events, in fewer batches, at most one interval and one step later; the engine
@@ -122,12 +124,14 @@ class KVEvents:
 
     def flush(self, now: float | None = None) -> None:
         """Queue the facts gathered since the last flush (none: nothing), for one batch;
-        or the snapshot, after a failure on the thread or a full queue."""
+        or the snapshot, after a failure on the thread or a full queue. Called by the
+        engine (`now` None: it went idle, or an admin change) the publisher process is
+        woken at once; by `after_step`, it drains at its own pace (child.py)."""
         self._flushed_at = self._clock() if now is None else now
         facts = self.facts.take()
         if self.publisher.resync_wanted:
             self.publisher.replace_queued(snapshot(self.tree))
-        elif facts and not self.publisher.publish(facts):
+        elif facts and not self.publisher.publish(facts, wake=now is None):
             self.publisher.replace_queued(snapshot(self.tree))
 
     @property

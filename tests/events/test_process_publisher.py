@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 
 import msgspec
 import pytest
@@ -70,14 +71,14 @@ def test_the_process_sends_the_threads_events_byte_for_byte(encoding):
 
 
 def test_a_stopped_process_never_blocks_the_engine_and_resyncs():
-    # A small pipe and queue: the child, stopped, stops reading; the writer waits in its
-    # write (off the engine's thread), the queue drops its oldest frames.
-    kv, tree, mem = new_events("process", pages=4096, queue_batches=3, pipe_bytes=4096)
+    # A small ring and queue: the child, stopped, stops draining; the writer waits for
+    # room (off the engine's thread), the queue drops its oldest frames.
+    kv, tree, mem = new_events("process", pages=4096, queue_batches=3, ring_bytes=4096)
     pub = kv.publisher
     assert pub.wait_idle(30)
     os.kill(pub.process.pid, signal.SIGSTOP)
     try:
-        for i in range(12):             # ~2.4 kB of facts a flush, 12 behind a 4 kB pipe
+        for i in range(12):             # ~2.4 kB of facts a flush, 12 behind a 4 kB ring
             run(tree, mem, [5000 + 300 * i + t for t in range(300)])
             kv.flush()                  # returns at once every time (else the test hangs)
         assert pub.stats.dropped_batches > 0 and pub.queued() <= 3
@@ -133,10 +134,11 @@ def test_a_process_that_cannot_bind_fails_the_start_with_its_reason():
         taken.close(linger=0)
 
 
-def test_the_process_waits_on_its_pipe_one_wake_a_frame():
-    # Its wake-ups preempted the engine's thread when it polled (child.py): now it sleeps
-    # until a frame comes. Counted by the kernel (its voluntary context switches), with
-    # no subscriber (a PUB nobody reads sends nothing, so no ZeroMQ thread wakes).
+def test_the_process_drains_at_the_hand_overs_pace_one_wake_a_frame():
+    # Its wake-ups preempted the engine's thread when it polled every 1 ms (child.py): it
+    # drains the ring at the hand-over's pace, so about once a frame. Counted by the
+    # kernel (its voluntary context switches), with no subscriber (a PUB nobody reads
+    # sends nothing, so no ZeroMQ thread wakes).
     kv, tree, mem = new_events("process", pages=4096)
     pub = kv.publisher
     try:
@@ -145,11 +147,42 @@ def test_the_process_waits_on_its_pipe_one_wake_a_frame():
         for i in range(20):
             run(tree, mem, [7000 + 40 * i + t for t in range(40)])
             kv.flush()
-            assert pub.wait_idle(30)    # ~1-3 ms of the engine's polling between frames
+            assert pub.wait_idle(30)    # up to a drain period of the engine's polling
         wakes = pub.child_wakes() - before
         assert 20 <= wakes <= 30, wakes
     finally:
         kv.close()
+
+
+def test_a_sleeping_process_is_woken_by_one_doorbell():
+    """Idle, the child says it sleeps and waits on its pipe: the next paced hand-over
+    (after_step, which rings only a sleeper) rings it once, a byte, and it drains the
+    frame; the engine going idle (flush) rings it whether it sleeps or not."""
+    kv, tree, mem = new_events("process", pages=4096)
+    pub = kv.publisher
+    child = pub._child
+    try:
+        assert pub.wait_idle(30)
+        assert wait_for(child.ring.child_sleeping)
+        rung = child.doorbells          # the start's clear rang (a flush)
+        run(tree, mem, list(range(5000, 5040)))
+        kv.after_step()                 # its interval passed while the child fell asleep
+        assert pub.wait_idle(30) and child.doorbells == rung + 1
+        run(tree, mem, list(range(6000, 6040)))
+        kv.flush()
+        assert pub.wait_idle(30) and child.doorbells == rung + 2
+        assert pub.stats.dropped_batches == 0
+    finally:
+        kv.close()
+
+
+def wait_for(condition, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def test_a_killed_process_is_restarted_and_a_subscriber_matches_the_tree_again(caplog):
