@@ -69,9 +69,12 @@ class FrameRing:
         n = len(data)
         at = self._written % self.size
         first = min(n, self.size - at)
-        self._data[at:at + first] = data[:first]
-        if first < n:
-            self._data[:n - first] = data[first:]
+        # Slices of a view: no copy but the one into the ring. Let go at once: the
+        # engine's frame buffer is resized by its next encode.
+        with memoryview(data) as view:
+            self._data[at:at + first] = view[:first]
+            if first < n:
+                self._data[:n - first] = view[first:]
         _fence()
         self._written += n
         _Q.pack_into(self._map, _WRITTEN, self._written)
