@@ -21,8 +21,18 @@ import radixserve
 from radixserve.events.frame_ring import FrameRing
 from radixserve.events.stats_block import StatsBlock
 
-__all__ = ["ChildProcess"]
+__all__ = ["ChildProcess", "memory_fd"]
 
+
+def memory_fd(name: str) -> int:
+    """A descriptor of a file held in memory only (a memfd: never written back to a disk,
+    as the dirty pages of a temporary file would be), for a mapping shared with the child;
+    an unlinked temporary file where the OS has no memfd."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create(name, 0)     # inherited: not close-on-exec
+    fd, path = tempfile.mkstemp(prefix=name)
+    os.unlink(path)
+    return fd
 
 
 class ChildProcess:
@@ -33,19 +43,19 @@ class ChildProcess:
     START_TIMEOUT_S = 120       # Python's start and imports, on a busy machine
 
     def __init__(self, config: dict, ring_bytes: int):
-        self._stats_file = tempfile.TemporaryFile()
-        self.block = StatsBlock(self._stats_file.fileno(), create=True)
-        self._ring_file = tempfile.TemporaryFile()
-        self.ring = FrameRing(self._ring_file.fileno(), ring_bytes, create=True)
-        config = {**config, "stats_fd": self._stats_file.fileno(),
-                  "ring_fd": self._ring_file.fileno(), "ring_bytes": ring_bytes}
+        self._stats_fd = memory_fd("radixserve-kv-events-stats")
+        self.block = StatsBlock(self._stats_fd, create=True)
+        self._ring_fd = memory_fd("radixserve-kv-events-ring")
+        self.ring = FrameRing(self._ring_fd, ring_bytes, create=True)
+        config = {**config, "stats_fd": self._stats_fd, "ring_fd": self._ring_fd,
+                  "ring_bytes": ring_bytes}
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(radixserve.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "radixserve.events.child", json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-            pass_fds=(self._stats_file.fileno(), self._ring_file.fileno()))
+            pass_fds=(self._stats_fd, self._ring_fd))
         self.hello = self._hello()
         self.fd = self.process.stdin.fileno()
         os.set_blocking(self.fd, False)     # a doorbell never waits
@@ -98,6 +108,6 @@ class ChildProcess:
     def close_block(self) -> None:
         """The shared mappings (the counters and the ring), once the child is gone."""
         self.block.close()
-        self._stats_file.close()
+        os.close(self._stats_fd)
         self.ring.close()
-        self._ring_file.close()
+        os.close(self._ring_fd)
