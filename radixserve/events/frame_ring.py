@@ -1,12 +1,12 @@
 """FrameRing: the engine's frames to the publisher process through shared memory.
 
 A byte ring in a shared mapping of a file in memory (child_process.memory_fd: no disk
-writes back its dirty pages) whose descriptor the child inherits, as StatsBlock's. The engine copies a frame in and advances `written`; the
-child, on its own timer, copies out what lies between `read` and `written` and advances
-`read`. Each counter has one writer, so no lock is shared. Why not the pipe it replaces:
-a ~40 KB frame written into a pipe cost the engine's thread ~37 us of kernel time (the
-copy into pipe pages, and the child's wake-up), which a copy into this mapping does in a
-few microseconds of its own, with no syscall (docs/benchmarks.md, issue 37).
+writes back its dirty pages) whose descriptor the child inherits, as StatsBlock's. The
+engine copies a frame in and advances `written`; the child, on its own timer, copies out
+what lies between `read` and `written` and advances `read`. Each counter has one writer,
+so no lock is shared. Why not the pipe it replaces: a ~40 KB frame written into a pipe
+cost the engine's thread ~37 us of kernel time (the copy into pipe pages, and the child's
+wake-up), which a copy into this mapping does in a few microseconds of its own, with no syscall (docs/benchmarks.md, issue 37).
 
 The bytes of a frame are stored before the counter that publishes them, and the child
 reads the counter before the bytes: x86-64 keeps stores (and loads) in order, and a
