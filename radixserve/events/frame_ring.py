@@ -6,7 +6,8 @@ engine copies a frame in and advances `written`; the child, on its own timer, co
 what lies between `read` and `written` and advances `read`. Each counter has one writer,
 so no lock is shared. Why not the pipe it replaces: a ~40 KB frame written into a pipe
 cost the engine's thread ~37 us of kernel time (the copy into pipe pages, and the child's
-wake-up), which a copy into this mapping does in a few microseconds of its own, with no syscall (docs/benchmarks.md, issue 37).
+wake-up), which a copy into this mapping does in a few microseconds of its own, with no
+syscall (docs/benchmarks.md, issue 37).
 
 The bytes of a frame are stored before the counter that publishes them, and the child
 reads the counter before the bytes: x86-64 keeps stores (and loads) in order, and a
