@@ -266,9 +266,10 @@ class JournalPlaces:
 
 def test_a_disk_path_recomputed_into_the_pool_lets_its_old_windows_go():
     """A path on a journaled disk tier that a request recomputes (matched, not loaded, as
-    when its windows are missing or its read is slow) enters the pool on the request's pages; its disk slots stay as kept
-    copies, but the windows that followed it to those slots must go, or they are held for
-    a node nobody owns (CI, test_engine_hybrid_tiers: "owned by nobody")."""
+    when its windows are missing or its read is slow) enters the pool on the request's
+    pages; its disk slots stay as kept copies, but the windows that followed it to those
+    slots must go, or they are held for a node nobody owns (CI, test_engine_hybrid_tiers:
+    "owned by nobody")."""
     from radixserve.cache.tiers import DISK, LowerTiers
 
     from .test_tiers import run
