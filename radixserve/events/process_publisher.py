@@ -10,9 +10,9 @@ before it, one copy of it into the ring the child reads (frame_ring.py: shared m
 syscall; the child drains it on its own timer, and only a child that sleeps, or an
 engine going idle, wakes it, by a byte on its stdin pipe). Only when it has not (the
 child fell behind) does the frame go to a bounded queue that a writer thread empties into
-the ring as room comes, never the step. When the queue is full the oldest frame is dropped and counted, and `publish` says
-so (the caller then queues a snapshot: stream.py). The child's counters come back through
-a StatsBlock (stats_block.py).
+the ring as room comes, never the step. When the queue is full the oldest frame is
+dropped and counted, and `publish` says so (the caller then queues a snapshot:
+stream.py). The child's counters come back through a StatsBlock (stats_block.py).
 
 Faults: a child that cannot bind its endpoints fails the engine's start with its error.
 A child that dies later (seen at the next hand-over: the ring cannot tell, so each asks
