@@ -5,7 +5,8 @@ whose descriptor the child inherits (process_publisher.py): the child writes its
 after each batch, the engine reads them when asked (/metrics, wait_idle) with no message,
 no thread and no syscall. Only the child writes, all slots at once after each batch; a
 reader may see some slots of the newer write and others of the older: harmless, as every
-count only grows (a waiter reads again). Slots are 8-byte aligned, which x86-64 and arm64 copy whole.
+count only grows (a waiter reads again). Slots are 8-byte aligned, which x86-64 and
+arm64 copy whole.
 """
 
 from __future__ import annotations
