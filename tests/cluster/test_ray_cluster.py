@@ -459,7 +459,8 @@ def test_the_publisher_dying_leaves_the_others_recomputing(cluster):
     prefix from the survivor's publication."""
     live = cluster
     client = live.engine
-    wait_until(lambda: len(client.replica_ids()) == 2, "two replicas")
+    # (a replacement for a replica an earlier test killed may still be starting)
+    wait_until(lambda: len(client.replica_ids()) == 2, "two replicas", REPLICA_START)
     a, b = client.replica_ids()
     ids = shared_prompt(10)
     old = set(directory_keys())
@@ -554,7 +555,8 @@ def test_32_streams_through_a_replica_fault(cluster, how):
     the dead replica (when Ray Serve tells it), the front end keeps serving, and the
     replacement rejoins."""
     live, client = cluster, cluster.engine
-    wait_until(lambda: len(client.replica_ids()) == 2, "two replicas")
+    # (a replacement for a replica an earlier test killed may still be starting)
+    wait_until(lambda: len(client.replica_ids()) == 2, "two replicas", REPLICA_START)
     before = set(client.replica_ids())
     threads, events, one_streamed = run_streams(live, 200 if how == "replica exits" else 300)
     assert one_streamed.wait(HANG)
