@@ -569,8 +569,14 @@ class LowerTiers:
             return True
         return self.writer is not None and all(
             self.writer.held_page(slot) is not None
-            for tree_id, slot in zip(node.pages.tolist(), self.local(DISK, node.pages).tolist())
-            if tree_id in self.pending_writes)
+            for slot, queued in self._slots(node) if queued)
+
+    def _slots(self, node: TreeNode) -> list[tuple[int, bool]]:
+        """A disk node's slots, each with whether its write is still pending (a node's
+        pages are written one by one, so a node may have both)."""
+        pending = self.pending_writes
+        return [(slot, tree_id in pending) for tree_id, slot
+                in zip(node.pages.tolist(), self.local(DISK, node.pages).tolist())]
 
     def _ask_reads(self, lower: Sequence[TreeNode], max_tier: Tier) -> bool:
         """Ask the reader for the disk pages the plan would read and are not read yet;
@@ -583,9 +589,8 @@ class LowerTiers:
                 continue
             if not self._submitted(node):
                 break
-            slots = [slot for tree_id, slot in zip(node.pages.tolist(),
-                                                   self.local(DISK, node.pages).tolist())
-                     if tree_id not in self.pending_writes and not self.reader.ready(slot)]
+            slots = [slot for slot, queued in self._slots(node)
+                     if not queued and not self.reader.ready(slot)]
             if slots:
                 wait = True
                 new = [s for s in slots if not self.reader.asked(s)]
@@ -596,12 +601,10 @@ class LowerTiers:
     def _read(self, node: TreeNode) -> tuple[bytes, ...]:
         """The node's pages, up to the first missing or corrupt one. A page whose write is
         pending comes from the writer's queue; one written comes from the reader's results
-        (read off this thread) or, without a reader, from the disk here. A node's pages
-        are written one by one, so a node may have both (its write half done)."""
+        (read off this thread) or, without a reader, from the disk here."""
         got = []
-        pending = self.pending_writes
-        for tree_id, slot in zip(node.pages.tolist(), self.local(DISK, node.pages).tolist()):
-            if tree_id in pending:
+        for slot, queued in self._slots(node):
+            if queued:
                 data = self.writer.held_page(slot)
             elif self.reader is not None:
                 data = self.reader.take(slot)

@@ -60,11 +60,6 @@ class FrameRing:
         """Bytes `put` can take now (at least: the child may have read more since)."""
         return self.size - (self._written - _Q.unpack_from(self._map, _READ)[0])
 
-    @property
-    def written(self) -> int:
-        """Bytes put so far."""
-        return self._written
-
     def put(self, data: bytes | bytearray | memoryview) -> None:
         """Copy `data` in (the caller checked `room`) and publish it."""
         n = len(data)
