@@ -3,10 +3,11 @@ turned into KV events later, by the publisher (its thread or its process).
 
 Computing events (hashing each block, listing its token ids, building the structs) costs
 far more than the tree change behind it, and whatever runs on the scheduler's thread lengthens
-the step. So the tree's observer here (`TreeFacts`) only appends one small tuple per change,
-of ints, strings and, for a new node, its packed key (bytes: the node's own, or one slice
-of the caller's ids), so a step's facts are also what the engine sends a publisher process,
-encoded by one msgpack call (fact_messages.py). `FactReplay`, in the publisher (its thread
+the step. So the tree's observer here (`TreeFacts`) only appends one small tuple per change
+(per run of evictions: most of a step's changes), of ints, strings and, for a new node, its
+packed key (bytes: the node's own, or one slice of the caller's ids), so a step's facts are
+also what the engine sends a publisher process, encoded by one msgpack call
+(fact_messages.py). `FactReplay`, in the publisher (its thread
 or its process), applies the same changes in the same order to a shadow of the tree's
 shape (a ShadowNode per node, no pages) and feeds BlockEvents from it, so the events are
 exactly those BlockEvents computes on the tree itself. The shadow needs the tree's splits
@@ -48,52 +49,60 @@ def _stored(node: TreeNode) -> tuple:
 class TreeFacts:
     """A TreeObserver that appends each change as a tuple to `facts` (see FactReplay).
 
-    Trims are coalesced: a tree trims the LRU leaf once per eviction call (the engine's
-    scheduler evicts once a step for its decodes, PagedMemory.evict_ahead; other
-    allocations evict as they come, one call each), so `trimmed` is one C call (a
-    dict store: the node -> the tokens it keeps, the last trim of a node winning;
-    `operator.setitem` bound by a partial: a fast call, ~30% quicker here than the
-    dict's `__setitem__`, a slot wrapper that builds an argument tuple) and the trims since the
-    last other fact become one TRIMMED fact, appended before the next fact or at `take`.
-    Only pool leaves are trimmed and nothing else happens in between, so applying them
-    together, each at its final length, changes the shadow as the single trims did."""
+    Evictions are coalesced. A tree removes LRU leaves and trims the last one it takes, once
+    per eviction call (the engine's scheduler evicts once a step for its decodes,
+    PagedMemory.evict_ahead; other allocations evict as they come, one call each), ~30
+    changes a step at 256 running. So `removed` and `trimmed` are C calls with no Python
+    frame: a list append (the node), and a dict store (the node -> the tokens it keeps, the
+    last trim of a node winning; `operator.setitem` bound by a partial, ~30% quicker than
+    the dict's `__setitem__`, a slot wrapper that builds an argument tuple). The run since
+    the last other fact becomes one REMOVED fact (the ids) and one TRIMMED fact (the ids,
+    the tokens each keeps), appended before the next fact or at `take`. Nothing else
+    happens in a run, so applying its removals and then its trims, each at its final
+    length, changes the shadow as the single calls did: a node only loses its children
+    to removals, and a trimmed leaf that a later call removed is only removed (FactReplay
+    skips its trim). BlockEvents joins a run's removals into one BlockRemoved either way."""
 
     def __init__(self):
         self.facts: list[tuple] = []
         self.marks = 0
+        self._removed: list[TreeNode] = []
         self._trims: dict[TreeNode, int] = {}
-        # TreeObserver.trimmed(node, keep_tokens), bound to the dict: no Python frame.
+        # TreeObserver.removed(node) and .trimmed(node, keep_tokens): no Python frame.
+        self.removed: Callable[[TreeNode], None] = self._removed.append
         self.trimmed: Callable[[TreeNode, int], None] = partial(operator.setitem,
                                                                 self._trims)
 
-    def _end_trims(self) -> None:
-        """Append the trims gathered so far as one fact: (TRIMMED, node ids, tokens each
-        keeps)."""
-        trims = self._trims
+    def _end_evictions(self) -> None:
+        """Append the run of removals and trims gathered so far: (REMOVED, node ids) and
+        (TRIMMED, node ids, tokens each keeps)."""
+        removed, trims = self._removed, self._trims
+        if removed:
+            self.facts.append((REMOVED, [node.id for node in removed]))
+            removed.clear()
         if trims:
             self.facts.append((TRIMMED, [node.id for node in trims], list(trims.values())))
             trims.clear()
 
     def _append(self, fact: tuple) -> None:
-        """Any fact but a trim: the trims before it go first, as one fact."""
-        self._end_trims()
+        """Any fact but an eviction: the run of evictions before it goes first."""
+        self._end_evictions()
         self.facts.append(fact)
 
-    # stored, split and removed run tens of times a step: _append written out in each.
+    # stored and split run tens of times a step: _append and _stored written out.
     def stored(self, node: TreeNode) -> None:
-        if self._trims:
-            self._end_trims()
-        self.facts.append(_stored(node))
+        if self._removed or self._trims:
+            self._end_evictions()
+        parent = node.parent
+        key, pending = node.key_parts()
+        self.facts.append((STORED, node.id, parent.id if parent.depth else None,
+                           key if key is not None else _packed(None, pending), node.depth,
+                           node.namespace, node.tier))
 
     def split(self, upper: TreeNode, lower: TreeNode) -> None:
-        if self._trims:
-            self._end_trims()
+        if self._removed or self._trims:
+            self._end_evictions()
         self.facts.append((SPLIT, upper.id, lower.id, upper.num_tokens))
-
-    def removed(self, node: TreeNode) -> None:
-        if self._trims:
-            self._end_trims()
-        self.facts.append((REMOVED, node.id))
 
     def moved(self, node: TreeNode, src: Tier) -> None:
         self._append((MOVED, node.id, src, node.tier))
@@ -110,7 +119,7 @@ class TreeFacts:
 
     def take(self) -> list[tuple]:
         """The facts since the last call."""
-        self._end_trims()
+        self._end_evictions()
         facts, self.facts = self.facts, []
         return facts
 
@@ -202,12 +211,14 @@ class FactReplay:
                 node = nodes[nid] = ShadowNode(nid, key, parent, depth, namespace, tier)
                 blocks.stored(node)
             elif kind == REMOVED:
-                blocks.removed(nodes.pop(fact[1]))
+                for nid in fact[1]:
+                    blocks.removed(nodes.pop(nid))
             elif kind == TRIMMED:
                 for nid, keep in zip(fact[1], fact[2]):
-                    node = nodes[nid]
-                    blocks.trimmed(node, keep)
-                    node.truncate(keep)
+                    node = nodes.get(nid)
+                    if node is not None:    # else removed later in its run (TreeFacts)
+                        blocks.trimmed(node, keep)
+                        node.truncate(keep)
             elif kind == SPLIT:
                 _, uid, lid, m = fact
                 lower = nodes[lid]

@@ -14,7 +14,7 @@ from radixserve.cache import OutOfPages, PagedMemory, RadixCache
 from radixserve.cache.prefix_lease import PrefixLease
 from radixserve.events.block_events import BlockEvents, media_for
 from radixserve.events.schema import ENCODINGS
-from radixserve.events.tree_facts import TRIMMED, FactReplay, TreeFacts
+from radixserve.events.tree_facts import REMOVED, TRIMMED, FactReplay, TreeFacts
 from tests.events.consumers import DynamoIndex
 
 BLOCK = 4
@@ -160,3 +160,36 @@ def test_a_child_under_a_split_then_trimmed_node_chains_from_its_cut():
     stored under it later hashed from the tokens the trim cut off."""
     play([("req", 0, [0], False), ("req", 0, [], False), ("evict", 4), ("req", 0, [], False)],
          page_size=1)
+
+
+def test_a_leaf_trimmed_then_removed_in_one_run_is_only_removed():
+    """Two eviction calls with nothing between: the first trims a leaf, the second takes
+    the rest of it. The run's facts name the leaf in both REMOVED and TRIMMED (removals
+    are applied first), the replay skips the trim, and the events are the tree's own."""
+    tree = RadixCache(1)
+    mem = PagedMemory(24, tree)
+    facts = TreeFacts()
+    replay = FactReplay(BlockEvents(CLASSES, BLOCK, 1, media_for("cpu")))
+    both = Both(facts, BlockEvents(CLASSES, BLOCK, 1, media_for("cpu")))
+    tree.attach_observer(both)
+    for tokens in ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 11, 12, 13, 14, 15]):
+        lease = PrefixLease(mem, None)
+        lease.acquire(tokens)
+        lease.grow(len(tokens) - len(lease.pages))
+        lease.extend(tokens, len(tokens))
+        lease.release()
+    index = DynamoIndex(BLOCK)
+    first = replay.batch(facts.take())
+    same_events(first, both.direct.take_batch())
+    index.apply(first)
+    mem.free(tree.evict(3))         # the LRU leaf (the first prompt's tail) loses 3
+    mem.free(tree.evict(4))         # and then the rest of it
+    taken = facts.take()
+    kinds = [f[0] for f in taken]
+    assert kinds == [REMOVED, TRIMMED]
+    assert set(taken[0][1]) & set(taken[1][1])      # one leaf in both
+    got, want = replay.batch(taken), both.direct.take_batch()
+    same_events(got, want)
+    index.apply(got)
+    for prompt in ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 11, 12, 13, 14, 15]):
+        assert index.matched_blocks(prompt, None) == tree.peek_prefix(prompt) // BLOCK
