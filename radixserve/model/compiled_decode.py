@@ -155,6 +155,7 @@ class CompiledDecode:
         if child is None or child.poll() is None:
             return
         self._child = None
+        child.stdin.close()
         self.paths.spec.unlink(missing_ok=True)
         if child.returncode != 0:
             self._eager(f"the compile failed (exit {child.returncode}): {self._log_tail()}")
@@ -179,9 +180,11 @@ class CompiledDecode:
     def close(self) -> None:
         """Stop a compile still running (shutdown): the next start compiles again."""
         child, self._child = self._child, None
-        if child is not None and child.poll() is None:
-            child.terminate()
-            child.wait()
+        if child is not None:
+            if child.poll() is None:
+                child.terminate()
+                child.wait()
+            child.stdin.close()
 
     def _spawn(self) -> None:
         if find_cxx() is None:
@@ -191,10 +194,12 @@ class CompiledDecode:
         d.mkdir(parents=True, exist_ok=True)
         self.paths.spec.write_text(json.dumps(dataclasses.asdict(self.spec)))
         with open(self.paths.log, "wb") as out:
+            # stdin: a pipe this process never writes; the child exits when it closes,
+            # so a killed server leaves no compile running (orphan_guard.py).
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "radixserve.model.decode_artefact", str(self.paths.spec)],
-                stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(10),
-                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                preexec_fn=lambda: os.nice(10), env={**os.environ, "OMP_NUM_THREADS": "1"})
         self.stats.state, self.stats.compiles_started = "compiling", \
             self.stats.compiles_started + 1
         log.info("decode compile: compiling the lone decode step in the background "

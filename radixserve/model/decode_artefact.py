@@ -38,6 +38,8 @@ import torch
 
 from radixserve.file_hash import file_sha256, modules_digest
 
+from .orphan_guard import exit_with_parent
+
 # Modules whose code decides what the compiled step computes: editing one retires artefacts.
 _FINGERPRINTED = ("radixserve.model.lone_step", "radixserve.model.llama",
                   "radixserve.model.rope", "radixserve.model.quantized_linear",
@@ -203,4 +205,5 @@ def build_in_this_process(spec: BuildSpec) -> None:
 
 
 if __name__ == "__main__":
+    exit_with_parent()          # a killed server leaves no compile behind
     build_in_this_process(BuildSpec(**json.loads(Path(sys.argv[1]).read_text())))
