@@ -1,5 +1,5 @@
-"""orphan_guard: a worker started with a stdin pipe ends when its parent is killed (the
-decode compile's child, model/compiled_decode.py), and not before."""
+"""orphan_guard: a worker started with a stdin pipe ends when its parent is killed, and
+the decode compile's child (model/compiled_decode.py) with it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_models import hf_config, random_hf_model, save_hf_dir
 
 from radixserve.model.orphan_guard import ORPHANED_EXIT
 
@@ -27,6 +28,19 @@ PARENT = ("import subprocess, sys, time; "
           "stdout=subprocess.PIPE, text=True); "
           "assert w.stdout.readline() == 'ready\\n'; "
           "print(w.pid, flush=True); time.sleep(3600)")
+
+# An engine's process on a cold compile cache (--decode-compile on): it starts the compile
+# child, says its pid, then waits to be killed.
+ENGINE = """
+import sys, time
+sys.path.insert(0, {helpers!r})
+from engine_helpers import make_engine
+from radixserve.model import load_model
+loaded = load_model({model!r}, dtype="float32", weights_dtype="int4")
+engine = make_engine(loaded, decode_compile="on", weights_cache_dir={cache!r})
+print(engine.runner.compiled_decode.compiling_pid, flush=True)
+time.sleep(3600)
+"""
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads /proc to see the worker end")
@@ -77,3 +91,26 @@ def test_a_worker_exits_when_its_parent_closes_the_pipe():
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def test_a_killed_engine_leaves_no_compile_running(tmp_path):
+    model = save_hf_dir(tmp_path / "tiny", random_hf_model(hf_config("llama")))
+    script = ENGINE.format(helpers=str(REPO / "tests" / "engine"), model=str(model),
+                           cache=str(tmp_path / "cache"))
+    engine = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    line = engine.stdout.readline().strip()
+    try:
+        assert line.isdigit(), f"no compile started: {line!r}"
+        compiling = int(line)
+        assert not _gone(compiling)
+        engine.send_signal(signal.SIGKILL)
+        assert engine.wait(DEADLINE_S) == -signal.SIGKILL
+        assert _wait_gone(compiling), "the compile outlived its killed engine"
+        # Ended by the guard, not by finishing (a tiny model compiles in ~15 s): no step.
+        assert not list((tmp_path / "cache").rglob("*.so"))
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+        if line.isdigit() and not _gone(int(line)):
+            os.kill(int(line), signal.SIGKILL)
