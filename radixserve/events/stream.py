@@ -125,8 +125,8 @@ class KVEvents:
     def flush(self, now: float | None = None) -> None:
         """Queue the facts gathered since the last flush (none: nothing), for one batch;
         or the snapshot, after a failure on the thread or a full queue. Called by the
-        engine (`now` None: it went idle, or an admin change) the publisher process is
-        woken at once; by `after_step`, it drains at its own pace (child.py)."""
+        engine (`now` None: it went idle, or an admin change), the publisher process is
+        woken at once; called by `after_step`, it drains at its own pace (child.py)."""
         self._flushed_at = self._clock() if now is None else now
         facts = self.facts.take()
         if self.publisher.resync_wanted:

@@ -39,13 +39,6 @@ __all__ = ["FactReplay", "ShadowNode", "TreeFacts", "snapshot"]
 STORED, SPLIT, TRIMMED, REMOVED, MOVED, CLEARED, MARK = range(7)
 
 
-def _stored(node: TreeNode) -> tuple:
-    """(STORED, id, parent id or None, packed key, depth, namespace, tier)."""
-    parent = node.parent
-    return (STORED, node.id, parent.id if parent.depth else None,
-            _packed(*node.key_parts()), node.depth, node.namespace, node.tier)
-
-
 class TreeFacts:
     """A TreeObserver that appends each change as a tuple to `facts` (see FactReplay).
 
@@ -89,15 +82,15 @@ class TreeFacts:
         self._end_evictions()
         self.facts.append(fact)
 
-    # stored and split run tens of times a step: _append and _stored written out.
+    # stored and split run tens of times a step: _append written out in each.
     def stored(self, node: TreeNode) -> None:
+        """(STORED, id, parent id or None, packed key, depth, namespace, tier)."""
         if self._removed or self._trims:
             self._end_evictions()
         parent = node.parent
-        key, pending = node.key_parts()
         self.facts.append((STORED, node.id, parent.id if parent.depth else None,
-                           key if key is not None else _packed(None, pending), node.depth,
-                           node.namespace, node.tier))
+                           _packed(*node.key_parts()), node.depth, node.namespace,
+                           node.tier))
 
     def split(self, upper: TreeNode, lower: TreeNode) -> None:
         if self._removed or self._trims:
@@ -171,7 +164,11 @@ class ShadowNode:
 
 def snapshot(tree: RadixCache) -> list[tuple]:
     """A clear, then every node of `tree` as stored, parents first."""
-    return [(CLEARED,)] + [_stored(node) for node in tree.iter_nodes()]
+    facts = TreeFacts()
+    facts.cleared()
+    for node in tree.iter_nodes():
+        facts.stored(node)
+    return facts.take()
 
 
 class FactReplay:

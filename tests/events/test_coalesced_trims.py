@@ -193,3 +193,5 @@ def test_a_leaf_trimmed_then_removed_in_one_run_is_only_removed():
     index.apply(got)
     for prompt in ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 11, 12, 13, 14, 15]):
         assert index.matched_blocks(prompt, None) == tree.peek_prefix(prompt) // BLOCK
+    tree.check_invariants()
+    mem.check_conservation([])
